@@ -1,0 +1,500 @@
+"""The one typed configuration of a verl-flow run.
+
+Every default lives here and nowhere else; every field carries a one-line description (shown by
+``verl-flow config show`` and rendered by the Prefect UI as the flow's parameters). Section and field
+names follow verl where verl has one (``data.train_batch_size``, ``actor.ppo_mini_batch_size``,
+``algorithm.adv_estimator``, ``rollout.n`` ...). The defaults are the embedded quickstart: a tiny
+model built from scratch on CPU, synthetic arithmetic data, a local artifact store and local MLflow.
+
+Loading: :func:`load_config` reads a YAML file, applies dotted overrides (``actor.lr=1e-6``) with
+type coercion, and validates. Any problem raises :class:`ConfigError` whose message names the field
+path, the value given and what was expected, before any work starts.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from verl_core.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Names of the algorithm variants (the registries in verl_core.algorithms hold the same names; a
+# test checks that both lists agree).
+AdvEstimator = Literal[
+    "gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"
+]
+PolicyLoss = Literal["vanilla", "gspo"]
+KLEstimator = Literal[
+    "kl", "abs", "mse", "low_var_kl", "kl+", "abs+", "mse+", "low_var_kl+"
+]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+Prob = Annotated[float, Field(ge=0, le=1)]
+
+
+def _f(default: Any, description: str, **kw: Any) -> Any:
+    """A field with its default and its one-line description."""
+    return Field(default, description=description, **kw)
+
+
+class Section(BaseModel):
+    """Base of every section: unknown keys are errors, values are immutable once validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class DataConfig(Section):
+    source: Literal["gsm8k", "arithmetic", "jsonl", "parquet", "hf"] = _f(
+        "arithmetic", "Dataset adapter: built-in gsm8k / synthetic arithmetic, or any jsonl/parquet/hf data"
+    )
+    train_files: list[str] = _f([], "Training data files or an HF dataset id (empty: the adapter's default)")
+    val_files: list[str] = _f([], "Held-out data files or HF id (empty: the adapter's default split)")
+    max_train_samples: NonNegInt = _f(0, "Keep at most this many training rows after cleaning (0: all)")
+    max_val_samples: NonNegInt = _f(0, "Keep at most this many held-out rows after cleaning (0: all)")
+    strict: bool = _f(False, "Fail on the first bad row (naming file and line) instead of dropping it")
+    train_batch_size: PositiveInt = _f(8, "Prompts per RL iteration (each sampled rollout.n times)")
+    max_prompt_length: PositiveInt = _f(128, "Longest prompt in tokens (see truncation)")
+    max_response_length: PositiveInt = _f(64, "Longest response in tokens (generation and SFT targets)")
+    truncation: Literal["error", "left", "right", "drop"] = _f(
+        "error", "What to do with a prompt/response over its length limit"
+    )
+    chat_template: Literal["auto", "chatml", "llama3", "plain"] = _f(
+        "auto", "Chat template: the tokenizer's own (auto; chatml if it has none) or a named built-in"
+    )
+    shuffle: bool = _f(True, "Shuffle the prompt set every epoch")
+    seed: int = _f(1, "Seed for data generation, splitting and shuffling")
+
+
+class QuantizationConfig(Section):
+    bits: Literal[4, 8] = _f(4, "Weight bits for bitsandbytes quantization (QLoRA uses 4)")
+    quant_type: Literal["nf4", "fp4"] = _f("nf4", "4-bit data type")
+    double_quant: bool = _f(True, "Quantize the quantization constants too")
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = _f("bfloat16", "Dtype of the matmuls")
+
+
+class ModelConfig(Section):
+    path: str | None = _f(None, "HF hub id or local directory of the base model (None: build from scratch)")
+    init: Literal["pretrained", "scratch"] = _f(
+        "scratch", "Load pretrained weights from path, or build a tiny model from the sizes below"
+    )
+    architecture: Literal["qwen2", "llama"] = _f("qwen2", "Architecture for init=scratch")
+    hidden_size: PositiveInt = _f(128, "Hidden size for init=scratch")
+    num_hidden_layers: PositiveInt = _f(2, "Decoder layers for init=scratch")
+    num_attention_heads: PositiveInt = _f(4, "Attention heads for init=scratch")
+    num_key_value_heads: PositiveInt = _f(2, "Key/value heads (GQA) for init=scratch")
+    intermediate_size: PositiveInt = _f(256, "MLP width for init=scratch")
+    vocab_size: PositiveInt = _f(512, "Tokenizer vocabulary trained on the run's text for init=scratch")
+    max_position_embeddings: PositiveInt = _f(1024, "Longest sequence the model supports (init=scratch)")
+    trust_remote_code: bool = _f(False, "Allow code from the model repository to run (off unless you trust it)")
+    dtype: Literal["float32", "bfloat16"] = _f("float32", "Parameter dtype")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = _f(
+        "sdpa", "Attention kernel (flash_attention_2 needs flash-attn on a GPU)"
+    )
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory")
+    lora_rank: NonNegInt = _f(0, "LoRA rank (0: full fine-tuning)")
+    lora_alpha: PositiveInt = _f(16, "LoRA scaling numerator")
+    lora_dropout: Prob = _f(0.0, "Dropout on the LoRA branch")
+    target_modules: list[str] | Literal["all-linear"] = _f("all-linear", "Modules that get LoRA adapters")
+    quantization: QuantizationConfig | None = _f(None, "bitsandbytes quantization of the base (QLoRA)")
+
+
+class SFTConfig(Section):
+    enable: bool = _f(True, "Run the SFT warm-up stage before RL")
+    epochs: PositiveInt = _f(2, "Passes over the SFT data")
+    max_steps: NonNegInt = _f(0, "Stop after this many optimizer steps (0: no limit)")
+    lr: PositiveFloat = _f(3e-3, "Peak learning rate")
+    weight_decay: NonNegFloat = _f(0.0, "AdamW weight decay")
+    warmup_ratio: Prob = _f(0.05, "Fraction of steps spent in linear warm-up")
+    lr_scheduler: Literal["constant", "cosine"] = _f("cosine", "Schedule after warm-up")
+    grad_clip: PositiveFloat = _f(1.0, "Clip the global gradient norm to this")
+    batch_size: PositiveInt = _f(32, "Sequences per optimizer step")
+    max_token_len_per_batch: PositiveInt = _f(4096, "Token budget of one packed micro-batch")
+    val_every: NonNegInt = _f(50, "Validation loss every this many steps (0: end of each epoch only)")
+
+
+class ActorConfig(Section):
+    strategy: Literal["single", "fsdp2", "deepspeed"] = _f("single", "Training engine")
+    lr: PositiveFloat = _f(1e-6, "Actor learning rate")
+    weight_decay: NonNegFloat = _f(0.01, "AdamW weight decay")
+    warmup_steps_ratio: Prob = _f(0.0, "Fraction of updates in linear warm-up")
+    lr_scheduler: Literal["constant", "cosine"] = _f("constant", "Schedule after warm-up")
+    grad_clip: PositiveFloat = _f(1.0, "Clip the global gradient norm to this")
+    ppo_epochs: PositiveInt = _f(1, "Passes over each iteration's rollouts")
+    ppo_mini_batch_size: PositiveInt = _f(4, "Prompts per optimizer step (times rollout.n samples)")
+    use_dynamic_bsz: bool = _f(True, "Token-budget micro-batches instead of a fixed count")
+    ppo_micro_batch_size_per_gpu: PositiveInt = _f(8, "Samples per micro-batch when use_dynamic_bsz=false")
+    ppo_max_token_len_per_gpu: PositiveInt = _f(4096, "Token budget of one micro-batch")
+    policy_loss: PolicyLoss = _f("vanilla", "Policy loss (PPO clip or GSPO)")
+    clip_ratio: NonNegFloat = _f(0.2, "PPO clip range ε (both sides unless low/high are set)")
+    clip_ratio_low: NonNegFloat | None = _f(None, "Lower clip ε (None: clip_ratio)")
+    clip_ratio_high: NonNegFloat | None = _f(None, "Upper clip ε, clip-higher (None: clip_ratio)")
+    clip_ratio_c: float = _f(3.0, "Dual-clip bound c > 1 applied where the advantage is negative", gt=1.0)
+    loss_agg_mode: LossAggMode = _f("token-mean", "How token losses become one number")
+    entropy_coeff: NonNegFloat = _f(0.0, "Entropy bonus coefficient")
+    use_kl_loss: bool = _f(False, "Add a KL(actor || ref) loss term (GRPO style)")
+    kl_loss_coef: NonNegFloat = _f(0.001, "Coefficient of the KL loss")
+    kl_loss_type: KLEstimator = _f("low_var_kl", "KL estimator of the loss term")
+    use_rollout_logprobs: bool = _f(False, "Use the rollout engine's log-probs as old log-probs")
+    zero_stage: Literal[1, 2, 3] = _f(2, "DeepSpeed ZeRO stage (strategy=deepspeed)")
+
+
+class CriticConfig(Section):
+    enable: bool | None = _f(None, "Train a critic (None: only when algorithm.adv_estimator=gae)")
+    path: str | None = _f(None, "Critic init: None to start from the policy's backbone, or a model path")
+    lr: PositiveFloat = _f(1e-5, "Critic learning rate")
+    weight_decay: NonNegFloat = _f(0.01, "AdamW weight decay")
+    grad_clip: PositiveFloat = _f(1.0, "Clip the global gradient norm to this")
+    ppo_epochs: PositiveInt = _f(1, "Passes over each iteration's rollouts")
+    ppo_mini_batch_size: PositiveInt = _f(4, "Prompts per critic optimizer step")
+    ppo_max_token_len_per_gpu: PositiveInt = _f(4096, "Token budget of one micro-batch")
+    cliprange_value: NonNegFloat = _f(0.5, "Value clip range around the old values")
+    loss_agg_mode: LossAggMode = _f("token-mean", "How token value losses become one number")
+
+
+class RefConfig(Section):
+    path: str | None = _f(None, "Reference policy (None: the SFT policy; base without adapters for LoRA)")
+    log_prob_max_token_len_per_gpu: PositiveInt = _f(8192, "Token budget of one reference forward")
+
+
+class RolloutConfig(Section):
+    name: Literal["hf", "vllm"] = _f("hf", "Generation engine")
+    n: PositiveInt = _f(4, "Samples per prompt")
+    temperature: NonNegFloat = _f(1.0, "Sampling temperature (0: greedy)")
+    top_p: float = _f(1.0, "Nucleus sampling mass", gt=0, le=1)
+    top_k: int = _f(-1, "Top-k sampling (-1: off)", ge=-1)
+    stop: list[str] = _f([], "Extra stop strings")
+    seed: int = _f(1, "Sampling seed")
+    tensor_parallel_size: PositiveInt = _f(1, "vLLM tensor parallel size")
+    gpu_memory_utilization: float = _f(0.5, "vLLM share of GPU memory", gt=0, le=1)
+    log_prob_max_token_len_per_gpu: PositiveInt = _f(8192, "Token budget of one log-prob forward")
+    val_temperature: NonNegFloat = _f(0.0, "Temperature for validation (0: greedy)")
+    val_n: PositiveInt = _f(1, "Samples per prompt in validation")
+
+
+class RewardConfig(Section):
+    kind: Literal["rule", "function", "model"] = _f(
+        "rule", "Score by data_source rules, a custom module:function, or a reward model"
+    )
+    function: str | None = _f(None, "Custom reward 'module:function' (kind=function)")
+    model_path: str | None = _f(None, "Reward model path (kind=model)")
+    gsm8k_method: Literal["strict", "flexible"] = _f("strict", "GSM8K answer extraction (#### N, or last number)")
+    score: float = _f(1.0, "Score of a correct answer")
+    format_score: float = _f(0.0, "Score of a well-formed but wrong answer")
+    timeout_s: PositiveFloat = _f(10.0, "Per-batch timeout of a custom reward function")
+
+
+class KLControlConfig(Section):
+    type: Literal["fixed", "adaptive"] = _f("fixed", "KL coefficient controller")
+    kl_coef: NonNegFloat = _f(0.001, "Initial β of the KL-in-reward penalty")
+    target_kl: PositiveFloat = _f(0.1, "Target KL of the adaptive controller")
+    horizon: PositiveInt = _f(10000, "Horizon of the adaptive controller")
+
+
+class AlgorithmConfig(Section):
+    adv_estimator: AdvEstimator = _f("grpo", "Advantage estimator")
+    gamma: Prob = _f(1.0, "Discount factor")
+    lam: Prob = _f(1.0, "GAE λ")
+    norm_adv_by_std_in_grpo: bool = _f(True, "Divide GRPO advantages by the group std (false: Dr.GRPO)")
+    use_kl_in_reward: bool = _f(False, "Subtract β·KL(actor || ref) from the token rewards")
+    kl_penalty: KLEstimator = _f("kl", "KL estimator used in the reward")
+    kl_ctrl: KLControlConfig = _f(KLControlConfig(), "KL coefficient control")
+
+
+class TrainerConfig(Section):
+    project_name: str = _f("verl-flow", "Project: the MLflow experiment name")
+    experiment_name: str = _f("quickstart", "Experiment: prefix of generated run ids, MLflow run name")
+    total_iterations: PositiveInt = _f(20, "RL iterations (rollout, reward, update)")
+    total_epochs: PositiveInt = _f(100, "Upper bound on passes over the prompt set")
+    test_freq: NonNegInt = _f(5, "Validate every this many iterations (0: never)")
+    val_before_train: bool = _f(True, "Validate before the first iteration")
+    save_freq: NonNegInt = _f(10, "Checkpoint every this many iterations (0: only at the end)")
+    max_ckpt_to_keep: PositiveInt = _f(2, "Checkpoints kept (older ones deleted)")
+    resume_mode: str = _f("auto", "auto (resume the run if it exists) | disable | an iteration number")
+    seed: int = _f(1, "Global seed (torch, python, numpy)")
+    device: Literal["auto", "cpu", "cuda"] = _f("auto", "Device for model stages (auto: cuda if available)")
+
+    @field_validator("resume_mode")
+    @classmethod
+    def _resume_mode(cls, v: str) -> str:
+        if v in ("auto", "disable") or v.isdigit():
+            return v
+        raise ValueError("'auto', 'disable' or an iteration number")
+
+
+class StoreConfig(Section):
+    url: str = _f(
+        "runs",
+        "Artifact store root: a local path or file://, s3://bucket/prefix, or memory:// "
+        "(S3 endpoint and credentials come from the environment only)",
+    )
+    max_attempts: PositiveInt = _f(10, "botocore attempts per S3 request (standard retry mode)")
+
+
+class TrackingConfig(Section):
+    enabled: bool = _f(True, "Log params, metrics and artifacts to MLflow")
+    uri: str | None = _f(None, "MLflow tracking URI (None: sqlite mlflow.db beside a local store)")
+    log_samples: NonNegInt = _f(8, "Sample completions logged per iteration")
+
+
+class ExecutionConfig(Section):
+    mode: Literal["local", "deployments"] = _f(
+        "local", "local: one process, no server; deployments: GPU stages on the gpu work pool"
+    )
+    cpu_pool: str = _f("cpu", "Prefect work pool of the pipeline and CPU stages")
+    gpu_pool: str = _f("gpu", "Prefect work pool of the GPU stages")
+    task_retries: NonNegInt = _f(2, "Prefect retries of I/O-bound stage tasks")
+    retry_delay_s: NonNegFloat = _f(5.0, "Seconds between task retries")
+
+
+class VerlFlowConfig(Section):
+    """The whole run."""
+
+    data: DataConfig = _f(DataConfig(), "Datasets, lengths, batching")
+    model: ModelConfig = _f(ModelConfig(), "Base model, LoRA/QLoRA")
+    sft: SFTConfig = _f(SFTConfig(), "SFT warm-up")
+    actor: ActorConfig = _f(ActorConfig(), "Policy optimisation")
+    critic: CriticConfig = _f(CriticConfig(), "Value model")
+    ref: RefConfig = _f(RefConfig(), "Reference policy")
+    rollout: RolloutConfig = _f(RolloutConfig(), "Generation")
+    reward: RewardConfig = _f(RewardConfig(), "Reward scoring")
+    algorithm: AlgorithmConfig = _f(AlgorithmConfig(), "Advantages and KL")
+    trainer: TrainerConfig = _f(TrainerConfig(), "The RL loop, checkpoints, seeds")
+    store: StoreConfig = _f(StoreConfig(), "Artifact store")
+    tracking: TrackingConfig = _f(TrackingConfig(), "MLflow tracking")
+    execution: ExecutionConfig = _f(ExecutionConfig(), "Where stages run")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> VerlFlowConfig:
+        if self.model.init == "pretrained" and not self.model.path:
+            raise ValueError("model.path: required when model.init is 'pretrained'")
+        if self.reward.kind == "function" and not self.reward.function:
+            raise ValueError("reward.function: required when reward.kind is 'function' (module:function)")
+        if self.reward.kind == "model" and not self.reward.model_path:
+            raise ValueError("reward.model_path: required when reward.kind is 'model'")
+        if self.data.train_batch_size % self.actor.ppo_mini_batch_size:
+            raise ValueError(
+                f"actor.ppo_mini_batch_size: {self.actor.ppo_mini_batch_size} must divide "
+                f"data.train_batch_size ({self.data.train_batch_size})"
+            )
+        return self
+
+    @property
+    def use_critic(self) -> bool:
+        """Whether the run trains a critic (explicit flag, else only for GAE)."""
+        if self.critic.enable is not None:
+            return self.critic.enable
+        return self.algorithm.adv_estimator == "gae"
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON of the resolved config."""
+        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace: the input of every hash."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading and overrides
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> VerlFlowConfig:
+    """Read YAML at ``path`` (None: the defaults), apply ``key.sub=value`` overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections at the top, got {type(loaded).__name__}")
+        raw = loaded
+    for item in overrides:
+        apply_override(raw, item)
+    return validate_config(raw)
+
+
+def validate_config(raw: Mapping[str, Any]) -> VerlFlowConfig:
+    """Validate a nested dict into the schema, turning pydantic errors into one :class:`ConfigError`."""
+    try:
+        return VerlFlowConfig.model_validate(dict(raw))
+    except ValidationError as e:
+        raise ConfigError("; ".join(_describe(err) for err in e.errors())) from None
+
+
+def with_overrides(cfg: VerlFlowConfig, overrides: Iterable[str]) -> VerlFlowConfig:
+    """``cfg`` with dotted overrides applied and validated again."""
+    raw = cfg.model_dump(mode="json")
+    for item in overrides:
+        apply_override(raw, item)
+    return validate_config(raw)
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Set ``a.b.c=value`` into the nested dict ``raw``; the value is parsed as YAML scalar/list,
+    except for fields typed as strings, which keep the text as given."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {item!r}: expected key.path=value")
+    parts = key.split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    node[parts[-1]] = _parse_value(text, _field_annotation(parts))
+
+
+def _parse_value(text: str, annotation: Any) -> Any:
+    if annotation is not None and _is_plain_str(annotation):
+        return None if text in ("null", "~") and _allows_none(annotation) else text
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+
+
+def _is_plain_str(annotation: Any) -> bool:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if _is_union(annotation):
+        return len(args) == 1 and args[0] is str
+    return annotation is str
+
+
+def _allows_none(annotation: Any) -> bool:
+    return _is_union(annotation) and type(None) in typing.get_args(annotation)
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (Union, types.UnionType)
+
+
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model behind a field annotation (``Model`` or ``Model | None``)."""
+    candidates = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    for c in candidates:
+        if isinstance(c, type) and issubclass(c, BaseModel):
+            return c
+    return None
+
+
+def _field_annotation(parts: list[str]) -> Any:
+    """Annotation of the field at a dotted path, or None when the path is unknown."""
+    model: type[BaseModel] | None = VerlFlowConfig
+    annotation: Any = None
+    for part in parts:
+        if model is None or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+        model = _section_model(annotation)
+    return annotation
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = VerlFlowConfig
+    for part in loc:
+        if model is None or part not in model.model_fields:
+            return None
+        model = _section_model(model.model_fields[part].annotation)
+    return model
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    """One line for one pydantic error: field path, value given, what was expected."""
+    loc = tuple(err["loc"])
+    path = ".".join(str(p) for p in loc)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        names = list(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+        hint = f" (did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?)" if close else ""
+        valid = f"; valid keys here: {', '.join(names)}" if names and not close else ""
+        return f"unknown key '{path}'{hint}{valid}"
+    if kind == "value_error" and not path:
+        # model-level cross checks already name their field
+        return str(err["msg"]).removeprefix("Value error, ")
+    given = err.get("input")
+    expected = _expected(err)
+    return f"{path}: got {given!r}, expected {expected}"
+
+
+def _expected(err: Mapping[str, Any]) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "literal_error":
+        return f"one of {ctx.get('expected')}"
+    if kind in ("float_parsing", "float_type"):
+        return "a number"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return "an integer"
+    if kind in ("bool_parsing", "bool_type"):
+        return "true or false"
+    if kind in ("string_type",):
+        return "a string"
+    if kind in ("list_type",):
+        return "a list"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return "a mapping (section)"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
+        bound = next(iter(ctx.values()), "?")
+        return f"a value {op} {bound}"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
+def to_yaml(cfg: VerlFlowConfig) -> str:
+    """The resolved config as YAML (section order as in the schema)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# Flattening for trackers
+
+_SECRET_WORDS = ("password", "secret", "token", "credential", "access_key", "api_key")
+
+
+def flatten_config(cfg: VerlFlowConfig) -> dict[str, str]:
+    """``{"actor.lr": "1e-06", ...}`` with secrets redacted: any key naming a secret, and the
+    user:password part of URLs."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+            return
+        text = json.dumps(value) if isinstance(value, list) else str(value)
+        if any(w in prefix.lower() for w in _SECRET_WORDS):
+            text = "***"
+        out[prefix] = redact_url(text)
+
+    walk("", cfg.model_dump(mode="json"))
+    return out
+
+
+def redact_url(text: str) -> str:
+    """Replace ``scheme://user:pass@host`` credentials with ``***``."""
+    return re.sub(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@", r"\g<scheme>***@", text)

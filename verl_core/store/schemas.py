@@ -1,0 +1,134 @@
+"""The pyarrow schema of every tabular artifact kind: the contract between stages.
+
+A stage writes a table as one of these kinds; the store refuses a table that does not match, and a
+reader checks the file it reads against the same schema. Token ids are ``list<int32>``, per-token
+floats ``list<float32>``, masks ``list<int8>``. Register a new kind here (one place to read them all).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from verl_core.errors import ArtifactSchemaError
+
+_SCHEMAS: dict[str, pa.Schema] = {}
+
+TOKEN_IDS = pa.list_(pa.int32())
+TOKEN_FLOATS = pa.list_(pa.float32())
+TOKEN_MASK = pa.list_(pa.int8())
+
+
+def register_schema(kind: str, schema: pa.Schema) -> pa.Schema:
+    """Register ``schema`` under ``kind``; registering the same kind twice with another schema fails."""
+    old = _SCHEMAS.get(kind)
+    if old is not None and not old.equals(schema):
+        raise ValueError(f"artifact kind {kind!r} is already registered with another schema")
+    _SCHEMAS[kind] = schema
+    return schema
+
+
+def get_schema(kind: str) -> pa.Schema:
+    """The registered schema of ``kind``; the error lists the known kinds."""
+    try:
+        return _SCHEMAS[kind]
+    except KeyError:
+        raise ArtifactSchemaError(
+            f"unknown artifact kind {kind!r}; known kinds: {', '.join(sorted(_SCHEMAS))}"
+        ) from None
+
+
+def artifact_kinds() -> list[str]:
+    """All registered kinds, sorted."""
+    return sorted(_SCHEMAS)
+
+
+def conform(table: pa.Table, kind: str, where: str) -> pa.Table:
+    """Return ``table`` with exactly the schema of ``kind`` (columns reordered, safe casts only), or
+    raise :class:`ArtifactSchemaError` naming ``where``, the field and what was expected."""
+    schema = get_schema(kind)
+    names = set(table.column_names)
+    missing = [f.name for f in schema if f.name not in names]
+    extra = sorted(names - set(schema.names))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing field(s) {', '.join(missing)}")
+        if extra:
+            parts.append(f"unexpected field(s) {', '.join(extra)}")
+        raise ArtifactSchemaError(f"{where}: table is not a {kind!r} artifact: {'; '.join(parts)}")
+    table = table.select(schema.names)
+    for field in schema:
+        got = table.schema.field(field.name).type
+        if got.equals(field.type):
+            continue
+        try:
+            col = table.column(field.name).cast(field.type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise ArtifactSchemaError(
+                f"{where}: field {field.name!r} of a {kind!r} artifact has type {got}, expected {field.type}"
+            ) from None
+        table = table.set_column(table.schema.get_field_index(field.name), field, col)
+    return table.cast(schema)
+
+
+def check_schema(actual: pa.Schema, kind: str, where: str) -> None:
+    """Raise :class:`ArtifactSchemaError` unless a file's schema is exactly the kind's schema."""
+    expected = get_schema(kind)
+    if actual.remove_metadata().equals(expected.remove_metadata()):
+        return
+    for field in expected:
+        idx = actual.get_field_index(field.name)
+        if idx < 0:
+            raise ArtifactSchemaError(f"{where}: {kind!r} artifact lacks field {field.name!r}")
+        if not actual.field(idx).type.equals(field.type):
+            raise ArtifactSchemaError(
+                f"{where}: field {field.name!r} has type {actual.field(idx).type}, expected {field.type}"
+            )
+    extra = sorted(set(actual.names) - set(expected.names))
+    raise ArtifactSchemaError(f"{where}: {kind!r} artifact has unexpected field(s) {', '.join(extra)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Kinds. verl's prompt schema is kept exactly, so verl users' parquet files work as-is.
+
+CHAT_MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+
+register_schema(
+    "prompts",
+    pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", CHAT_MESSAGES),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+            (
+                "extra_info",
+                pa.struct(
+                    [
+                        ("split", pa.string()),
+                        ("index", pa.int64()),
+                        ("answer", pa.string()),
+                        ("question", pa.string()),
+                    ]
+                ),
+            ),
+        ]
+    ),
+)
+
+register_schema(
+    "sft",
+    pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", CHAT_MESSAGES),
+            ("response", pa.string()),
+            ("index", pa.int64()),
+        ]
+    ),
+)
+
+register_schema(
+    "metrics",
+    pa.schema([("step", pa.int64()), ("name", pa.string()), ("value", pa.float64())]),
+)

@@ -1,0 +1,162 @@
+"""MLflow tracking: one MLflow run per verl-flow run, resumed when the run is rerun.
+
+Default backend: a SQLite database ``mlflow.db`` at the root of a local artifact store (one database
+for every run under that root, so ``mlflow ui`` compares them), artifacts beside it in
+``mlartifacts/``. Any ``tracking.uri`` (an ``mlflow server``) works instead. Params are the
+flattened config with secrets redacted; metrics are logged in batches with their step.
+
+Uses ``MlflowClient`` directly (no global active run), so stages can attach to the run by id.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from verl_core.store.store import normalize_url
+
+RUN_ID_TAG = "verl_flow.run_id"
+_BATCH = 100
+
+
+class Tracker(Protocol):
+    """What stages log to. :class:`MlflowTracker` and :class:`NullTracker` implement it."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def log_dict(self, obj: Any, artifact_file: str) -> None: ...
+    def log_text(self, text: str, artifact_file: str) -> None: ...
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None: ...
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
+    def end(self, status: str = "FINISHED") -> None: ...
+
+
+class NullTracker:
+    """Tracking disabled: every call does nothing."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_dict(self, obj: Any, artifact_file: str) -> None:
+        pass
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        pass
+
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        pass
+
+    def end(self, status: str = "FINISHED") -> None:
+        pass
+
+
+def default_tracking_uri(store_url: str) -> str:
+    """``sqlite:///<store root>/mlflow.db`` for a local store; for a remote store (which cannot hold a
+    SQLite file) ``sqlite:///<cwd>/mlflow.db``."""
+    url = normalize_url(store_url)
+    root = Path(url[len("file://") :]) if url.startswith("file://") else Path.cwd()
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def _artifact_root(tracking_uri: str, store_url: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside the SQLite file; the server's default else."""
+    if tracking_uri.startswith("sqlite:///"):
+        return (Path(tracking_uri[len("sqlite:///") :]).parent / "mlartifacts").as_uri()
+    return None
+
+
+class MlflowTracker:
+    """Logs to one MLflow run through ``MlflowClient``."""
+
+    def __init__(self, tracking_uri: str, mlflow_run_id: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        self.run_id = mlflow_run_id
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+
+    @classmethod
+    def start(
+        cls,
+        tracking_uri: str,
+        experiment: str,
+        run_id: str,
+        params: Mapping[str, str],
+        store_url: str,
+    ) -> MlflowTracker:
+        """Create the MLflow run for ``run_id`` (or resume the one tagged with it) and log params."""
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri)
+        exp = client.get_experiment_by_name(experiment)
+        exp_id = (
+            exp.experiment_id
+            if exp is not None
+            else client.create_experiment(experiment, artifact_location=_artifact_root(tracking_uri, store_url))
+        )
+        found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'", max_results=1)
+        if found:
+            mlflow_run_id = found[0].info.run_id
+            client.update_run(mlflow_run_id, status="RUNNING")
+            logged = found[0].data.params
+        else:
+            mlflow_run_id = client.create_run(exp_id, run_name=run_id, tags={RUN_ID_TAG: run_id}).info.run_id
+            logged = {}
+        tracker = cls(tracking_uri, mlflow_run_id)
+        tracker._log_params(params, logged)
+        return tracker
+
+    def _log_params(self, params: Mapping[str, str], logged: Mapping[str, str]) -> None:
+        # MLflow params are immutable: a rerun with a changed value records it as a tag instead.
+        from mlflow.entities import Param, RunTag
+
+        new = [Param(k, v) for k, v in params.items() if k not in logged]
+        changed = [RunTag(f"param_changed.{k}", v) for k, v in params.items() if k in logged and logged[k] != v]
+        for i in range(0, len(new), _BATCH):
+            self.client.log_batch(self.run_id, params=new[i : i + _BATCH])
+        if changed:
+            self.client.log_batch(self.run_id, tags=changed)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Log finite metrics at ``step`` in batches (non-finite values are skipped and counted)."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        items = [Metric(k, float(v), ts, step) for k, v in metrics.items() if math.isfinite(float(v))]
+        for i in range(0, len(items), _BATCH):
+            self.client.log_batch(self.run_id, metrics=items[i : i + _BATCH])
+
+    def log_dict(self, obj: Any, artifact_file: str) -> None:
+        self.log_text(json.dumps(obj, indent=2, sort_keys=True, default=str), artifact_file)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, local_path, artifact_path)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def end(self, status: str = "FINISHED") -> None:
+        """Mark the MLflow run FINISHED / FAILED / KILLED."""
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def log_bytes(tracker: Tracker, data: bytes, artifact_file: str) -> None:
+    """Log raw bytes as an artifact file (through a temporary local file)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(artifact_file).name
+        path.write_bytes(data)
+        parent = str(Path(artifact_file).parent)
+        tracker.log_artifact(str(path), None if parent == "." else parent)
