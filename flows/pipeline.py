@@ -32,7 +32,7 @@ def finish_run_task(ctx: RunContext, stages: dict[str, str], status: str) -> Non
 
 @flow(name="rlhf-pipeline", log_prints=True, validate_parameters=True)
 def rlhf_pipeline(
-    config: VerlFlowConfig = VerlFlowConfig(),  # noqa: B008 - Prefect renders the schema from it
+    config: VerlFlowConfig = VerlFlowConfig(),
     overrides: list[str] | None = None,
     run_id: str | None = None,
 ) -> dict[str, str]:

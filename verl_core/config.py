@@ -24,18 +24,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from verl_core.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from verl_core.errors import ConfigError
 
 # Names of the algorithm variants (the registries in verl_core.algorithms hold the same names; a
 # test checks that both lists agree).
-AdvEstimator = Literal[
-    "gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"
-]
+AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
 PolicyLoss = Literal["vanilla", "gspo"]
-KLEstimator = Literal[
-    "kl", "abs", "mse", "low_var_kl", "kl+", "abs+", "mse+", "low_var_kl+"
-]
+KLEstimator = Literal["kl", "abs", "mse", "low_var_kl", "kl+", "abs+", "mse+", "low_var_kl+"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -65,6 +62,30 @@ class DataConfig(Section):
     max_train_samples: NonNegInt = _f(0, "Keep at most this many training rows after cleaning (0: all)")
     max_val_samples: NonNegInt = _f(0, "Keep at most this many held-out rows after cleaning (0: all)")
     strict: bool = _f(False, "Fail on the first bad row (naming file and line) instead of dropping it")
+    prompt_key: str = _f("question", "Field holding the prompt text (jsonl/parquet/hf)")
+    messages_key: str | None = _f(
+        None, "Field holding chat messages instead of prompt_key (jsonl/parquet/hf)"
+    )
+    answer_key: str = _f("answer", "Field holding the reference answer or solution (jsonl/parquet/hf)")
+    ground_truth_regex: str | None = _f(
+        None, "Regex whose group 1 extracts the ground truth from the answer (None: the whole answer)"
+    )
+    data_source: str | None = _f(None, "data_source written into the rows (None: the file stem or HF id)")
+    ability: str = _f("math", "ability written into the rows (jsonl/parquet/hf)")
+    instruction: str = _f("", "Text appended to every prompt after a space (jsonl/parquet/hf)")
+    hf_name: str | None = _f(None, "HF dataset configuration name (source=hf; gsm8k uses 'main')")
+    hf_train_split: str = _f("train", "HF split read for training")
+    hf_val_split: str | None = _f("test", "HF split read as held-out set (None: hold out from train)")
+    val_holdout_rows: NonNegInt = _f(
+        100, "Rows held out from train as validation when the source has no held-out split (0: none)"
+    )
+    arithmetic_train_size: PositiveInt = _f(2000, "Synthetic arithmetic: training problems")
+    arithmetic_val_size: PositiveInt = _f(100, "Synthetic arithmetic: held-out problems")
+    arithmetic_digits: int = _f(2, "Synthetic arithmetic: digits of the +/- operands", ge=1, le=6)
+    arithmetic_steps: int = _f(2, "Synthetic arithmetic: operations per problem", ge=1, le=8)
+    arithmetic_ops: list[Literal["+", "-", "*"]] = _f(
+        ["+", "-"], "Synthetic arithmetic: operators drawn from (the * operand has one digit)", min_length=1
+    )
     train_batch_size: PositiveInt = _f(8, "Prompts per RL iteration (each sampled rollout.n times)")
     max_prompt_length: PositiveInt = _f(128, "Longest prompt in tokens (see truncation)")
     max_response_length: PositiveInt = _f(64, "Longest response in tokens (generation and SFT targets)")
@@ -74,8 +95,31 @@ class DataConfig(Section):
     chat_template: Literal["auto", "chatml", "llama3", "plain"] = _f(
         "auto", "Chat template: the tokenizer's own (auto; chatml if it has none) or a named built-in"
     )
+    pack_token_budget: PositiveInt = _f(
+        4096, "Tokens per bin of the SFT packing plan (>= max_prompt_length + max_response_length)"
+    )
+    pack_algorithm: Literal["ffd", "bfd"] = _f("bfd", "Bin packing: first-fit or best-fit decreasing")
     shuffle: bool = _f(True, "Shuffle the prompt set every epoch")
     seed: int = _f(1, "Seed for data generation, splitting and shuffling")
+
+    @field_validator("ground_truth_regex")
+    @classmethod
+    def _regex_compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"a valid regular expression ({e})") from None
+        return v
+
+    @model_validator(mode="after")
+    def _lengths_fit_budget(self) -> DataConfig:
+        if self.pack_token_budget < self.max_prompt_length + self.max_response_length:
+            raise ValueError(
+                f"data.pack_token_budget: {self.pack_token_budget} must be >= data.max_prompt_length + "
+                f"data.max_response_length ({self.max_prompt_length + self.max_response_length})"
+            )
+        return self
 
 
 class QuantizationConfig(Section):
@@ -98,7 +142,9 @@ class ModelConfig(Section):
     intermediate_size: PositiveInt = _f(256, "MLP width for init=scratch")
     vocab_size: PositiveInt = _f(512, "Tokenizer vocabulary trained on the run's text for init=scratch")
     max_position_embeddings: PositiveInt = _f(1024, "Longest sequence the model supports (init=scratch)")
-    trust_remote_code: bool = _f(False, "Allow code from the model repository to run (off unless you trust it)")
+    trust_remote_code: bool = _f(
+        False, "Allow code from the model repository to run (off unless you trust it)"
+    )
     dtype: Literal["float32", "bfloat16"] = _f("float32", "Parameter dtype")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = _f(
         "sdpa", "Attention kernel (flash_attention_2 needs flash-attn on a GPU)"
@@ -190,7 +236,9 @@ class RewardConfig(Section):
     )
     function: str | None = _f(None, "Custom reward 'module:function' (kind=function)")
     model_path: str | None = _f(None, "Reward model path (kind=model)")
-    gsm8k_method: Literal["strict", "flexible"] = _f("strict", "GSM8K answer extraction (#### N, or last number)")
+    gsm8k_method: Literal["strict", "flexible"] = _f(
+        "strict", "GSM8K answer extraction (#### N, or last number)"
+    )
     score: float = _f(1.0, "Score of a correct answer")
     format_score: float = _f(0.0, "Score of a well-formed but wrong answer")
     timeout_s: PositiveFloat = _f(10.0, "Per-batch timeout of a custom reward function")
@@ -326,7 +374,9 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections at the top, got {type(loaded).__name__}")
+            raise ConfigError(
+                f"{path}: expected a mapping of sections at the top, got {type(loaded).__name__}"
+            )
         raw = loaded
     for item in overrides:
         apply_override(raw, item)
@@ -459,7 +509,9 @@ def _expected(err: Mapping[str, Any]) -> str:
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return "a mapping (section)"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[
+            kind
+        ]
         bound = next(iter(ctx.values()), "?")
         return f"a value {op} {bound}"
     return str(err["msg"]).removeprefix("Value error, ")

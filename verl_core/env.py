@@ -9,7 +9,6 @@ DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     # the ephemeral Prefect server takes 13-17 s to start on a loaded 2-core machine; default is 20 s
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-    "PREFECT_LOGGING_LEVEL": "WARNING",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",

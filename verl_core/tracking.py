@@ -100,7 +100,9 @@ class MlflowTracker:
         exp_id = (
             exp.experiment_id
             if exp is not None
-            else client.create_experiment(experiment, artifact_location=_artifact_root(tracking_uri, store_url))
+            else client.create_experiment(
+                experiment, artifact_location=_artifact_root(tracking_uri, store_url)
+            )
         )
         found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'", max_results=1)
         if found:
@@ -119,7 +121,9 @@ class MlflowTracker:
         from mlflow.entities import Param, RunTag
 
         new = [Param(k, v) for k, v in params.items() if k not in logged]
-        changed = [RunTag(f"param_changed.{k}", v) for k, v in params.items() if k in logged and logged[k] != v]
+        changed = [
+            RunTag(f"param_changed.{k}", v) for k, v in params.items() if k in logged and logged[k] != v
+        ]
         for i in range(0, len(new), _BATCH):
             self.client.log_batch(self.run_id, params=new[i : i + _BATCH])
         if changed:

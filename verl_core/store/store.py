@@ -46,7 +46,7 @@ MANIFEST = "manifest.json"
 
 
 def normalize_url(url: str) -> str:
-    """``runs`` / ``./runs`` / ``file://runs`` → ``file:///abs/runs``; other URLs unchanged (no trailing /)."""
+    """``runs``, ``./runs``, ``file://runs`` → ``file:///abs/runs``; others unchanged, no trailing /."""
     url = url.rstrip("/") or url
     if "://" not in url:
         return Path(url).expanduser().resolve().as_uri()
@@ -318,7 +318,9 @@ class StageWriter:
         if any(f.name == name for f in self._files):
             raise ArtifactError(f"{self.stage}: artifact {name!r} written twice in one attempt")
 
-    def _put(self, name: str, data: bytes, kind: str | None, rows: int | None, schema: str | None) -> FileEntry:
+    def _put(
+        self, name: str, data: bytes, kind: str | None, rows: int | None, schema: str | None
+    ) -> FileEntry:
         rel = posixpath.join(self.attempt, name)
         path = posixpath.join(self._stage_dir(), rel)
         if self.store._local:
@@ -326,7 +328,13 @@ class StageWriter:
         else:
             self.store.fs.pipe_file(path, data)
         entry = FileEntry(
-            name=name, path=rel, kind=kind, rows=rows, size=len(data), sha256=sha256_bytes(data), arrow_schema=schema
+            name=name,
+            path=rel,
+            kind=kind,
+            rows=rows,
+            size=len(data),
+            sha256=sha256_bytes(data),
+            arrow_schema=schema,
         )
         self._files.append(entry)
         return entry
@@ -342,8 +350,13 @@ class StageWriter:
             input_key=self.input_key,
             inputs={k: {"uri": v, "sha256": self.input_hashes[k]} for k, v in self.inputs.items()},
             files=list(self._files),
-            producer=Producer(stage=self.stage, code_version=code_version(), host=os.uname().nodename,
-                              pid=os.getpid(), created_at=_now()),
+            producer=Producer(
+                stage=self.stage,
+                code_version=code_version(),
+                host=os.uname().nodename,
+                pid=os.getpid(),
+                created_at=_now(),
+            ),
             summary=dict(summary or {}),
         )
         path = posixpath.join(self._stage_dir(), MANIFEST)

@@ -1,0 +1,54 @@
+"""Shared fixtures: quiet offline environment, a local S3-compatible endpoint (moto server)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from verl_core.env import set_quiet_env
+
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+set_quiet_env(offline=True)
+
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "verl-flow-test",
+    "AWS_SECRET_ACCESS_KEY": "verl-flow-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 (random port) for the whole session; sets the AWS_* variables
+    that the artifact store reads the endpoint and credentials from."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in [*S3_ENV, "AWS_ENDPOINT_URL_S3"]}
+    os.environ.update(S3_ENV)
+    os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> str:
+    """A fresh bucket; returns its ``s3://`` URL."""
+    import boto3
+
+    name = f"verl-flow-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    return f"s3://{name}"

@@ -1,0 +1,78 @@
+"""The verl-flow CLI: config show, one-line config errors with exit 2, runs list/show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import yaml
+from typer.testing import CliRunner
+
+from flows.cli import app
+from verl_core.store import ArtifactStore
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
+runner = CliRunner()
+
+
+def test_config_show_prints_resolved_yaml_with_overrides() -> None:
+    result = runner.invoke(app, ["config", "show", QUICKSTART, "trainer.total_iterations=3", "rollout.n=8"])
+    assert result.exit_code == 0, result.output
+    body, _, hash_line = result.stdout.rpartition("# config_hash: ")
+    resolved = yaml.safe_load(body)
+    assert resolved["trainer"]["total_iterations"] == 3
+    assert resolved["rollout"]["n"] == 8
+    assert resolved["actor"]["lr"] == 1e-4  # from the YAML file
+    assert len(hash_line.strip()) == 64
+
+
+def test_bad_value_exits_2_with_one_line() -> None:
+    result = runner.invoke(app, ["config", "show", QUICKSTART, "actor.lr=abc"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == ["error: actor.lr: got 'abc', expected a number"]
+    assert "Traceback" not in result.output
+
+
+def test_unknown_key_exits_2_with_suggestion() -> None:
+    result = runner.invoke(app, ["config", "show", QUICKSTART, "actr.lr=1"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: unknown key 'actr' (did you mean 'actor'?)"
+
+
+def test_run_validates_config_before_any_work(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["run", QUICKSTART, f"store.url={tmp_path}", "rollout.name=vlm"])
+    assert result.exit_code == 2
+    assert "rollout.name: got 'vlm', expected one of 'hf' or 'vllm'" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing was written
+
+
+def test_runs_list_and_show(tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path))
+    store.write_run_record("run-x", {"trainer": {"experiment_name": "exp"}}, "ab" * 32)
+    stage = store.open_stage("run-x", "preprocess")
+    stage.write_table(
+        "metrics.parquet", pa.table({"step": [1, 2], "name": ["a", "b"], "value": [0.5, 1.0]}), kind="metrics"
+    )
+    stage.write_json("report.json", {"kept": 2})
+    stage.commit()
+
+    listed = runner.invoke(app, ["runs", "list", "--store", str(tmp_path)])
+    assert listed.exit_code == 0, listed.output
+    assert "run-x" in listed.stdout and "exp" in listed.stdout and "abababababab" in listed.stdout
+
+    shown = runner.invoke(app, ["runs", "show", "run-x", "--store", str(tmp_path)])
+    assert shown.exit_code == 0, shown.output
+    row = next(line for line in shown.stdout.splitlines() if "metrics.parquet" in line)
+    assert "preprocess" in row and "metrics" in row and " 2 " in row
+
+    missing = runner.invoke(app, ["runs", "show", "nope", "--store", str(tmp_path)])
+    assert missing.exit_code == 1
+    assert "run.json does not exist" in missing.stderr
+
+
+def test_help_on_each_command() -> None:
+    for args in (["--help"], ["run", "--help"], ["config", "show", "--help"], ["runs", "list", "--help"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0 and "Usage" in result.stdout

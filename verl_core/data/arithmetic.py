@@ -1,0 +1,87 @@
+"""Synthetic multi-step arithmetic in the GSM8K format: a deterministic, seeded generator.
+
+It exists so that the CPU quickstart (a ~1M-parameter model trained from scratch) can show learning
+under RL within minutes: the worked solutions are short (one line per step, then ``#### N``), yet
+multi-step sums of 2-digit operands with carries are hard enough that a tiny model does not solve
+them all after SFT alone. Example (digits=2, steps=2, ops=+-)::
+
+    question: "Start with 37. Add 48, then subtract 25. What is the result?"
+    solution: "37 + 48 = 85\\n85 - 25 = 60\\n#### 60"
+
+Operations are applied left to right (no precedence), results never go negative (a subtraction
+draws an operand no larger than the running value), and the operand of ``*`` has one digit so that
+numbers stay short.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+_VERBS = {"+": "add {b}", "-": "subtract {b}", "*": "multiply by {b}"}
+_OPENINGS = ("Start with {a}.", "Begin with {a}.", "Take {a}.")
+_QUESTIONS = ("What is the result?", "What number do you get?", "What is the final number?")
+
+
+@dataclass(frozen=True)
+class ArithmeticProblem:
+    """One generated problem: ``question`` text, worked ``solution`` ending in ``#### answer``."""
+
+    question: str
+    solution: str
+    answer: int
+
+
+def make_problem(rng: random.Random, digits: int, steps: int, ops: Sequence[str]) -> ArithmeticProblem:
+    """One problem with ``steps`` operations drawn from ``ops`` on ``digits``-digit operands."""
+    hi = 10**digits - 1
+    lo = 10 ** (digits - 1) if digits > 1 else 0
+    value = rng.randint(lo, hi)
+    phrases: list[str] = []
+    lines: list[str] = []
+    opening = rng.choice(_OPENINGS).format(a=value)
+    for _ in range(steps):
+        op = rng.choice(list(ops))
+        if op == "*":
+            b = rng.randint(2, 9)
+            new = value * b
+        elif op == "-":
+            b = rng.randint(min(lo, value), min(hi, value))  # never below zero
+            new = value - b
+        else:
+            b = rng.randint(lo, hi)
+            new = value + b
+        phrases.append(_VERBS[op].format(b=b))
+        lines.append(f"{value} {op} {b} = {new}")
+        value = new
+    body = ", then ".join(phrases)
+    question = f"{opening} {body[0].upper()}{body[1:]}. {rng.choice(_QUESTIONS)}"
+    solution = "\n".join([*lines, f"#### {value}"])
+    return ArithmeticProblem(question=question, solution=solution, answer=value)
+
+
+def generate(
+    num_problems: int, *, seed: int, digits: int = 2, steps: int = 2, ops: Sequence[str] = ("+", "-")
+) -> Iterator[ArithmeticProblem]:
+    """``num_problems`` distinct problems (distinct questions), the same for the same arguments.
+
+    Raises ValueError when the space of problems is too small for ``num_problems`` distinct ones."""
+    unknown = sorted(set(ops) - set(_VERBS))
+    if unknown or not ops:
+        raise ValueError(f"arithmetic ops must be a non-empty subset of {sorted(_VERBS)}, got {list(ops)}")
+    rng = random.Random(f"arithmetic:{seed}:{digits}:{steps}:{''.join(ops)}")
+    seen: set[str] = set()
+    attempts = 0
+    while len(seen) < num_problems:
+        attempts += 1
+        if attempts > 20 * num_problems + 1000:
+            raise ValueError(
+                f"cannot generate {num_problems} distinct arithmetic problems with digits={digits}, "
+                f"steps={steps}, ops={list(ops)}: increase digits or steps"
+            )
+        problem = make_problem(rng, digits, steps, ops)
+        if problem.question in seen:
+            continue
+        seen.add(problem.question)
+        yield problem

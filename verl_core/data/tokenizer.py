@@ -1,0 +1,127 @@
+"""Tokenizers: a byte-level BPE trained on the run's own text (init=scratch), files in and out.
+
+The trained tokenizer uses the Qwen2 pre-tokenizer pipeline (NFC, Qwen's regex split, byte-level
+without its own regex; single digits are separate tokens). transformers 5 loads any directory
+whose ``config.json`` says ``model_type: qwen2`` as ``Qwen2Tokenizer``, which swaps in exactly this
+pipeline: a plain byte-level BPE would then reload with *different ids* (STACK_NOTES). Trained
+this way, ids are the same whichever way the files are loaded.
+
+Special tokens: ``<|endoftext|>`` (eos and pad, id 0), ``<|im_start|>``, ``<|im_end|>`` (chatml).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+
+# Qwen2's pre-tokenizer split pattern (tokenizer.json of Qwen/Qwen2.5-*).
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# Files a tokenizer directory may hold; save/load move exactly these.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int,
+    *,
+    chat_template: str | None = None,
+    model_max_length: int = 1024,
+    min_frequency: int = 2,
+) -> Any:
+    """Train a byte-level BPE on ``texts`` with at most ``vocab_size`` tokens (special tokens
+    included) and wrap it as a ``transformers`` fast tokenizer (eos = pad = ``<|endoftext|>``).
+
+    Deterministic: the same texts in the same order give the same vocabulary."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size {vocab_size} is below the 256 bytes + {len(SPECIAL_TOKENS)} special tokens")
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=ENDOFTEXT,
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=[IM_START, IM_END],
+        model_max_length=model_max_length,
+    )
+    if chat_template is not None:
+        wrapped.chat_template = chat_template
+    return wrapped
+
+
+def save_tokenizer_files(tokenizer: Any) -> dict[str, bytes]:
+    """The files of ``tokenizer`` (``save_pretrained``) as ``{file name: bytes}``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+
+
+def write_tokenizer_files(files: Mapping[str, bytes], directory: str | os.PathLike[str]) -> Path:
+    """Write ``{name: bytes}`` (as from :func:`save_tokenizer_files`) into ``directory``."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"unexpected tokenizer file name {name!r}")
+        (out / name).write_bytes(data)
+    return out
+
+
+def load_tokenizer_from_files(directory: str | os.PathLike[str]) -> Any:
+    """Load a tokenizer saved by :func:`save_tokenizer_files` with exactly the ids it was saved with.
+
+    Reads ``tokenizer.json`` through ``PreTrainedTokenizerFast`` (never a model-type specific class
+    that may swap the pre-tokenizer, see the module docstring); ``padding_side`` is not saved by
+    transformers, so it is set to "right" here (generation code sets "left" itself)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(directory)
+    if (path / "tokenizer.json").is_file():
+        tok = PreTrainedTokenizerFast.from_pretrained(str(path))
+    else:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    tok.padding_side = "right"
+    return tok
+
+
+def load_pretrained_tokenizer(path: str, *, trust_remote_code: bool = False) -> Any:
+    """``AutoTokenizer.from_pretrained(path)`` for a pretrained base model (local dir or hub id)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
