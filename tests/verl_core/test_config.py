@@ -127,3 +127,15 @@ def test_flatten_redacts_secrets() -> None:
 def test_every_shipped_config_validates() -> None:
     for path in sorted((REPO / "configs").glob("*.yaml")):
         load_config(path)
+
+
+def test_algorithm_names_match_the_registries() -> None:
+    import typing
+
+    from verl_core import algorithms
+    from verl_core.config import AdvEstimator, KLEstimator, LossAggMode, PolicyLoss
+
+    assert set(typing.get_args(AdvEstimator)) == set(algorithms.ADV_ESTIMATORS)
+    assert set(typing.get_args(PolicyLoss)) == set(algorithms.POLICY_LOSSES)
+    assert set(typing.get_args(KLEstimator)) == set(algorithms.KL_ESTIMATORS)
+    assert set(typing.get_args(LossAggMode)) == set(algorithms.LOSS_AGG_MODES)
