@@ -1,0 +1,144 @@
+"""Packed forward == per-sequence forward (log-probs, entropies, gradients) for tiny Qwen2 and Llama."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from verl_core.models.heads import packed_sequence_scores, value_model_from_policy
+from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
+from verl_core.models.packed import (
+    chunked_log_probs,
+    next_token_targets,
+    packed_log_probs,
+    packed_scores,
+    position_ids_from_cu_seqlens,
+)
+
+LENGTHS = [5, 1, 9, 3]  # ragged, one sequence of a single token (no targets at all)
+
+
+def tiny(arch: str, seed: int = 0) -> torch.nn.Module:
+    spec = ScratchSpec(arch, 32, 2, 4, 2, 64, 64)
+    return init_causal_lm(scratch_config(spec, 97, eos_token_id=0, pad_token_id=0), seed=seed).eval()
+
+
+def ragged_batch(seed: int = 0) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(1, 97, (n,), generator=g) for n in LENGTHS]
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
+    return seqs, torch.cat(seqs), cu
+
+
+def reference_log_probs(model: torch.nn.Module, seqs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
+    """One sequence at a time, plain full-vocabulary log_softmax: the readable reference."""
+    lps, ents = [], []
+    for s in seqs:
+        logits = model(input_ids=s[None], use_cache=False).logits[0].float()  # (T, V)
+        logp = F.log_softmax(logits, -1)
+        lps.append(logp[:-1].gather(-1, s[1:, None]).squeeze(-1))
+        ents.append(-(logp.exp() * logp).sum(-1)[:-1])
+    return lps, ents
+
+
+def test_positions_and_targets_by_hand() -> None:
+    cu = torch.tensor([0, 3, 4, 6], dtype=torch.int32)
+    assert position_ids_from_cu_seqlens(cu).tolist() == [0, 1, 2, 0, 0, 1]
+    ids = torch.tensor([10, 11, 12, 20, 30, 31])
+    targets, has = next_token_targets(ids, cu)
+    # seq 0: 10→11, 11→12, 12 has none; seq 1: 20 has none; seq 2: 30→31, 31 has none
+    assert targets.tolist() == [11, 12, 0, 0, 31, 0]
+    assert has.tolist() == [True, True, False, False, True, False]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_packed_equals_per_sequence_logprobs_entropy_and_grads(arch: str) -> None:
+    model = tiny(arch)
+    seqs, flat, cu = ragged_batch()
+    ref_lp, ref_ent = reference_log_probs(model, seqs)
+    ref_loss = torch.cat(ref_lp).sum() + 0.1 * torch.cat(ref_ent).sum()
+    ref_grads = torch.autograd.grad(ref_loss, list(model.parameters()))
+
+    out, has = packed_log_probs(model, flat, cu, chunk_size=4)  # chunks cross sequence boundaries
+    assert out.entropy is not None
+    got_lp, got_ent = out.log_probs[has], out.entropy[has]
+    torch.testing.assert_close(got_lp, torch.cat(ref_lp), atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_ent, torch.cat(ref_ent), atol=1e-5, rtol=0)
+    loss = got_lp.sum() + 0.1 * got_ent.sum()
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    for g_ref, g in zip(ref_grads, grads, strict=True):
+        torch.testing.assert_close(g, g_ref, atol=1e-5, rtol=1e-4)
+
+
+def test_use_cache_trap_is_avoided() -> None:
+    # STACK_NOTES: with config.use_cache=True transformers creates a cache before building the packed
+    # mask and the sequences attend to each other. packed_log_probs forces use_cache=False.
+    model = tiny("qwen2")
+    model.config.use_cache = True
+    seqs, flat, cu = ragged_batch(1)
+    ref_lp, _ = reference_log_probs(model, seqs)
+    with torch.no_grad():
+        out, has = packed_log_probs(model, flat, cu, with_entropy=False)
+    torch.testing.assert_close(out.log_probs[has], torch.cat(ref_lp), atol=1e-5, rtol=0)
+    assert out.entropy is None
+
+
+def test_chunk_size_does_not_change_results() -> None:
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(13, 8, generator=g, requires_grad=True)
+    weight = torch.randn(50, 8, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (13,), generator=g)
+    full = chunked_log_probs(hidden, weight, targets, chunk_size=1000)
+    small = chunked_log_probs(hidden, weight, targets, chunk_size=3)
+    torch.testing.assert_close(small.log_probs, full.log_probs)
+    # readable reference: full log_softmax
+    ref = F.log_softmax(hidden @ weight.T, -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(full.log_probs, ref)
+    g1 = torch.autograd.grad(small.log_probs.sum(), [hidden, weight])
+    g2 = torch.autograd.grad(ref.sum(), [hidden, weight])
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # temperature divides the logits: T=2 equals log_softmax(z / 2)
+    half = chunked_log_probs(hidden, weight, targets, chunk_size=4, temperature=2.0)
+    ref_t = F.log_softmax(hidden @ weight.T / 2.0, -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(half.log_probs, ref_t)
+
+
+def test_uniform_logits_entropy_by_hand() -> None:
+    # zero weights → uniform over V=4: log p = -log 4 = -1.3863, entropy = log 4 = 1.3863
+    out = chunked_log_probs(torch.ones(2, 3), torch.zeros(4, 3), torch.tensor([0, 3]))
+    torch.testing.assert_close(out.log_probs, torch.full((2,), -1.3862944))
+    assert out.entropy is not None
+    torch.testing.assert_close(out.entropy, torch.full((2,), 1.3862944))
+
+
+def test_value_model_from_policy_and_packed_scores() -> None:
+    policy = tiny("qwen2")
+    critic = value_model_from_policy(policy, seed=0).eval()
+    # the backbone is the policy's
+    for (name, p), q in zip(policy.model.named_parameters(), critic.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    seqs, flat, cu = ragged_batch()
+    with torch.no_grad():
+        values = packed_scores(critic, flat, cu)
+        ref = torch.cat([critic(input_ids=s[None], use_cache=False).logits[0, :, 0] for s in seqs])
+        torch.testing.assert_close(values, ref, atol=1e-5, rtol=0)
+        last = packed_sequence_scores(critic, flat, cu)
+    assert last.shape == (len(LENGTHS),)
+    ends = torch.tensor(LENGTHS).cumsum(0) - 1
+    torch.testing.assert_close(last, ref[ends])
+
+
+def test_reward_model_scores_match_sequence_classification() -> None:
+    from transformers import AutoModelForSequenceClassification
+
+    policy = tiny("llama")
+    config = policy.config
+    config.num_labels = 1
+    rm = AutoModelForSequenceClassification.from_config(config).eval()
+    seqs, flat, cu = ragged_batch(2)
+    with torch.no_grad():
+        packed = packed_sequence_scores(rm, flat, cu)
+        ref = torch.stack([rm(input_ids=s[None], use_cache=False).logits[0, 0] for s in seqs])
+    torch.testing.assert_close(packed, ref, atol=1e-5, rtol=0)

@@ -1,0 +1,163 @@
+"""Packed ("remove padding") forward passes and chunked log-probs / entropies.
+
+Sequences are concatenated into one row without padding: ``input_ids (N,)`` with per-sequence
+``position_ids (N,)`` that restart at 0, and ``cu_seqlens (S+1,)`` offsets. The HF decoder is called
+with ``position_ids`` only and ``use_cache=False``: transformers then derives a block-diagonal mask
+from the position ids, so attention never crosses a sequence boundary (sdpa/eager build the mask,
+flash-attn uses its varlen kernel). With a KV cache present it silently does *not* (STACK_NOTES), which
+is why ``use_cache=False`` is forced here and covered by a test.
+
+Log-probs and entropies come from the final hidden states in chunks of tokens: each chunk's logits
+``(chunk, V)`` are computed, reduced and freed; under autograd each chunk is checkpointed and
+recomputed in backward, so a full ``(N, V)`` float32 logits tensor never exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from verl_core.models.loading import unwrap
+
+
+class TokenLogProbs(NamedTuple):
+    log_probs: Tensor  # (N,) log p(target_t | tokens ≤ t)
+    entropy: Tensor | None  # (N,) entropy of p(· | tokens ≤ t), or None when not asked for
+
+
+def position_ids_from_cu_seqlens(cu_seqlens: Tensor) -> Tensor:
+    """``cu_seqlens (S+1,)`` → ``position_ids (N,)`` restarting at 0 for every sequence."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lengths)  # (N,)
+    return torch.arange(int(cu_seqlens[-1]), device=cu_seqlens.device) - starts
+
+
+def next_token_targets(input_ids: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
+    """Targets for next-token prediction inside each packed sequence.
+
+    ``targets[t] = input_ids[t+1]`` unless ``t`` is the last token of its sequence, where there is no
+    target (``has_target[t] = False``, ``targets[t] = 0``). Returns ``(targets (N,), has_target (N,))``."""
+    n = input_ids.shape[0]
+    targets = torch.zeros_like(input_ids)
+    targets[:-1] = input_ids[1:]
+    has_target = torch.ones(n, dtype=torch.bool, device=input_ids.device)
+    last = cu_seqlens[1:].long() - 1  # (S,) index of each sequence's last token
+    has_target[last] = False
+    targets[last] = 0
+    return targets, has_target
+
+
+def packed_hidden_states(model: nn.Module, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+    """Final hidden states ``(N, H)`` of a causal LM (or its PEFT wrapper) for packed ``input_ids (N,)``."""
+    decoder = unwrap(model).get_decoder()
+    out = decoder(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False)
+    return out.last_hidden_state[0]
+
+
+def output_head(model: nn.Module) -> tuple[Tensor, Tensor | None, float | None]:
+    """``(weight (V, H), bias (V,) | None, softcap | None)`` of the LM head."""
+    base = unwrap(model)
+    head = base.get_output_embeddings()
+    softcap = getattr(base.config, "final_logit_softcapping", None)
+    return head.weight, head.bias if getattr(head, "bias", None) is not None else None, softcap
+
+
+def _chunk_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    temperature: float,
+    softcap: float | None,
+) -> tuple[Tensor, Tensor]:
+    logits = F.linear(hidden, weight, bias).float()  # (C, V)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = logits / temperature
+    log_z = torch.logsumexp(logits, dim=-1)  # (C,)
+    log_probs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
+    # H(p) = log Z − Σ_v p_v z_v
+    entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return log_probs, entropy
+
+
+def chunked_log_probs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    bias: Tensor | None = None,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    with_entropy: bool = True,
+) -> TokenLogProbs:
+    """Per-token ``log p(targets)`` and entropies from hidden states ``(N, H)`` and an LM head
+    ``weight (V, H)``, ``chunk_size`` tokens at a time (float32 math).
+
+    When gradients are needed each chunk runs under activation checkpointing: backward recomputes the
+    chunk's logits instead of keeping them, so peak memory is one ``(chunk_size, V)`` block."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    lps, ents = [], []
+    for start in range(0, hidden.shape[0], chunk_size):
+        h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+        if grad:
+            lp, ent = checkpoint(
+                _chunk_logprobs, h, weight, bias, t, temperature, softcap, use_reentrant=False
+            )
+        else:
+            lp, ent = _chunk_logprobs(h, weight, bias, t, temperature, softcap)
+        lps.append(lp)
+        ents.append(ent)
+    if not lps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return TokenLogProbs(empty, empty if with_entropy else None)
+    return TokenLogProbs(torch.cat(lps), torch.cat(ents) if with_entropy else None)
+
+
+def packed_log_probs(
+    model: nn.Module,
+    input_ids: Tensor,
+    cu_seqlens: Tensor,
+    *,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+) -> tuple[TokenLogProbs, Tensor]:
+    """Packed forward + chunked next-token log-probs.
+
+    Args: ``input_ids (N,)``, ``cu_seqlens (S+1,)``. Returns ``(TokenLogProbs with (N,) tensors,
+    has_target (N,) bool)``: position ``t`` holds ``log p(input_ids[t+1] | input_ids[..t])`` of its own
+    sequence, and is meaningless (``has_target`` False) at each sequence's last token."""
+    position_ids = position_ids_from_cu_seqlens(cu_seqlens)
+    hidden = packed_hidden_states(model, input_ids, position_ids)  # (N, H)
+    weight, bias, softcap = output_head(model)
+    targets, has_target = next_token_targets(input_ids, cu_seqlens)
+    out = chunked_log_probs(
+        hidden,
+        weight,
+        targets,
+        bias=bias,
+        chunk_size=chunk_size,
+        temperature=temperature,
+        softcap=softcap,
+        with_entropy=with_entropy,
+    )
+    return out, has_target
+
+
+def packed_scores(model: nn.Module, input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Per-token scalar outputs ``(N,)`` of a token/sequence classification model with one label
+    (a critic's values, a reward model's scores), computed packed: backbone hidden states through
+    the model's ``score`` head."""
+    base: Any = unwrap(model)
+    backbone = getattr(base, base.base_model_prefix)
+    position_ids = position_ids_from_cu_seqlens(cu_seqlens)
+    hidden = backbone(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False)
+    return base.score(hidden.last_hidden_state[0]).squeeze(-1).float()
