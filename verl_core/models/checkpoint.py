@@ -1,0 +1,80 @@
+"""Model and trainer-state files as bytes, so stages can put them in the artifact store.
+
+Weights are safetensors in the HF layout (``save_pretrained``); a LoRA model saves its adapter only.
+Trainer state (optimizer, scheduler, RNG) goes through ``torch.save`` and is read back with
+``torch.load(weights_only=True)``: never an unrestricted unpickler.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from verl_core.errors import ArtifactCorruptError
+
+
+def model_files(model: nn.Module, tokenizer: Any | None = None) -> dict[str, bytes]:
+    """``save_pretrained`` of the model (and tokenizer) as ``{file name: bytes}`` (safetensors)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+
+
+def write_files(files: Mapping[str, bytes], directory: str | Path) -> Path:
+    """Write ``{name: bytes}`` into ``directory`` (created) and return it."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"unexpected checkpoint file name {name!r}")
+        (out / name).write_bytes(data)
+    return out
+
+
+def state_bytes(state: Mapping[str, Any]) -> bytes:
+    """Serialise trainer state (tensors, numbers, strings, nested dicts/lists)."""
+    buf = io.BytesIO()
+    torch.save(dict(state), buf)
+    return buf.getvalue()
+
+
+def load_state_bytes(data: bytes, where: str) -> dict[str, Any]:
+    """Inverse of :func:`state_bytes` through the restricted (weights-only) unpickler."""
+    try:
+        state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as e:
+        raise ArtifactCorruptError(
+            f"{where}: not a loadable trainer state ({type(e).__name__}: {e})"
+        ) from None
+    if not isinstance(state, dict):
+        raise ArtifactCorruptError(f"{where}: trainer state is a {type(state).__name__}, expected a dict")
+    return state
+
+
+def rng_state() -> dict[str, Any]:
+    """torch (CPU, and CUDA when present) and Python RNG states."""
+    import random
+
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
+    state["python_version"] = random.getstate()[0]
+    state["python_gauss"] = random.getstate()[2]
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    import random
+
+    torch.set_rng_state(state["torch"])
+    random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,178 @@
+"""One training-step engine for SFT and PPO: micro-batches with gradient accumulation, AdamW,
+warm-up + cosine/constant schedule, gradient clipping, a NaN/Inf guard, pluggable strategies.
+
+Loss convention (see :mod:`verl_core.algorithms.aggregation`): the loss function returns each
+micro-batch's share of the mini-batch loss (normalised by the *whole* mini-batch's token or sequence
+count), so the micro-batch losses sum to the mini-batch loss and the accumulated gradient equals the
+mini-batch gradient whatever the split (1×8 == 8×1). Under data parallelism the normaliser is global
+(all ranks) and gradients are averaged by the strategy, so each rank's loss is multiplied by the
+world size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+from verl_core.errors import VerlFlowError
+
+T = TypeVar("T")
+
+
+class NonFiniteError(VerlFlowError):
+    """A loss or gradient became NaN/Inf; raised before the optimizer step (nothing is committed)."""
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    total_steps: int
+    scheduler: str  # "constant" | "cosine"
+    grad_clip: float
+    betas: tuple[float, float] = (0.9, 0.999)
+    min_lr_ratio: float = 0.0
+
+
+class StepStats(NamedTuple):
+    loss: float  # the mini-batch loss (sum of micro-batch losses, over all ranks)
+    grad_norm: float  # global gradient norm before clipping
+    lr: float  # learning rate used for this step
+    micro_batches: int
+
+
+def lr_multiplier(
+    step: int, *, warmup_steps: int, total_steps: int, scheduler: str, min_ratio: float = 0.0
+) -> float:
+    """Multiplier of the peak LR at optimizer step ``step`` (0-based).
+
+    Linear warm-up: (step+1)/warmup for step < warmup. Then ``constant`` → 1, or ``cosine`` →
+    min + (1−min)·½(1 + cos(π·progress)), progress = (step − warmup)/(total − warmup) ∈ [0, 1]."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if scheduler == "constant":
+        return 1.0
+    if scheduler != "cosine":
+        raise ValueError(f"unknown lr scheduler {scheduler!r}; valid: constant, cosine")
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Trainable params in two groups: matrices decay, biases and norm weights (1-D) do not."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Strategy(Protocol):
+    """How a model is placed, how gradients are combined across ranks, how the norm is clipped."""
+
+    rank: int
+    world_size: int
+
+    def prepare(self, model: nn.Module) -> nn.Module: ...
+    def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> Tensor: ...
+    def all_reduce_sum(self, value: float) -> float: ...
+
+
+class SingleStrategy:
+    """One process, CPU or one GPU."""
+
+    rank = 0
+    world_size = 1
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        return model.to(self.device)
+
+    def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> Tensor:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def all_reduce_sum(self, value: float) -> float:
+        return value
+
+
+class TrainEngine:
+    """Owns the optimizer and scheduler of one model and runs optimizer steps."""
+
+    def __init__(self, model: nn.Module, spec: OptimSpec, strategy: Strategy | None = None) -> None:
+        self.strategy: Strategy = strategy or SingleStrategy()
+        self.model = self.strategy.prepare(model)
+        self.spec = spec
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise VerlFlowError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            param_groups(self.model, spec.weight_decay), lr=spec.lr, betas=spec.betas, foreach=False
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_multiplier(
+                s,
+                warmup_steps=spec.warmup_steps,
+                total_steps=spec.total_steps,
+                scheduler=spec.scheduler,
+                min_ratio=spec.min_lr_ratio,
+            ),
+        )
+        self.global_step = 0
+
+    def step(
+        self, micro_batches: Sequence[T], loss_fn: Callable[[T], Tensor], *, where: str = "train"
+    ) -> StepStats:
+        """Accumulate gradients over ``micro_batches`` and take one optimizer step.
+
+        ``loss_fn(mb)`` returns the micro-batch's share of the mini-batch loss (a scalar tensor). A
+        non-finite loss or gradient norm raises :class:`NonFiniteError` naming ``where``, the step and
+        the tensor, before the optimizer changes any weight."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for i, mb in enumerate(micro_batches):
+            loss = loss_fn(mb)
+            if not torch.isfinite(loss):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError(
+                    f"{where}: loss is {loss.item()} at step {self.global_step}, micro-batch {i}"
+                )
+            (loss * self.strategy.world_size).backward()
+            total += float(loss.detach())
+        grad_norm = self.strategy.clip_grad_norm(self.params, self.spec.grad_clip)
+        if not torch.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"{where}: grad_norm is {grad_norm.item()} at step {self.global_step}")
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.global_step += 1
+        return StepStats(self.strategy.all_reduce_sum(total), float(grad_norm), lr, len(micro_batches))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "global_step": self.global_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.global_step = int(state["global_step"])
+
+
+def batched(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """Consecutive slices of ``items`` of length ``size`` (the last may be shorter)."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

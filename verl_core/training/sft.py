@@ -1,0 +1,48 @@
+"""Supervised fine-tuning loss on packed batches: next-token NLL over assistant tokens only."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from verl_core.models.packed import packed_log_probs
+
+
+def count_loss_tokens(loss_masks: Sequence[Sequence[int]]) -> int:
+    """Tokens that are prediction targets in the loss: masked tokens except each sequence's first
+    (nothing predicts the first token)."""
+    return sum(int(sum(m[1:])) for m in loss_masks)
+
+
+def target_mask(loss_mask: Tensor, has_target: Tensor) -> Tensor:
+    """``(N,)`` float mask of positions whose *target* (the next token) is a loss token.
+
+    Position t predicts token t+1, so it counts when ``loss_mask[t+1] == 1`` and t is not the last
+    token of its sequence (``has_target``)."""
+    shifted = torch.zeros_like(loss_mask, dtype=torch.float32)
+    shifted[:-1] = loss_mask[1:].float()
+    return shifted * has_target.float()
+
+
+def sft_loss(
+    model: nn.Module,
+    input_ids: Tensor,
+    cu_seqlens: Tensor,
+    loss_mask: Tensor,
+    *,
+    num_loss_tokens: int,
+    chunk_size: int = 1024,
+) -> tuple[Tensor, Tensor]:
+    """Σ_t −log p(x_{t+1} | x_≤t) over loss targets / ``num_loss_tokens`` (the *mini-batch* count, so
+    micro-batch losses sum to the mini-batch token-mean).
+
+    Args: ``input_ids (N,)``, ``cu_seqlens (S+1,)``, ``loss_mask (N,)`` (1 on assistant tokens).
+    Returns ``(loss, summed nll (detached))``."""
+    out, has_target = packed_log_probs(
+        model, input_ids, cu_seqlens, chunk_size=chunk_size, with_entropy=False
+    )
+    mask = target_mask(loss_mask, has_target)
+    nll_sum = -(out.log_probs * mask).sum()
+    return nll_sum / max(1, num_loss_tokens), nll_sum.detach()
