@@ -12,6 +12,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
+from stages.preprocess import preprocess
+from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, with_overrides
 from verl_core.errors import ConfigError
 from verl_core.run import RunContext, start_run
@@ -51,7 +53,11 @@ def rlhf_pipeline(
     }
     stages: dict[str, str] = {}
     try:
-        _ = retry  # stage tasks are wired in below as they land
+        # stage tasks are wired in below as they land
+        stages["preprocess"] = preprocess.with_options(**retry)(ctx, cfg.data)
+        stages["template_pack"] = template_pack.with_options(**retry)(
+            ctx, cfg.data, cfg.model, stages["preprocess"]
+        )
         finish_run_task(ctx, stages, "FINISHED")
     except BaseException:
         finish_run_task(ctx, stages, "FAILED")

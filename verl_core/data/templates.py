@@ -29,7 +29,8 @@ CHATML = (
 LLAMA3 = (
     "{{ bos_token }}"
     "{% for message in messages %}"
-    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{{ message['content'] + '<|eot_id|>' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
 )
@@ -71,7 +72,9 @@ def resolve_template(choice: str, tokenizer_template: str | None) -> tuple[str, 
 @lru_cache(maxsize=16)
 def _compile(template: str) -> Template:
     # As transformers compiles chat templates: trim/lstrip blocks, loop controls, raise_exception.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.globals["raise_exception"] = _raise_exception
     return env.from_string(template)
 

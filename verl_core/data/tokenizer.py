@@ -24,18 +24,8 @@ SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 
 # Qwen2's pre-tokenizer split pattern (tokenizer.json of Qwen/Qwen2.5-*).
 QWEN2_SPLIT_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-# Files a tokenizer directory may hold; save/load move exactly these.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
 
@@ -55,7 +45,9 @@ def train_tokenizer(
     from transformers import PreTrainedTokenizerFast
 
     if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size {vocab_size} is below the 256 bytes + {len(SPECIAL_TOKENS)} special tokens")
+        raise ValueError(
+            f"vocab_size {vocab_size} is below the 256 bytes + {len(SPECIAL_TOKENS)} special tokens"
+        )
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -64,7 +56,7 @@ def train_tokenizer(
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
         ]
     )
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
@@ -125,3 +117,10 @@ def load_pretrained_tokenizer(path: str, *, trust_remote_code: bool = False) -> 
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+def load_tokenizer_from_bytes(files: Mapping[str, bytes]) -> Any:
+    """:func:`load_tokenizer_from_files` for ``{file name: bytes}`` (e.g. read from a manifest)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        write_tokenizer_files(files, tmp)
+        return load_tokenizer_from_files(tmp)

@@ -132,3 +132,48 @@ register_schema(
     "metrics",
     pa.schema([("step", pa.int64()), ("name", pa.string()), ("value", pa.float64())]),
 )
+
+# Tokenized data (template_pack stage). ``index`` is ``extra_info.index`` of the prompt row it came
+# from; ``prompt_text`` the rendered chat prompt (generation prompt included).
+register_schema(
+    "prompt_tokens",
+    pa.schema(
+        [
+            ("index", pa.int64()),
+            ("data_source", pa.string()),
+            ("ability", pa.string()),
+            ("prompt", CHAT_MESSAGES),
+            ("prompt_text", pa.string()),
+            ("ground_truth", pa.string()),
+            ("input_ids", TOKEN_IDS),
+        ]
+    ),
+)
+
+# SFT sequences: prompt ids then response ids + end-of-turn id; loss_mask is 1 on the response part.
+register_schema(
+    "sft_tokens",
+    pa.schema(
+        [
+            ("index", pa.int64()),
+            ("data_source", pa.string()),
+            ("input_ids", TOKEN_IDS),
+            ("loss_mask", TOKEN_MASK),
+            ("prompt_length", pa.int32()),
+        ]
+    ),
+)
+
+# Packing plan: sequence ``seq_index`` (row number in the sft_tokens table) sits in bin ``bin`` at
+# token ``offset``; one row per sequence, rows ordered by (bin, offset).
+register_schema(
+    "pack_plan",
+    pa.schema(
+        [
+            ("bin", pa.int32()),
+            ("seq_index", pa.int64()),
+            ("offset", pa.int32()),
+            ("length", pa.int32()),
+        ]
+    ),
+)

@@ -67,7 +67,8 @@ def lr_multiplier(
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Trainable params in two groups: matrices decay, biases and norm weights (1-D) do not."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
@@ -153,7 +154,7 @@ class TrainEngine:
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteError(f"{where}: grad_norm is {grad_norm.item()} at step {self.global_step}")
-        lr = self.scheduler.get_last_lr()[0]
+        lr = float(self.scheduler.get_last_lr()[0])
         self.optimizer.step()
         self.scheduler.step()
         self.global_step += 1
