@@ -161,3 +161,52 @@ def packed_scores(model: nn.Module, input_ids: Tensor, cu_seqlens: Tensor) -> Te
     position_ids = position_ids_from_cu_seqlens(cu_seqlens)
     hidden = backbone(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False)
     return base.score(hidden.last_hidden_state[0]).squeeze(-1).float()
+
+
+class PackedCausalLM(nn.Module):
+    """A causal LM run packed ("remove padding"): ``forward(input_ids (N,), cu_seqlens (S+1,))`` →
+    ``(TokenLogProbs, has_target)``, as :func:`packed_log_probs`.
+
+    Training calls this wrapper rather than the HF model so that the wrapper is the root module:
+    under FSDP2 its forward/backward hooks then gather the embedding, final norm and LM head that
+    the chunked log-prob computation reads directly. ``.lm`` is the HF (or PEFT) model for saving
+    and generation."""
+
+    def __init__(self, lm: nn.Module, chunk_size: int = 1024) -> None:
+        super().__init__()
+        self.lm = lm
+        self.chunk_size = chunk_size
+
+    def forward(
+        self, input_ids: Tensor, cu_seqlens: Tensor, temperature: float = 1.0, with_entropy: bool = True
+    ) -> tuple[TokenLogProbs, Tensor]:
+        return packed_log_probs(
+            self.lm,
+            input_ids,
+            cu_seqlens,
+            chunk_size=self.chunk_size,
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )
+
+    def decoder_layers(self) -> nn.ModuleList:
+        """The transformer blocks (the units FSDP2 shards one by one)."""
+        layers: nn.ModuleList = unwrap(self.lm).get_decoder().layers
+        return layers
+
+
+class PackedScoreModel(nn.Module):
+    """A one-label token/sequence classification model run packed: ``forward(input_ids (N,),
+    cu_seqlens (S+1,))`` → per-token scores ``(N,)`` (critic values, reward-model scores)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
+        return packed_scores(self.model, input_ids, cu_seqlens)
+
+    def decoder_layers(self) -> nn.ModuleList:
+        base: Any = unwrap(self.model)
+        layers: nn.ModuleList = getattr(base, base.base_model_prefix).layers
+        return layers

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from verl_core.models.packed import packed_log_probs
+from verl_core.models.packed import PackedCausalLM
 
 
 def count_loss_tokens(loss_masks: Sequence[Sequence[int]]) -> int:
@@ -27,22 +27,19 @@ def target_mask(loss_mask: Tensor, has_target: Tensor) -> Tensor:
 
 
 def sft_loss(
-    model: nn.Module,
+    model: PackedCausalLM,
     input_ids: Tensor,
     cu_seqlens: Tensor,
     loss_mask: Tensor,
     *,
     num_loss_tokens: int,
-    chunk_size: int = 1024,
 ) -> tuple[Tensor, Tensor]:
     """Σ_t −log p(x_{t+1} | x_≤t) over loss targets / ``num_loss_tokens`` (the *mini-batch* count, so
     micro-batch losses sum to the mini-batch token-mean).
 
     Args: ``input_ids (N,)``, ``cu_seqlens (S+1,)``, ``loss_mask (N,)`` (1 on assistant tokens).
     Returns ``(loss, summed nll (detached))``."""
-    out, has_target = packed_log_probs(
-        model, input_ids, cu_seqlens, chunk_size=chunk_size, with_entropy=False
-    )
+    out, has_target = model(input_ids, cu_seqlens, with_entropy=False)
     mask = target_mask(loss_mask, has_target)
     nll_sum = -(out.log_probs * mask).sum()
     return nll_sum / max(1, num_loss_tokens), nll_sum.detach()

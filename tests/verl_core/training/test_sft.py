@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from verl_core.data.packing import pack
 from verl_core.models.checkpoint import load_state_bytes, rng_state, set_rng_state, state_bytes
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
+from verl_core.models.packed import PackedCausalLM
 from verl_core.training.sft import count_loss_tokens, sft_loss, target_mask
 
 
@@ -29,7 +30,8 @@ def test_sft_loss_equals_masked_cross_entropy() -> None:
     n = count_loss_tokens(masks)  # 3 + 2 + 1 = 6
     assert n == 6
     assert batch.loss_mask is not None
-    loss, _ = sft_loss(model, batch.input_ids, batch.cu_seqlens, batch.loss_mask, num_loss_tokens=n)
+    packed = PackedCausalLM(model)
+    loss, _ = sft_loss(packed, batch.input_ids, batch.cu_seqlens, batch.loss_mask, num_loss_tokens=n)
 
     ref_sum = torch.zeros(())
     for s, m in zip(seqs, masks, strict=True):
@@ -42,7 +44,7 @@ def test_sft_loss_equals_masked_cross_entropy() -> None:
     # micro-batches with the mini-batch normaliser sum to the mini-batch loss
     parts = [pack(seqs[:1], loss_masks=masks[:1]), pack(seqs[1:], loss_masks=masks[1:])]
     total = sum(
-        sft_loss(model, p.input_ids, p.cu_seqlens, p.loss_mask, num_loss_tokens=n)[0]  # type: ignore[arg-type]
+        sft_loss(packed, p.input_ids, p.cu_seqlens, p.loss_mask, num_loss_tokens=n)[0]  # type: ignore[arg-type]
         for p in parts
     )
     torch.testing.assert_close(total, loss, atol=1e-6, rtol=0)

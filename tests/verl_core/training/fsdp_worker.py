@@ -1,0 +1,78 @@
+"""A tiny training run used to compare strategies: single process vs FSDP2 under torchrun.
+
+torchrun --nproc_per_node 2 tests/verl_core/training/fsdp_worker.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from verl_core.data.packing import pack
+from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
+from verl_core.models.packed import PackedCausalLM
+from verl_core.training.engine import OptimSpec, SingleStrategy, Strategy, TrainEngine
+from verl_core.training.sft import count_loss_tokens, sft_loss
+
+STEPS = 4
+
+
+def batch() -> tuple[list[list[int]], list[list[int]]]:
+    g = torch.Generator().manual_seed(0)
+    lengths = [7, 3, 12, 5, 9, 4, 6, 10]
+    seqs = [torch.randint(1, 60, (n,), generator=g).tolist() for n in lengths]
+    masks = [[0, 0] + [1] * (n - 2) for n in lengths]
+    return seqs, masks
+
+
+def train(strategy: Strategy, shard: list[int] | None = None) -> list[float]:
+    spec = ScratchSpec("qwen2", 32, 2, 4, 2, 64, 64)
+    model = init_causal_lm(scratch_config(spec, 64, eos_token_id=0, pad_token_id=0), seed=0)
+    engine = TrainEngine(
+        PackedCausalLM(model),
+        OptimSpec(
+            lr=1e-2, weight_decay=0.01, warmup_steps=1, total_steps=STEPS, scheduler="cosine", grad_clip=1.0
+        ),
+        strategy,
+    )
+    seqs, masks = batch()
+    n_tokens = count_loss_tokens(masks)  # global normaliser, all ranks
+    idx = shard if shard is not None else list(range(len(seqs)))
+    # two micro-batches per rank
+    micro = [
+        pack([seqs[i] for i in part], loss_masks=[masks[i] for i in part]) for part in (idx[::2], idx[1::2])
+    ]
+    losses = []
+    for _ in range(STEPS):
+        stats = engine.step(
+            micro,
+            lambda mb: sft_loss(
+                engine.model, mb.input_ids, mb.cu_seqlens, mb.loss_mask, num_loss_tokens=n_tokens
+            )[0],
+        )
+        losses.append(stats.loss)
+    return losses
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    from verl_core.training.distributed import FSDP2Strategy, init_distributed, rank_shard
+
+    rank, world = init_distributed("cpu")
+    seqs, _ = batch()
+    losses = train(FSDP2Strategy("cpu"), rank_shard([len(s) for s in seqs], rank, world))
+    if rank == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump({"losses": losses, "world_size": world}, f)
+    dist.destroy_process_group()
+
+
+def single() -> list[float]:
+    return train(SingleStrategy("cpu"))
+
+
+if __name__ == "__main__":
+    main()
