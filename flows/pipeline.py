@@ -13,6 +13,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 
 from stages.preprocess import preprocess
+from stages.sft import sft_warmup
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, with_overrides
 from verl_core.errors import ConfigError
@@ -53,11 +54,12 @@ def rlhf_pipeline(
     }
     stages: dict[str, str] = {}
     try:
-        # stage tasks are wired in below as they land
         stages["preprocess"] = preprocess.with_options(**retry)(ctx, cfg.data)
         stages["template_pack"] = template_pack.with_options(**retry)(
             ctx, cfg.data, cfg.model, stages["preprocess"]
         )
+        if cfg.sft.enable:  # compute-bound: no task retries (a rerun resumes from the last checkpoint)
+            stages["sft"] = sft_warmup(ctx, cfg.model, cfg.sft, cfg.trainer, stages["template_pack"])
         finish_run_task(ctx, stages, "FINISHED")
     except BaseException:
         finish_run_task(ctx, stages, "FAILED")

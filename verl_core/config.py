@@ -95,6 +95,10 @@ class DataConfig(Section):
     chat_template: Literal["auto", "chatml", "llama3", "plain"] = _f(
         "auto", "Chat template: the tokenizer's own (auto; chatml if it has none) or a named built-in"
     )
+    tokenizer_train_rows: NonNegInt = _f(
+        2000,
+        "model.init=scratch: train the tokenizer on at most this many training rows, evenly spaced (0: all)",
+    )
     pack_token_budget: PositiveInt = _f(
         4096, "Tokens per bin of the SFT packing plan (>= max_prompt_length + max_response_length)"
     )
@@ -169,6 +173,8 @@ class SFTConfig(Section):
     batch_size: PositiveInt = _f(32, "Sequences per optimizer step")
     max_token_len_per_batch: PositiveInt = _f(4096, "Token budget of one packed micro-batch")
     val_every: NonNegInt = _f(50, "Validation loss every this many steps (0: end of each epoch only)")
+    save_every: NonNegInt = _f(50, "Checkpoint weights + trainer state every this many steps (0: at the end)")
+    log_every: PositiveInt = _f(10, "Log training metrics every this many steps")
 
 
 class ActorConfig(Section):
@@ -484,7 +490,7 @@ def _describe(err: Mapping[str, Any]) -> str:
         hint = f" (did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?)" if close else ""
         valid = f"; valid keys here: {', '.join(names)}" if names and not close else ""
         return f"unknown key '{path}'{hint}{valid}"
-    if kind == "value_error" and not path:
+    if kind == "value_error" and (not path or isinstance(err.get("input"), dict)):
         # model-level cross checks already name their field
         return str(err["msg"]).removeprefix("Value error, ")
     given = err.get("input")

@@ -19,7 +19,8 @@ QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 
 def test_quickstart_pipeline_runs_and_rerun_skips(tmp_path: Path) -> None:
     runner = CliRunner()
-    args = ["run", QUICKSTART, f"store.url={tmp_path}", "--run-id", "e2e"]
+    small = ["data.arithmetic_train_size=200", "data.arithmetic_val_size=20", "sft.max_steps=6", "sft.save_every=3"]
+    args = ["run", QUICKSTART, f"store.url={tmp_path}", *small, "--run-id", "e2e"]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
 
@@ -40,7 +41,9 @@ def test_quickstart_pipeline_runs_and_rerun_skips(tmp_path: Path) -> None:
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert runs[0].data.params["trainer.experiment_name"] == "quickstart"
     stages_logged = json.loads(Path(runs[0].info.artifact_uri[len("file://") :], "stages.json").read_text())
-    assert set(stages_logged) == set(manifests)
+    assert set(stages_logged) == {"preprocess", "template_pack", "sft"}
+    assert set(stages_logged) <= set(manifests)
+    assert manifests["sft"].summary["steps"] == 6
 
     second = runner.invoke(app, args)
     assert second.exit_code == 0, second.output

@@ -21,6 +21,9 @@ from verl_core.errors import ArtifactCorruptError
 
 def model_files(model: nn.Module, tokenizer: Any | None = None) -> dict[str, bytes]:
     """``save_pretrained`` of the model (and tokenizer) as ``{file name: bytes}`` (safetensors)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
         if tokenizer is not None:

@@ -1,0 +1,242 @@
+"""SFT warm-up stage: next-token loss on assistant tokens, packed micro-batches, periodic validation,
+checkpoints through the artifact store, resume from the last checkpoint.
+
+Reads the template_pack stage (tokenizer files, ``sft_tokens/{train,val}.parquet``); writes the policy
+checkpoint under ``policy/`` (see :mod:`stages.models`), ``metrics.parquet`` and ``report.json``.
+While it runs, a checkpoint (weights + optimizer/scheduler/RNG state + step) is committed every
+``sft.save_every`` steps as the stage ``sft-ckpt``; a rerun of the same run with the same inputs
+continues from it and ends with the same weights as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+import torch
+from prefect import task
+
+from stages.models import build_policy, read_policy, write_policy
+from stages.template_pack import load_tokenizer
+from verl_core.config import ModelConfig, SFTConfig, TrainerConfig
+from verl_core.data.packing import PackedBatch, dynamic_micro_batches, pack
+from verl_core.errors import DataError
+from verl_core.models.checkpoint import load_state_bytes, rng_state, set_rng_state, state_bytes
+from verl_core.models.loading import count_parameters, resolve_device
+from verl_core.models.packed import PackedCausalLM
+from verl_core.run import RunContext
+from verl_core.store import ArtifactStore, Manifest
+from verl_core.training.engine import OptimSpec, TrainEngine
+from verl_core.training.sft import count_loss_tokens, sft_loss
+
+CKPT_STAGE = "sft-ckpt"
+
+
+@task(name="sft_warmup")
+def sft_warmup(
+    ctx: RunContext, model: ModelConfig, sft: SFTConfig, trainer: TrainerConfig, template_pack_uri: str
+) -> str:
+    """Fine-tune the initial policy on the SFT split; returns the stage's manifest URI."""
+    log = _logger()
+    store = ctx.store()
+    # 1. Skip when committed with the same inputs
+    params = {
+        "model": model.model_dump(mode="json"),
+        "sft": sft.model_dump(mode="json"),
+        "seed": trainer.seed,
+    }
+    stage = store.open_stage(ctx.run_id, "sft", params=params, inputs={"template_pack": template_pack_uri})
+    if stage.done:
+        log.info("sft: committed with the same inputs, skipped")
+        return stage.manifest_uri
+
+    # 2. Data and tokenizer
+    tp = store.read_manifest(template_pack_uri)
+    tokenizer = load_tokenizer(store, template_pack_uri)
+    train = _rows(store, tp, "sft_tokens/train.parquet")
+    val = _rows(store, tp, "sft_tokens/val.parquet")
+    if not train[0]:
+        raise DataError(f"{store.file_uri(tp, 'sft_tokens/train.parquet')}: no SFT rows to train on")
+
+    # 3. Model, engine, schedule
+    torch.manual_seed(trainer.seed)
+    device = resolve_device(trainer.device)
+    lm = build_policy(model, tokenizer, seed=trainer.seed)
+    steps_per_epoch = math.ceil(len(train[0]) / sft.batch_size)
+    total = (
+        sft.epochs * steps_per_epoch
+        if sft.max_steps == 0
+        else min(sft.max_steps, sft.epochs * steps_per_epoch)
+    )
+    spec = OptimSpec(
+        lr=sft.lr,
+        weight_decay=sft.weight_decay,
+        warmup_steps=int(sft.warmup_ratio * total),
+        total_steps=total,
+        scheduler=sft.lr_scheduler,
+        grad_clip=sft.grad_clip,
+    )
+
+    # 4. Resume from the last checkpoint of this very stage input, if any
+    ckpt = store.committed(ctx.run_id, CKPT_STAGE)
+    if ckpt is not None and ckpt.summary.get("sft_key") == stage.input_key:
+        lm = read_policy(store, ckpt, "policy", model)
+    engine = TrainEngine(PackedCausalLM(lm), spec, _strategy(device))
+    start = 0
+    if ckpt is not None and ckpt.summary.get("sft_key") == stage.input_key:
+        state = load_state_bytes(
+            store.read_bytes(ckpt, "trainer_state.pt"), store.file_uri(ckpt, "trainer_state.pt")
+        )
+        engine.load_state_dict(state["engine"])
+        set_rng_state(state["rng"])
+        start = int(state["step"])
+        log.info("sft: resumed from the checkpoint at step %d of %d", start, total)
+    log.info(
+        "sft: %d train / %d val rows, %d steps (%d per epoch), %.2fM trainable of %.2fM params, device %s",
+        len(train[0]), len(val[0]), total, steps_per_epoch,
+        count_parameters(lm, True) / 1e6, count_parameters(lm) / 1e6, device,
+    )  # fmt: skip
+
+    # 5. Train
+    history: list[tuple[int, str, float]] = []
+    tracker = ctx.tracker()
+    tokens, t0 = 0, time.perf_counter()
+    for step in range(start, total):
+        rows = _batch_rows(len(train[0]), sft.batch_size, step, steps_per_epoch, trainer.seed)
+        micro = _micro_batches(train, rows, sft.max_token_len_per_batch, device)
+        n_loss = count_loss_tokens([train[1][i] for i in rows])
+        stats = engine.step(micro, _loss_fn(engine, n_loss), where="sft")
+        tokens += sum(mb.num_tokens for mb in micro)
+        metrics = {"sft/loss": stats.loss, "sft/grad_norm": stats.grad_norm, "sft/lr": stats.lr}
+        done = step + 1
+        if sft.val_every and done % sft.val_every == 0 and done < total:
+            metrics["sft/val_loss"] = _val_loss(engine, val, sft.max_token_len_per_batch, device)
+        if done % sft.log_every == 0 or done == total:
+            metrics["perf/sft_tokens_per_s"] = tokens / max(1e-9, time.perf_counter() - t0)
+            tracker.log_metrics(metrics, step=done)
+            log.info("sft: step %d/%d %s", done, total, _fmt(metrics))
+        history.extend((done, k, float(v)) for k, v in metrics.items())
+        if sft.save_every and done % sft.save_every == 0 and done < total:
+            _save_checkpoint(store, ctx.run_id, stage.input_key, engine, lm, tokenizer, model, done)
+
+    # 6. Final validation, policy files, metrics, commit
+    final_val = _val_loss(engine, val, sft.max_token_len_per_batch, device)
+    tracker.log_metrics({"sft/val_loss": final_val}, step=total)
+    history.append((total, "sft/val_loss", final_val))
+    write_policy(stage, "policy", lm, tokenizer, model)
+    stage.write_table("metrics.parquet", _metrics_table(history), "metrics")
+    first_val = next((v for s, k, v in history if k == "sft/val_loss"), final_val)
+    report = {
+        "steps": total,
+        "train_rows": len(train[0]),
+        "val_rows": len(val[0]),
+        "first_val_loss": first_val,
+        "final_val_loss": final_val,
+        "trainable_params": count_parameters(lm, True),
+    }
+    stage.write_json("report.json", report)
+    uri = stage.commit(summary=report)
+    log.info("sft: done, val loss %.4f", final_val)
+    return uri
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("verl_flow.sft")
+
+
+def _loss_fn(engine: TrainEngine, num_loss_tokens: int) -> Callable[[PackedBatch], torch.Tensor]:
+    """The micro-batch loss: its share of the mini-batch token-mean NLL."""
+    model = engine.model
+    assert isinstance(model, PackedCausalLM)
+
+    def loss(mb: PackedBatch) -> torch.Tensor:
+        assert mb.loss_mask is not None
+        return sft_loss(model, mb.input_ids, mb.cu_seqlens, mb.loss_mask, num_loss_tokens=num_loss_tokens)[0]
+
+    return loss
+
+
+def _strategy(device: torch.device) -> Any:
+    from verl_core.training.engine import SingleStrategy
+
+    return SingleStrategy(device)
+
+
+def _rows(store: ArtifactStore, manifest: Manifest, name: str) -> tuple[list[list[int]], list[list[int]]]:
+    table = store.read_table(manifest, name, columns=["input_ids", "loss_mask"])
+    return table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()
+
+
+def _batch_rows(n: int, batch_size: int, step: int, steps_per_epoch: int, seed: int) -> list[int]:
+    """Rows of optimizer step ``step``: a permutation per epoch seeded by (seed, epoch), so the order
+    depends only on the step (a resumed run sees exactly the same batches)."""
+    epoch, k = divmod(step, steps_per_epoch)
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    order = torch.randperm(n, generator=g).tolist()
+    return order[k * batch_size : (k + 1) * batch_size]
+
+
+def _micro_batches(
+    data: tuple[list[list[int]], list[list[int]]], rows: Sequence[int], budget: int, device: torch.device
+) -> list[PackedBatch]:
+    ids, masks = data
+    parts = dynamic_micro_batches([len(ids[i]) for i in rows], budget)
+    return [
+        pack(
+            [ids[rows[j]] for j in p], seq_index=[rows[j] for j in p], loss_masks=[masks[rows[j]] for j in p]
+        ).to(device)
+        for p in parts
+    ]
+
+
+@torch.no_grad()
+def _val_loss(
+    engine: TrainEngine, val: tuple[list[list[int]], list[list[int]]], budget: int, device: torch.device
+) -> float:
+    """Token-mean NLL over the whole validation split."""
+    if not val[0]:
+        return float("nan")
+    engine.model.eval()
+    rows = list(range(len(val[0])))
+    n_loss = count_loss_tokens(val[1])
+    loss = _loss_fn(engine, n_loss)
+    return sum(float(loss(mb)) for mb in _micro_batches(val, rows, budget, device))
+
+
+def _save_checkpoint(
+    store: ArtifactStore,
+    run_id: str,
+    sft_key: str,
+    engine: TrainEngine,
+    lm: torch.nn.Module,
+    tokenizer: Any,
+    model: ModelConfig,
+    step: int,
+) -> None:
+    ckpt = store.open_stage(run_id, CKPT_STAGE, params={"sft_key": sft_key, "step": step})
+    write_policy(ckpt, "policy", lm, tokenizer, model)
+    ckpt.write_bytes(
+        "trainer_state.pt", state_bytes({"engine": engine.state_dict(), "rng": rng_state(), "step": step})
+    )
+    ckpt.commit(summary={"sft_key": sft_key, "step": step})
+
+
+def _metrics_table(history: list[tuple[int, str, float]]) -> pa.Table:
+    steps, names, values = zip(*history, strict=True) if history else ((), (), ())
+    return pa.table(
+        {"step": pa.array(steps, pa.int64()), "name": list(names), "value": pa.array(values, pa.float64())}
+    )
+
+
+def _fmt(metrics: dict[str, float]) -> str:
+    return " ".join(f"{k.split('/')[-1]}={v:.4g}" for k, v in metrics.items())

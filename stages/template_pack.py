@@ -1,0 +1,308 @@
+"""Template/pack stage: prompt and SFT tables → token ids, loss masks, a packing plan, a tokenizer.
+
+Reads the preprocess stage's tables and writes
+
+    tokenizer/*                          the tokenizer files (trained here for model.init=scratch,
+                                         the base model's otherwise), chat template included
+    prompt_tokens/{train,val}.parquet    kind "prompt_tokens": RL prompts rendered with the
+                                         generation prompt, their ids, ground truth
+    sft_tokens/{train,val}.parquet       kind "sft_tokens": prompt + response ids, assistant-only mask
+    pack_plan/train.parquet              kind "pack_plan": token-budget bins of the SFT train rows
+    report.json                          length statistics, truncations/drops, packing vs padding waste
+
+Later stages load the tokenizer with :func:`load_tokenizer` from this stage's manifest.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+from prefect import task
+
+from stages.preprocess import stage_logger
+from verl_core.config import DataConfig, ModelConfig
+from verl_core.data import (
+    ChatFormat,
+    TextEncoder,
+    Tokenized,
+    chat_format,
+    length_stats,
+    load_pretrained_tokenizer,
+    load_tokenizer_from_bytes,
+    packing_waste,
+    padded_waste,
+    plan_bins,
+    save_tokenizer_files,
+    tokenize_prompts,
+    tokenize_sft,
+    train_tokenizer,
+)
+from verl_core.errors import DataError
+from verl_core.run import RunContext
+from verl_core.store import ArtifactStore, get_schema
+
+STAGE = "template_pack"
+SPLITS = ("train", "val")
+TOKENIZER_PREFIX = "tokenizer/"
+
+
+@task(name="template_pack")
+def template_pack(ctx: RunContext, data: DataConfig, model: ModelConfig, preprocess_uri: str) -> str:
+    """Tokenize the run's prompts and SFT rows and plan their packing; returns the manifest URI."""
+    store = ctx.store()
+    # 1. Skip when committed with the same inputs
+    stage = store.open_stage(
+        ctx.run_id, STAGE, params=_params(data, model), inputs={"preprocess": preprocess_uri}
+    )
+    log = stage_logger()
+    if stage.done:
+        log.info("template_pack: already committed, skipping (%s)", stage.manifest_uri)
+        return stage.manifest_uri
+
+    # 2. Read the preprocess tables
+    upstream = store.read_manifest(preprocess_uri)
+    prompts = {s: store.read_table(upstream, f"prompts/{s}.parquet") for s in SPLITS}
+    sft = {s: store.read_table(upstream, f"sft/{s}.parquet") for s in SPLITS}
+
+    # 3. The tokenizer: trained on the run's own training text, or the base model's
+    if model.init == "scratch":
+        texts = _training_texts(prompts["train"], sft["train"], data.tokenizer_train_rows)
+        tokenizer = train_tokenizer(
+            texts, model.vocab_size, chat_template=None, model_max_length=model.max_position_embeddings
+        )
+    else:
+        assert model.path is not None  # the config's cross checks require it
+        tokenizer = load_pretrained_tokenizer(model.path, trust_remote_code=model.trust_remote_code)
+
+    # 4. The chat template (stored in the tokenizer so that every later stage renders the same)
+    try:
+        fmt = chat_format(tokenizer, data.chat_template)
+    except ValueError as e:
+        raise DataError(f"data.chat_template={data.chat_template!r}: {e}") from None
+    tokenizer.chat_template = fmt.template
+
+    # 5. Tokenize RL prompts and SFT rows within the length limits
+    encoder = TextEncoder(tokenizer)
+    tok_prompts = {s: _tokenize_prompts(encoder, fmt, prompts[s], data, s) for s in SPLITS}
+    tok_sft = {s: _tokenize_sft(encoder, fmt, sft[s], data, s) for s in SPLITS}
+    if not tok_prompts["train"].input_ids:
+        raise DataError("template_pack: every training prompt was dropped by data.truncation=drop")
+
+    # 6. Plan the packing of the SFT training rows into token-budget bins
+    sft_lengths = [len(ids) for ids in tok_sft["train"].input_ids]
+    bins = plan_bins(sft_lengths, data.pack_token_budget, data.pack_algorithm)
+    per_batch = max(1, round(len(sft_lengths) / max(1, len(bins))))
+    packing = {
+        "token_budget": data.pack_token_budget,
+        "algorithm": data.pack_algorithm,
+        "bins": len(bins),
+        "sequences": len(sft_lengths),
+        "packed_waste": round(packing_waste(sft_lengths, bins, data.pack_token_budget), 5),
+        "padded_batch_size": per_batch,
+        "padded_waste": round(padded_waste(sft_lengths, per_batch), 5),
+    }
+
+    # 7. Write tokenizer files, token tables, the plan and the report
+    for name, blob in save_tokenizer_files(tokenizer).items():
+        stage.write_bytes(TOKENIZER_PREFIX + name, blob)
+    for s in SPLITS:
+        stage.write_table(
+            f"prompt_tokens/{s}.parquet", _prompt_table(prompts[s], tok_prompts[s]), "prompt_tokens"
+        )
+        stage.write_table(f"sft_tokens/{s}.parquet", _sft_table(sft[s], tok_sft[s]), "sft_tokens")
+    stage.write_table("pack_plan/train.parquet", _plan_table(bins, sft_lengths), "pack_plan")
+    report = _report(fmt, tokenizer, model, tok_prompts, tok_sft, packing)
+    stage.write_json("report.json", report)
+    uri = stage.commit(
+        summary={
+            "chat_template": fmt.name,
+            "vocab_size": len(tokenizer),
+            "rows": {
+                f"{k}_{s}": len(t[s].input_ids)
+                for k, t in (("prompts", tok_prompts), ("sft", tok_sft))
+                for s in SPLITS
+            },
+            "packing": packing,
+        }
+    )
+
+    # 8. Log and track the main figures
+    metrics = _metrics(report)
+    log.info(
+        "template_pack: template %s, vocab %d, prompt tokens mean %.1f max %d, SFT tokens p95 %.0f, "
+        "%d truncated / %d dropped, %d bins (waste %.2f%% packed vs %.2f%% padded)",
+        fmt.name,
+        len(tokenizer),
+        metrics["data/prompt_len_mean"],
+        metrics["data/prompt_len_max"],
+        metrics["data/sft_len_p95"],
+        metrics["data/truncated_rows"],
+        metrics["data/dropped_rows_length"],
+        metrics["data/pack_bins"],
+        100 * metrics["data/pack_waste"],
+        100 * metrics["data/padded_waste"],
+    )
+    ctx.tracker().log_metrics(metrics, step=0)
+    return uri
+
+
+def load_tokenizer(store: ArtifactStore, template_pack_uri: str) -> Any:
+    """The tokenizer written by this stage (same ids as when it was trained), chat template set."""
+    manifest = store.read_manifest(template_pack_uri)
+    files = {
+        f.name.removeprefix(TOKENIZER_PREFIX): store.read_bytes(manifest, f.name)
+        for f in manifest.files
+        if f.name.startswith(TOKENIZER_PREFIX)
+    }
+    if not files:
+        raise DataError(f"{template_pack_uri}: the stage wrote no tokenizer files")
+    return load_tokenizer_from_bytes(files)
+
+
+def _params(data: DataConfig, model: ModelConfig) -> dict[str, Any]:
+    """The config fields this stage's output depends on."""
+    data_fields = (
+        "max_prompt_length",
+        "max_response_length",
+        "truncation",
+        "chat_template",
+        "tokenizer_train_rows",
+    )
+    model_fields = ("init", "path", "vocab_size", "max_position_embeddings", "trust_remote_code")
+    return {
+        "data": {k: getattr(data, k) for k in (*data_fields, "pack_token_budget", "pack_algorithm")},
+        "model": {k: getattr(model, k) for k in model_fields},
+    }
+
+
+def _training_texts(prompts: pa.Table, sft: pa.Table, max_rows: int) -> list[str]:
+    """Tokenizer training text: the messages of (at most ``max_rows``, evenly spaced) training
+    prompts, their SFT responses, and the role names the chat template writes."""
+    step = max(1, -(-prompts.num_rows // max_rows)) if max_rows else 1
+    texts = [m["content"] for messages in prompts.column("prompt").to_pylist()[::step] for m in messages]
+    texts += sft.column("response").to_pylist()[::step]
+    return [*texts, "system\n", "user\n", "assistant\n"]
+
+
+def _tokenize_prompts(
+    encoder: TextEncoder, fmt: ChatFormat, table: pa.Table, data: DataConfig, split: str
+) -> Tokenized:
+    return tokenize_prompts(
+        encoder,
+        fmt,
+        table.column("prompt").to_pylist(),
+        max_length=data.max_prompt_length,
+        truncation=data.truncation,
+        where=f"preprocess prompts/{split}.parquet",
+    )
+
+
+def _tokenize_sft(
+    encoder: TextEncoder, fmt: ChatFormat, table: pa.Table, data: DataConfig, split: str
+) -> Tokenized:
+    return tokenize_sft(
+        encoder,
+        fmt,
+        table.column("prompt").to_pylist(),
+        table.column("response").to_pylist(),
+        max_prompt_length=data.max_prompt_length,
+        max_response_length=data.max_response_length,
+        truncation=data.truncation,
+        where=f"preprocess sft/{split}.parquet",
+    )
+
+
+def _prompt_table(prompts: pa.Table, tok: Tokenized) -> pa.Table:
+    rows = prompts.take(pa.array(tok.positions, type=pa.int64()))
+    extra = rows.column("extra_info").combine_chunks()
+    reward = rows.column("reward_model").combine_chunks()
+    columns = {
+        "index": extra.field("index"),
+        "data_source": rows.column("data_source"),
+        "ability": rows.column("ability"),
+        "prompt": rows.column("prompt"),
+        "prompt_text": pa.array(tok.texts, type=pa.string()),
+        "ground_truth": reward.field("ground_truth"),
+        "input_ids": pa.array(tok.input_ids, type=pa.list_(pa.int32())),
+    }
+    return pa.table(columns, schema=get_schema("prompt_tokens"))
+
+
+def _sft_table(sft: pa.Table, tok: Tokenized) -> pa.Table:
+    rows = sft.take(pa.array(tok.positions, type=pa.int64()))
+    columns = {
+        "index": rows.column("index"),
+        "data_source": rows.column("data_source"),
+        "input_ids": pa.array(tok.input_ids, type=pa.list_(pa.int32())),
+        "loss_mask": pa.array(tok.loss_mask or [], type=pa.list_(pa.int8())),
+        "prompt_length": pa.array(tok.prompt_lengths, type=pa.int32()),
+    }
+    return pa.table(columns, schema=get_schema("sft_tokens"))
+
+
+def _plan_table(bins: list[list[int]], lengths: list[int]) -> pa.Table:
+    rows: dict[str, list[int]] = {"bin": [], "seq_index": [], "offset": [], "length": []}
+    for b, members in enumerate(bins):
+        offset = 0
+        for i in members:
+            rows["bin"].append(b)
+            rows["seq_index"].append(i)
+            rows["offset"].append(offset)
+            rows["length"].append(lengths[i])
+            offset += lengths[i]
+    return pa.Table.from_pydict(rows, schema=get_schema("pack_plan"))
+
+
+def _report(
+    fmt: ChatFormat,
+    tokenizer: Any,
+    model: ModelConfig,
+    prompts: dict[str, Tokenized],
+    sft: dict[str, Tokenized],
+    packing: dict[str, Any],
+) -> dict[str, Any]:
+    lengths: dict[str, Any] = {}
+    counts: dict[str, dict[str, int]] = {}
+    for s in SPLITS:
+        lengths[f"prompt_{s}"] = length_stats([len(x) for x in prompts[s].input_ids])
+        lengths[f"sft_{s}"] = length_stats([len(x) for x in sft[s].input_ids])
+        lengths[f"response_{s}"] = length_stats([sum(m) for m in sft[s].loss_mask or []])
+        counts[f"prompts_{s}"] = _all_counts(prompts[s].counts)
+        counts[f"sft_{s}"] = _all_counts(sft[s].counts)
+    return {
+        "tokenizer": {
+            "source": model.init,
+            "vocab_size": len(tokenizer),
+            "end_of_turn_ids": list(fmt.end_ids),
+        },
+        "chat_template": fmt.name,
+        "lengths": lengths,
+        "truncation": counts,
+        "packing": packing,
+    }
+
+
+def _all_counts(counts: Counter[str]) -> dict[str, int]:
+    keys = ("prompt_truncated", "prompt_dropped", "response_truncated", "response_dropped")
+    return {k: counts.get(k, 0) for k in keys}
+
+
+def _metrics(report: dict[str, Any]) -> dict[str, float]:
+    lengths, packing = report["lengths"], report["packing"]
+    truncated = sum(v for c in report["truncation"].values() for k, v in c.items() if k.endswith("truncated"))
+    dropped = sum(v for c in report["truncation"].values() for k, v in c.items() if k.endswith("dropped"))
+    return {
+        "data/prompt_len_mean": lengths["prompt_train"]["mean"],
+        "data/prompt_len_max": lengths["prompt_train"]["max"],
+        "data/response_len_mean": lengths["response_train"]["mean"],
+        "data/response_len_max": lengths["response_train"]["max"],
+        "data/sft_len_p95": lengths["sft_train"]["p95"],
+        "data/truncated_rows": truncated,
+        "data/dropped_rows_length": dropped,
+        "data/pack_bins": packing["bins"],
+        "data/pack_waste": packing["packed_waste"],
+        "data/padded_waste": packing["padded_waste"],
+        "data/vocab_size": report["tokenizer"]["vocab_size"],
+    }

@@ -1,0 +1,190 @@
+"""Adapters and cleaning: verl's GSM8K rows, bad rows counted by reason, strict mode, arithmetic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from verl_core.data.adapters import LoadOptions, get_adapter, read_jsonl
+from verl_core.data.arithmetic import generate
+from verl_core.data.cleaning import (
+    CleaningReport,
+    FieldMapping,
+    clean_rows,
+    gsm8k_mapping,
+    hold_out,
+    strip_calculator_annotations,
+)
+from verl_core.errors import DataError
+
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+NATALIA_Q = "Natalia sold clips to 48 of her friends in April. How many?"
+NATALIA_A = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 1,072"
+
+
+def _write_lines(path: Path, lines: list[bytes]) -> str:
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return str(path)
+
+
+def test_gsm8k_row_matches_verl(tmp_path: Path) -> None:
+    line = json.dumps({"question": NATALIA_Q, "answer": NATALIA_A}).encode()
+    rows = read_jsonl(_write_lines(tmp_path / "one.jsonl", [line]))
+    out = clean_rows(rows, gsm8k_mapping(), split="train", report=CleaningReport())
+    assert out.prompts == [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": NATALIA_Q + " " + INSTRUCTION}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "1072"},  # "1,072" without the comma
+            "extra_info": {"split": "train", "index": 0, "answer": NATALIA_A, "question": NATALIA_Q},
+        }
+    ]
+    assert out.sft_rows()[0]["response"] == "Natalia sold 48/2 = 24 clips in May.\n#### 1,072"
+
+
+def test_strip_calculator_annotations() -> None:
+    assert strip_calculator_annotations("48/2 = <<48/2=24>>24, 3*4=<<3*4=12>>12") == "48/2 = 24, 3*4=12"
+
+
+def test_every_bad_row_reason_is_counted(tmp_path: Path) -> None:
+    good = {"question": "q1", "answer": "#### 5"}
+    lines = [
+        json.dumps(good).encode(),  # line 1: kept
+        b"{not json",  # line 2: undecodable
+        b"\xff\xfe bad bytes",  # line 3: undecodable (not UTF-8)
+        json.dumps({"answer": "#### 1"}).encode(),  # line 4: missing question
+        json.dumps({"question": "  ", "answer": "#### 1"}).encode(),  # line 5: empty question
+        json.dumps({"question": ["a"], "answer": "#### 1"}).encode(),  # line 6: wrong type
+        json.dumps({"question": "q2", "answer": "no marker"}).encode(),  # line 7: no ground truth
+        json.dumps(good).encode(),  # line 8: duplicate of line 1
+        b"",  # blank line: skipped, not a row
+        json.dumps({"question": "q3", "answer": 7}).encode(),  # line 10: numeric answer, no "####"
+    ]
+    path = _write_lines(tmp_path / "bad.jsonl", lines)
+    report = CleaningReport()
+    out = clean_rows(read_jsonl(path), gsm8k_mapping(), split="train", report=report)
+    assert [p["extra_info"]["question"] for p in out.prompts] == ["q1"]
+    d = report.to_dict()
+    assert d["read"] == 9 and d["kept"] == 1  # 10 lines minus the blank one
+    assert d["dropped"] == {
+        "undecodable": 2,
+        "missing_field": 1,
+        "empty_field": 1,
+        "wrong_type": 1,
+        "no_ground_truth": 2,
+        "duplicate": 1,
+    }
+    assert {
+        "reason": "missing_field",
+        "where": path,
+        "line": 4,
+        "field": "question",
+        "detail": "missing",
+    } in d["examples"]
+
+
+def test_strict_mode_names_file_line_and_field(tmp_path: Path) -> None:
+    path = _write_lines(
+        tmp_path / "strict.jsonl",
+        [
+            json.dumps({"question": "q", "answer": "#### 1"}).encode(),
+            json.dumps({"question": 3, "answer": "x"}).encode(),
+        ],
+    )
+    with pytest.raises(
+        DataError, match=r"strict\.jsonl, line 2: field 'question': expected a string, got int"
+    ):
+        clean_rows(read_jsonl(path), gsm8k_mapping(), split="train", report=CleaningReport(strict=True))
+
+
+def test_generic_mapping_messages_and_regex(tmp_path: Path) -> None:
+    rows = [
+        {
+            "msgs": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}],
+            "sol": "It is 4.",
+        },
+        {"msgs": [{"role": "user"}], "sol": "It is 1."},  # message without content
+    ]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    mapping = FieldMapping(
+        data_source="my/chat", messages_key="msgs", answer_key="sol", ground_truth_regex=r"is (\d+)"
+    )
+    report = CleaningReport()
+    out = clean_rows(read_jsonl(str(path)), mapping, split="train", report=report)
+    assert out.prompts[0]["prompt"] == rows[0]["msgs"]
+    assert out.prompts[0]["reward_model"] == {"style": "rule", "ground_truth": "4"}
+    assert out.prompts[0]["extra_info"]["question"] == "2+2?"
+    assert report.dropped["missing_field"] == 1
+
+
+def test_verl_row_kept_as_is() -> None:
+    from verl_core.data.adapters import RawRow
+
+    row = {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": "q"}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "3"},
+        "extra_info": {"split": "test", "index": 41, "answer": "a <<1+2=3>>3\n#### 3", "question": "q"},
+    }
+    out = clean_rows(
+        [RawRow("f.parquet", 1, row, unit="row")], gsm8k_mapping(), split="train", report=CleaningReport()
+    )
+    assert out.prompts == [row]
+    assert out.responses == ["a 3\n#### 3"]
+
+
+def test_hold_out_is_seeded_and_disjoint() -> None:
+    from verl_core.data.adapters import RawRow
+
+    raw = [RawRow("x", i + 1, {"question": f"q{i}", "answer": f"#### {i}"}) for i in range(10)]
+    split = clean_rows(raw, gsm8k_mapping(), split="train", report=CleaningReport())
+    rest, held = hold_out(split, 3, seed=1)
+    assert len(rest.prompts) == 7 and len(held.prompts) == 3
+    assert hold_out(split, 3, seed=1)[1] == held
+    assert not {p["extra_info"]["index"] for p in rest.prompts} & {
+        p["extra_info"]["index"] for p in held.prompts
+    }
+    with pytest.raises(DataError, match="cannot hold out 10 rows"):
+        hold_out(split, 10, seed=1)
+
+
+def test_arithmetic_generator() -> None:
+    problems = list(generate(50, seed=3, digits=2, steps=2, ops=("+", "-")))
+    assert problems == list(generate(50, seed=3, digits=2, steps=2, ops=("+", "-")))  # deterministic
+    assert len({p.question for p in problems}) == 50
+    for p in problems:
+        lines = p.solution.split("\n")
+        assert len(lines) == 3 and lines[-1] == f"#### {p.answer}"
+        value = None
+        for line in lines[:2]:  # each step "a op b = c" checks out and chains
+            lhs, rhs = line.split(" = ")
+            a, op, b = lhs.split(" ")
+            assert value is None or int(a) == value
+            assert 0 <= int(b) <= 99  # 2-digit operands (a subtraction never goes below zero)
+            value = int(a) + int(b) if op == "+" else int(a) - int(b)
+            assert value == int(rhs) and value >= 0
+        assert value == p.answer
+    with pytest.raises(ValueError, match="non-empty subset"):
+        next(generate(1, seed=0, ops=("/",)))
+
+
+def test_registry_lists_valid_names() -> None:
+    with pytest.raises(DataError, match="valid sources: arithmetic, gsm8k, hf, jsonl, parquet"):
+        get_adapter("csv")
+
+
+def test_gsm8k_from_hub_fails_clearly_offline() -> None:
+    sources = get_adapter("gsm8k").load([], [], LoadOptions())
+    with pytest.raises(DataError, match=r"cannot load HF dataset hf:openai/gsm8k/main\[train\].*OFFLINE"):
+        next(iter(sources.train))
+
+
+def test_missing_file_is_a_data_error() -> None:
+    sources = get_adapter("jsonl").load(["/nonexistent/x.jsonl"], [], LoadOptions())
+    with pytest.raises(DataError, match=r"'/nonexistent/x\.jsonl' does not exist"):
+        next(iter(sources.train))
