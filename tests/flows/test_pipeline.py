@@ -19,7 +19,12 @@ QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 
 def test_quickstart_pipeline_runs_and_rerun_skips(tmp_path: Path) -> None:
     runner = CliRunner()
-    small = ["data.arithmetic_train_size=200", "data.arithmetic_val_size=20", "sft.max_steps=6", "sft.save_every=3"]
+    small = [
+        "data.arithmetic_train_size=200",
+        "data.arithmetic_val_size=20",
+        "sft.max_steps=6",
+        "sft.save_every=3",
+    ]
     args = ["run", QUICKSTART, f"store.url={tmp_path}", *small, "--run-id", "e2e"]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
