@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from verl_core.models import attention
 from verl_core.models.loading import unwrap
 
 
@@ -51,10 +52,44 @@ def next_token_targets(input_ids: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, T
     return targets, has_target
 
 
-def packed_hidden_states(model: nn.Module, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+def varlen_kwargs(model: nn.Module, cu_seqlens: Tensor) -> dict[str, Any]:
+    """Keyword arguments that make a decoder attend within each packed sequence.
+
+    With ``varlen_sdpa`` (see :mod:`verl_core.models.attention`) or flash-attn: the sequence
+    offsets, and for ``varlen_sdpa`` a 1-element placeholder 4-D mask that transformers passes
+    through as-is instead of building an N×N mask that would be ignored. Otherwise nothing:
+    transformers derives the block-diagonal mask from the position ids."""
+    impl = unwrap(model).config._attn_implementation
+    if impl not in (attention.NAME, "flash_attention_2", "flash_attention_3"):
+        return {}
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    max_len = int(lengths.max()) if lengths.numel() else 0
+    cu = cu_seqlens.to(torch.int32)
+    kwargs: dict[str, Any] = {
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": max_len,
+        "max_length_k": max_len,
+    }
+    if impl == attention.NAME:
+        kwargs["attention_mask"] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=cu_seqlens.device)
+    return kwargs
+
+
+def use_varlen_attention(model: nn.Module) -> None:
+    """Switch an ``sdpa`` model to ``varlen_sdpa`` (identical outside packed calls)."""
+    base = unwrap(model)
+    if base.config._attn_implementation == "sdpa":
+        base.set_attn_implementation(attention.NAME)
+
+
+def packed_hidden_states(
+    model: nn.Module, input_ids: Tensor, position_ids: Tensor, cu_seqlens: Tensor | None = None
+) -> Tensor:
     """Final hidden states ``(N, H)`` of a causal LM (or its PEFT wrapper) for packed ``input_ids (N,)``."""
     decoder = unwrap(model).get_decoder()
-    out = decoder(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False)
+    extra = varlen_kwargs(model, cu_seqlens) if cu_seqlens is not None else {}
+    out = decoder(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False, **extra)
     return out.last_hidden_state[0]
 
 
@@ -136,7 +171,7 @@ def packed_log_probs(
     has_target (N,) bool)``: position ``t`` holds ``log p(input_ids[t+1] | input_ids[..t])`` of its own
     sequence, and is meaningless (``has_target`` False) at each sequence's last token."""
     position_ids = position_ids_from_cu_seqlens(cu_seqlens)
-    hidden = packed_hidden_states(model, input_ids, position_ids)  # (N, H)
+    hidden = packed_hidden_states(model, input_ids, position_ids, cu_seqlens)  # (N, H)
     weight, bias, softcap = output_head(model)
     targets, has_target = next_token_targets(input_ids, cu_seqlens)
     out = chunked_log_probs(
@@ -159,7 +194,8 @@ def packed_scores(model: nn.Module, input_ids: Tensor, cu_seqlens: Tensor) -> Te
     base: Any = unwrap(model)
     backbone = getattr(base, base.base_model_prefix)
     position_ids = position_ids_from_cu_seqlens(cu_seqlens)
-    hidden = backbone(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False)
+    extra = varlen_kwargs(model, cu_seqlens)
+    hidden = backbone(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False, **extra)
     return base.score(hidden.last_hidden_state[0]).squeeze(-1).float()
 
 
@@ -174,6 +210,7 @@ class PackedCausalLM(nn.Module):
 
     def __init__(self, lm: nn.Module, chunk_size: int = 1024) -> None:
         super().__init__()
+        use_varlen_attention(lm)
         self.lm = lm
         self.chunk_size = chunk_size
 
@@ -201,6 +238,7 @@ class PackedScoreModel(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
+        use_varlen_attention(model)
         self.model = model
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:

@@ -14,6 +14,7 @@ from verl_core.models.packed import (
     packed_log_probs,
     packed_scores,
     position_ids_from_cu_seqlens,
+    use_varlen_attention,
 )
 
 LENGTHS = [5, 1, 9, 3]  # ragged, one sequence of a single token (no targets at all)
@@ -52,9 +53,13 @@ def test_positions_and_targets_by_hand() -> None:
     assert has.tolist() == [True, True, False, False, True, False]
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["sdpa-mask", "varlen_sdpa"])
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_packed_equals_per_sequence_logprobs_entropy_and_grads(arch: str) -> None:
+def test_packed_equals_per_sequence_logprobs_entropy_and_grads(arch: str, varlen: bool) -> None:
     model = tiny(arch)
+    if varlen:
+        use_varlen_attention(model)
+        assert model.config._attn_implementation == "varlen_sdpa"
     seqs, flat, cu = ragged_batch()
     ref_lp, ref_ent = reference_log_probs(model, seqs)
     ref_loss = torch.cat(ref_lp).sum() + 0.1 * torch.cat(ref_ent).sum()
@@ -142,3 +147,15 @@ def test_reward_model_scores_match_sequence_classification() -> None:
         packed = packed_sequence_scores(rm, flat, cu)
         ref = torch.stack([rm(input_ids=s[None], use_cache=False).logits[0, 0] for s in seqs])
     torch.testing.assert_close(packed, ref, atol=1e-5, rtol=0)
+
+
+def test_varlen_model_generates_like_sdpa() -> None:
+    # outside packed calls varlen_sdpa is transformers' sdpa: same greedy continuation, padded batch too
+    ref, varlen = tiny("qwen2"), tiny("qwen2")
+    use_varlen_attention(varlen)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    kw = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    out_ref = ref.generate(input_ids=ids, attention_mask=mask, **kw)
+    out_var = varlen.generate(input_ids=ids, attention_mask=mask, **kw)
+    assert torch.equal(out_ref, out_var)
