@@ -14,6 +14,7 @@ transformers' ``sdpa`` with its usual masks.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -58,8 +59,8 @@ def varlen_sdpa_attention(
             dropout_p=dropout if module.training else 0.0,
             is_causal=True,
             scale=scaling,
-        )  # fmt: skip
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        )
+        for a, b in itertools.pairwise(bounds)
     ]
     out = torch.cat(parts, dim=2) if parts else query.new_zeros(query.shape)
     return out.transpose(1, 2).contiguous(), None
