@@ -1,4 +1,4 @@
-"""FSDP2 with 2 processes (gloo, CPU) follows the same loss trajectory as one process."""
+"""FSDP2 and DeepSpeed ZeRO-2 with 2 processes (gloo, CPU) follow the same loss trajectory as one process."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.verl_core.training import fsdp_worker
+from verl_core.training.deepspeed_engine import deepspeed_available
 from verl_core.training.distributed import rank_shard
 
 REPO = Path(__file__).resolve().parents[3]
@@ -43,4 +44,29 @@ def test_fsdp2_two_processes_match_single(tmp_path: Path) -> None:
     assert len(result["losses"]) == fsdp_worker.STEPS
     assert single[0] > single[-1]  # it learns
     for a, b in zip(result["losses"], single, strict=True):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not deepspeed_available(), reason="deepspeed not installed (pip install 'verl-flow[deepspeed]')"
+)
+def test_deepspeed_zero2_two_processes_match_single(tmp_path: Path) -> None:
+    # first use JIT-compiles DeepSpeed's shared-memory comm op (~80 s here, cached afterwards)
+    out = tmp_path / "ds.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    worker = Path(fsdp_worker.__file__).with_name("deepspeed_worker.py")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(worker),
+    ]
+    proc = subprocess.run([*cmd, str(out)], capture_output=True, text=True, timeout=500, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = json.loads(out.read_text())["losses"]
+    for a, b in zip(losses, fsdp_worker.single(), strict=True):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
