@@ -21,6 +21,7 @@ import torch
 from prefect import task
 
 from stages.models import build_policy, read_policy, write_policy
+from stages.progress import progress
 from stages.template_pack import load_tokenizer
 from verl_core.config import ModelConfig, SFTConfig, TrainerConfig
 from verl_core.data.packing import PackedBatch, dynamic_micro_batches, pack
@@ -87,6 +88,7 @@ def sft_warmup(
         lm = read_policy(store, ckpt, "policy", model)
     engine = TrainEngine(PackedCausalLM(lm), spec, _strategy(device))
     start = 0
+    history: list[tuple[int, str, float]] = []
     if ckpt is not None and ckpt.summary.get("sft_key") == stage.input_key:
         state = load_state_bytes(
             store.read_bytes(ckpt, "trainer_state.pt"), store.file_uri(ckpt, "trainer_state.pt")
@@ -94,6 +96,7 @@ def sft_warmup(
         engine.load_state_dict(state["engine"])
         set_rng_state(state["rng"])
         start = int(state["step"])
+        history = [(int(a), str(b), float(c)) for a, b, c in state["history"]]
         log.info("sft: resumed from the checkpoint at step %d of %d", start, total)
     log.info(
         "sft: %d train / %d val rows, %d steps (%d per epoch), %.2fM trainable of %.2fM params, device %s",
@@ -102,26 +105,31 @@ def sft_warmup(
     )  # fmt: skip
 
     # 5. Train
-    history: list[tuple[int, str, float]] = []
     tracker = ctx.tracker()
     tokens, t0 = 0, time.perf_counter()
-    for step in range(start, total):
-        rows = _batch_rows(len(train[0]), sft.batch_size, step, steps_per_epoch, trainer.seed)
-        micro = _micro_batches(train, rows, sft.max_token_len_per_batch, device)
-        n_loss = count_loss_tokens([train[1][i] for i in rows])
-        stats = engine.step(micro, _loss_fn(engine, n_loss), where="sft")
-        tokens += sum(mb.num_tokens for mb in micro)
-        metrics = {"sft/loss": stats.loss, "sft/grad_norm": stats.grad_norm, "sft/lr": stats.lr}
-        done = step + 1
-        if sft.val_every and done % sft.val_every == 0 and done < total:
-            metrics["sft/val_loss"] = _val_loss(engine, val, sft.max_token_len_per_batch, device)
-        if done % sft.log_every == 0 or done == total:
-            metrics["perf/sft_tokens_per_s"] = tokens / max(1e-9, time.perf_counter() - t0)
-            tracker.log_metrics(metrics, step=done)
-            log.info("sft: step %d/%d %s", done, total, _fmt(metrics))
-        history.extend((done, k, float(v)) for k, v in metrics.items())
-        if sft.save_every and done % sft.save_every == 0 and done < total:
-            _save_checkpoint(store, ctx.run_id, stage.input_key, engine, lm, tokenizer, model, done)
+    if start == 0:
+        history.append((0, "sft/val_loss", _val_loss(engine, val, sft.max_token_len_per_batch, device)))
+    with progress("sft", total, completed=start) as advance:
+        for step in range(start, total):
+            rows = _batch_rows(len(train[0]), sft.batch_size, step, steps_per_epoch, trainer.seed)
+            micro = _micro_batches(train, rows, sft.max_token_len_per_batch, device)
+            n_loss = count_loss_tokens([train[1][i] for i in rows])
+            stats = engine.step(micro, _loss_fn(engine, n_loss), where="sft")
+            tokens += sum(mb.num_tokens for mb in micro)
+            metrics = {"sft/loss": stats.loss, "sft/grad_norm": stats.grad_norm, "sft/lr": stats.lr}
+            done = step + 1
+            if sft.val_every and done % sft.val_every == 0 and done < total:
+                metrics["sft/val_loss"] = _val_loss(engine, val, sft.max_token_len_per_batch, device)
+            if done % sft.log_every == 0 or done == total:
+                metrics["perf/sft_tokens_per_s"] = tokens / max(1e-9, time.perf_counter() - t0)
+                tracker.log_metrics(metrics, step=done)
+                log.info("sft: step %d/%d %s", done, total, _fmt(metrics))
+            history.extend((done, k, float(v)) for k, v in metrics.items())
+            if sft.save_every and done % sft.save_every == 0 and done < total:
+                _save_checkpoint(
+                    store, ctx.run_id, stage.input_key, engine, lm, tokenizer, model, done, history
+                )
+            advance(1, status=f"loss {stats.loss:.4f}")
 
     # 6. Final validation, policy files, metrics, commit
     final_val = _val_loss(engine, val, sft.max_token_len_per_batch, device)
@@ -222,11 +230,13 @@ def _save_checkpoint(
     tokenizer: Any,
     model: ModelConfig,
     step: int,
+    history: list[tuple[int, str, float]],
 ) -> None:
     ckpt = store.open_stage(run_id, CKPT_STAGE, params={"sft_key": sft_key, "step": step})
     write_policy(ckpt, "policy", lm, tokenizer, model)
     ckpt.write_bytes(
-        "trainer_state.pt", state_bytes({"engine": engine.state_dict(), "rng": rng_state(), "step": step})
+        "trainer_state.pt",
+        state_bytes({"engine": engine.state_dict(), "rng": rng_state(), "step": step, "history": history}),
     )
     ckpt.commit(summary={"sft_key": sft_key, "step": step})
 

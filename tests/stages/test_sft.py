@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute
 import pytest
 import torch
 
@@ -92,6 +94,16 @@ def test_killed_sft_resumes_to_identical_weights(
 
     sft_warmup.fn(crashed, MODEL, SFT, TrainerConfig(), tp)
     assert _policy_sha(crashed) == _policy_sha(straight)
+    # the metrics history survives the crash too
+    m_straight = straight.store().committed("straight", "sft")
+    m_crashed = store.committed("crashed", "sft")
+    assert m_straight is not None and m_crashed is not None
+    rows = [
+        straight.store().read_table(m_straight, "metrics.parquet"),
+        store.read_table(m_crashed, "metrics.parquet"),
+    ]
+    drop_perf = [t.filter(pa.compute.invert(pa.compute.starts_with(t.column("name"), "perf/"))) for t in rows]
+    assert drop_perf[0].equals(drop_perf[1])
 
 
 def test_lora_sft_trains_adapters_only(packed_data: tuple[Path, str]) -> None:

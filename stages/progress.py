@@ -1,0 +1,38 @@
+"""A rich progress bar for long stage loops when a terminal is attached (silent otherwise: the
+stage logs its figures every few steps either way)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+
+class Advance(Protocol):
+    def __call__(self, steps: int = 1, *, status: str = "") -> None: ...
+
+
+@contextmanager
+def progress(description: str, total: int, completed: int = 0) -> Iterator[Advance]:
+    """``with progress("sft", 126, completed=40) as advance: ... advance(1, status="loss=1.2")``."""
+    if not sys.stderr.isatty():
+
+        def noop(steps: int = 1, *, status: str = "") -> None:
+            pass
+
+        yield noop
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+    )  # fmt: skip
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task(description, total=total, completed=completed, status="")
+
+        def advance(steps: int = 1, *, status: str = "") -> None:
+            bar.update(task, advance=steps, status=status)
+
+        yield advance
