@@ -58,7 +58,7 @@ def test_missing_and_corrupt_checkpoints_name_the_path(tmp_path: Path) -> None:
         load_causal_lm("/nonexistent/model")
     directory = write_files(model_files(tiny()), tmp_path / "bad")
     (directory / "model.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(ModelLoadError, match="is not a loadable checkpoint|cannot load"):
+    with pytest.raises(ModelLoadError, match=r"is not a loadable checkpoint|cannot load"):
         load_causal_lm(str(directory))
 
 
