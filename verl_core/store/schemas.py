@@ -177,3 +177,47 @@ register_schema(
         ]
     ),
 )
+
+# Rollouts of one RL iteration (rollout stage): one row per sample, ordered by (group_id,
+# sample_index). ``group_id`` is the prompt's position in the iteration's batch (GRPO groups);
+# ``prompt_index`` the prompt row's ``index`` in the prompt set. ``logprobs`` are the engine's
+# behaviour log-probs of the response tokens (see verl_core.rollout.base).
+register_schema(
+    "rollouts",
+    pa.schema(
+        [
+            ("iteration", pa.int64()),
+            ("group_id", pa.int64()),
+            ("sample_index", pa.int32()),
+            ("prompt_index", pa.int64()),
+            ("data_source", pa.string()),
+            ("ground_truth", pa.string()),
+            ("prompt_text", pa.string()),
+            ("prompt_ids", TOKEN_IDS),
+            ("response_ids", TOKEN_IDS),
+            ("response_text", pa.string()),
+            ("logprobs", TOKEN_FLOATS),
+            ("finish_reason", pa.string()),
+            ("prompt_length", pa.int32()),
+            ("response_length", pa.int32()),
+            ("policy_version", pa.int64()),
+        ]
+    ),
+)
+
+# Rewards of one iteration (reward stage): row i scores row i of the rollouts table.
+# ``components``: each scorer's weighted contribution (name → value); ``extracted_answer`` is null
+# when no answer could be extracted; ``correct`` is the accuracy flag.
+register_schema(
+    "rewards",
+    pa.schema(
+        [
+            ("group_id", pa.int64()),
+            ("sample_index", pa.int32()),
+            ("score", pa.float32()),
+            ("components", pa.map_(pa.string(), pa.float32())),
+            ("extracted_answer", pa.string()),
+            ("correct", pa.bool_()),
+        ]
+    ),
+)
