@@ -8,7 +8,7 @@ Errors that are the user's to fix (bad config, missing artifact) print one line 
 from __future__ import annotations
 
 import sys
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -72,15 +72,34 @@ def run(
     from flows.pipeline import rlhf_pipeline
 
     try:
-        stages = rlhf_pipeline(config=cfg, run_id=run_id)
+        result = rlhf_pipeline(config=cfg, run_id=run_id)
     except ConfigError as e:
         _fail(e, 2)
     except VerlFlowError as e:
         _fail(e, 1)
-    table = Table("stage", "manifest", title="committed stages")
-    for name, uri in stages.items():
-        table.add_row(name, uri)
-    out.print(table)
+    _print_result(result)
+
+
+def _print_result(result: dict[str, Any]) -> None:
+    """The summary a quickstart ends with: stages, validation accuracy before/after RL, wall times."""
+    stages = Table("stage", "manifest", "seconds", title=f"run {result['run_id']}")
+    for name, uri in result["stages"].items():
+        stages.add_row(name, uri, f"{result['timing_s'].get(name, 0.0):.1f}")
+    out.print(stages)
+    acc = result.get("val_accuracy") or {}
+    if acc:
+        first, last = min(acc, key=int), max(acc, key=int)
+        table = Table("validation", "iteration", "accuracy", title="held-out accuracy (greedy)")
+        table.add_row("SFT checkpoint" if int(first) == 0 else "first", first, f"{acc[first]:.3f}")
+        table.add_row("after RL", last, f"{acc[last]:.3f}")
+        table.add_row("change", "", f"{acc[last] - acc[first]:+.3f}")
+        out.print(table)
+    rl_times = {k[3:]: v for k, v in result["timing_s"].items() if k.startswith("rl/")}
+    if rl_times:
+        times = Table("RL phase", "seconds", title="time inside the RL loop")
+        for k, v in rl_times.items():
+            times.add_row(k, f"{v:.1f}")
+        out.print(times)
 
 
 @config_app.command("show")

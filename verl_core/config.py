@@ -232,22 +232,72 @@ class RolloutConfig(Section):
     tensor_parallel_size: PositiveInt = _f(1, "vLLM tensor parallel size")
     gpu_memory_utilization: float = _f(0.5, "vLLM share of GPU memory", gt=0, le=1)
     log_prob_max_token_len_per_gpu: PositiveInt = _f(8192, "Token budget of one log-prob forward")
+    max_batch_size: PositiveInt = _f(256, "HF engine: most sequences generated in one batch")
     val_temperature: NonNegFloat = _f(0.0, "Temperature for validation (0: greedy)")
     val_n: PositiveInt = _f(1, "Samples per prompt in validation")
 
 
+class RewardScorerConfig(Section):
+    name: Literal["rule", "function", "model"] = _f(
+        "rule", "Scorer: data_source rules, the custom reward.function, or the reward model"
+    )
+    weight: float = _f(1.0, "Weight of this scorer in the total score (components hold weight x score)")
+
+
 class RewardConfig(Section):
-    kind: Literal["rule", "function", "model"] = _f(
-        "rule", "Score by data_source rules, a custom module:function, or a reward model"
+    """Rewards: the weighted sum of ``scorers`` plus DAPO's overlong penalty (see verl_core.reward)."""
+
+    scorers: list[RewardScorerConfig] = _f(
+        [RewardScorerConfig()],
+        "Scorers summed with their weights (each name once; a string is a scorer of weight 1)",
+        min_length=1,
     )
-    function: str | None = _f(None, "Custom reward 'module:function' (kind=function)")
-    model_path: str | None = _f(None, "Reward model path (kind=model)")
     gsm8k_method: Literal["strict", "flexible"] = _f(
-        "strict", "GSM8K answer extraction (#### N, or last number)"
+        "strict", "GSM8K answer extraction: last '#### N' (strict) or last number (flexible)"
     )
-    score: float = _f(1.0, "Score of a correct answer")
-    format_score: float = _f(0.0, "Score of a well-formed but wrong answer")
-    timeout_s: PositiveFloat = _f(10.0, "Per-batch timeout of a custom reward function")
+    score: float = _f(1.0, "Rule score of a correct answer")
+    format_score: float = _f(0.0, "Rule score of an extracted but wrong answer (no answer: 0)")
+    function: str | None = _f(None, "Custom reward 'package.module:function' (scorer 'function')")
+    function_mode: Literal["batch", "sample"] = _f(
+        "sample", "Custom function form: one call per batch (lists in, list out) or one call per sample"
+    )
+    timeout_s: PositiveFloat = _f(
+        10.0, "Seconds a custom-function call may take (per sample, or per batch in batch mode)"
+    )
+    on_error: Literal["fail", "zero"] = _f(
+        "fail", "A scorer raising or timing out on a sample: fail the stage, or score 0 and count it"
+    )
+    model_path: str | None = _f(None, "Reward model: HF dir or hub id of a 1-label sequence classifier")
+    model_dtype: Literal["float32", "bfloat16"] = _f("float32", "Reward model parameter dtype")
+    model_device: Literal["auto", "cpu", "cuda"] = _f("auto", "Reward model device (auto: cuda if available)")
+    model_max_tokens_per_batch: PositiveInt = _f(8192, "Token budget of one packed reward-model forward")
+    overlong_buffer_len: NonNegInt = _f(
+        0, "DAPO overlong penalty: buffer L_cache before max_response_length (0: no penalty)"
+    )
+    overlong_penalty_factor: NonNegFloat = _f(1.0, "DAPO overlong penalty: weight of the penalty in [-1, 0]")
+    num_workers: NonNegInt = _f(2, "Processes for rule scoring of large batches (0 or 1: in-process)")
+    parallel_min_samples: PositiveInt = _f(
+        10000, "Rule scoring uses the process pool from this many samples (smaller batches: in-process)"
+    )
+
+    @field_validator("scorers", mode="before")
+    @classmethod
+    def _scorer_names(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"name": x} if isinstance(x, str) else x for x in v]
+        return v
+
+    @model_validator(mode="after")
+    def _scorers_are_complete(self) -> RewardConfig:
+        names = [s.name for s in self.scorers]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"reward.scorers: {', '.join(repeated)} given more than once")
+        if "function" in names and not self.function:
+            raise ValueError("reward.function: required when reward.scorers has 'function' (module:function)")
+        if "model" in names and not self.model_path:
+            raise ValueError("reward.model_path: required when reward.scorers has 'model'")
+        return self
 
 
 class KLControlConfig(Section):
@@ -275,6 +325,7 @@ class TrainerConfig(Section):
     test_freq: NonNegInt = _f(5, "Validate every this many iterations (0: never)")
     val_before_train: bool = _f(True, "Validate before the first iteration")
     save_freq: NonNegInt = _f(10, "Checkpoint every this many iterations (0: only at the end)")
+    critic_warmup: NonNegInt = _f(0, "Iterations that update only the critic before the actor starts")
     max_ckpt_to_keep: PositiveInt = _f(2, "Checkpoints kept (older ones deleted)")
     resume_mode: str = _f("auto", "auto (resume the run if it exists) | disable | an iteration number")
     seed: int = _f(1, "Global seed (torch, python, numpy)")
@@ -334,10 +385,11 @@ class VerlFlowConfig(Section):
     def _cross_checks(self) -> VerlFlowConfig:
         if self.model.init == "pretrained" and not self.model.path:
             raise ValueError("model.path: required when model.init is 'pretrained'")
-        if self.reward.kind == "function" and not self.reward.function:
-            raise ValueError("reward.function: required when reward.kind is 'function' (module:function)")
-        if self.reward.kind == "model" and not self.reward.model_path:
-            raise ValueError("reward.model_path: required when reward.kind is 'model'")
+        if self.reward.overlong_buffer_len > self.data.max_response_length:
+            raise ValueError(
+                f"reward.overlong_buffer_len: {self.reward.overlong_buffer_len} must be <= "
+                f"data.max_response_length ({self.data.max_response_length})"
+            )
         if self.data.train_batch_size % self.actor.ppo_mini_batch_size:
             raise ValueError(
                 f"actor.ppo_mini_batch_size: {self.actor.ppo_mini_batch_size} must divide "

@@ -24,6 +24,9 @@ def test_quickstart_pipeline_runs_and_rerun_skips(tmp_path: Path) -> None:
         "data.arithmetic_val_size=20",
         "sft.max_steps=6",
         "sft.save_every=3",
+        "trainer.total_iterations=2",
+        "trainer.test_freq=1",
+        "trainer.save_freq=1",
     ]
     args = ["run", QUICKSTART, f"store.url={tmp_path}", *small, "--run-id", "e2e"]
     first = runner.invoke(app, args)
@@ -45,10 +48,20 @@ def test_quickstart_pipeline_runs_and_rerun_skips(tmp_path: Path) -> None:
     )
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert runs[0].data.params["trainer.experiment_name"] == "quickstart"
-    stages_logged = json.loads(Path(runs[0].info.artifact_uri[len("file://") :], "stages.json").read_text())
-    assert set(stages_logged) == {"preprocess", "template_pack", "sft"}
-    assert set(stages_logged) <= set(manifests)
+    result = json.loads(Path(runs[0].info.artifact_uri[len("file://") :], "pipeline_result.json").read_text())
+    assert set(result["stages"]) == {"preprocess", "template_pack", "sft", "rl"}
     assert manifests["sft"].summary["steps"] == 6
+    # every RL stage of both iterations is committed, with validation before, between and after
+    for it in (0, 1):
+        for name in ("rollout", "reward", "update"):
+            assert f"iter-{it:04d}/{name}" in manifests
+    assert {f"iter-{i:04d}/val" for i in (0, 1, 2)} <= set(manifests)
+    assert {"ckpt/iter-0001", "ckpt/iter-0002"} <= set(manifests)
+    assert result["stages"]["rl"].endswith("ckpt/iter-0002/manifest.json")
+    assert set(result["val_accuracy"]) == {"0", "1", "2"}
+    rollouts = store.read_table(manifests["iter-0001/rollout"], "rollouts.parquet")
+    assert rollouts.num_rows == 8 * 4  # train_batch_size × rollout.n
+    assert set(rollouts.column("policy_version").to_pylist()) == {1}
 
     second = runner.invoke(app, args)
     assert second.exit_code == 0, second.output

@@ -221,3 +221,19 @@ register_schema(
         ]
     ),
 )
+
+# Per-sample results of one PPO update (ppo_update stage), row i ↔ row i of the rollouts table:
+# the outcome score and the per-response-token advantages, returns and KL (empty without KL).
+register_schema(
+    "update",
+    pa.schema(
+        [
+            ("group_id", pa.int64()),
+            ("sample_index", pa.int32()),
+            ("score", pa.float32()),
+            ("advantages", TOKEN_FLOATS),
+            ("returns", TOKEN_FLOATS),
+            ("kl", TOKEN_FLOATS),
+        ]
+    ),
+)

@@ -229,16 +229,34 @@ class ArtifactStore:
         *,
         params: Mapping[str, Any] | None = None,
         inputs: Mapping[str, str] | None = None,
+        force: bool = False,
     ) -> StageWriter:
         """Start (or skip) a stage. ``params``: everything besides the inputs that determines the
-        output (the stage's config section); ``inputs``: name → manifest URI of upstream stages."""
+        output (the stage's config section); ``inputs``: name → manifest URI of upstream stages.
+        ``force``: write a new attempt even when committed with the same inputs (for stages whose
+        side effects, e.g. weights kept in memory, must be recomputed)."""
         input_hashes = {k: self.manifest_sha256(v) for k, v in sorted((inputs or {}).items())}
         key_src = {"stage": stage, "params": dict(params or {}), "inputs": input_hashes}
         input_key = sha256_bytes(json.dumps(key_src, sort_keys=True, default=str).encode())
         existing = self.committed(run_id, stage)
-        if existing is not None and existing.input_key == input_key and self._files_present(existing):
+        if (
+            not force
+            and existing is not None
+            and existing.input_key == input_key
+            and self._files_present(existing)
+        ):
             return StageWriter(self, run_id, stage, input_key, dict(inputs or {}), input_hashes, existing)
         return StageWriter(self, run_id, stage, input_key, dict(inputs or {}), input_hashes, None)
+
+    def delete_stage(self, run_id: str, stage: str) -> None:
+        """Remove a committed stage: the manifest first (so it is never visible half-deleted), then
+        its files. For pruning old checkpoints."""
+        stage_dir = posixpath.join(self.run_dir(run_id), stage)
+        manifest = posixpath.join(stage_dir, MANIFEST)
+        if self.exists(manifest):
+            self.fs.rm(manifest)
+        if self.exists(stage_dir):
+            self.fs.rm(stage_dir, recursive=True)
 
     def _files_present(self, manifest: Manifest) -> bool:
         for entry in manifest.files:

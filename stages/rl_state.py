@@ -1,0 +1,249 @@
+"""The RL loop's models, kept in memory for the whole loop in local mode.
+
+``RLState`` holds the actor (and its optimizer), the reference policy, the critic (and its optimizer),
+the rollout engine, the KL controller and the policy version (PPO updates applied so far). Stage
+tasks look it up by run id; when it is missing (a fresh process, a resumed run) it is rebuilt from
+the artifacts: the last committed checkpoint ``ckpt/iter-XXXX`` or the SFT policy.
+
+Checkpoints hold the policy (HF dir or LoRA adapter), the critic, optimizer/scheduler states, the KL
+controller, RNG states and the iteration; the last ``trainer.max_ckpt_to_keep`` are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from stages.models import build_policy, read_policy, write_policy
+from stages.template_pack import load_tokenizer
+from verl_core.algorithms import KLController, make_kl_controller
+from verl_core.config import VerlFlowConfig
+from verl_core.errors import ArtifactNotFoundError, ConfigError
+from verl_core.models.checkpoint import (
+    load_state_bytes,
+    model_files,
+    rng_state,
+    set_rng_state,
+    state_bytes,
+    write_files,
+)
+from verl_core.models.heads import load_value_model, value_model_from_policy
+from verl_core.models.loading import resolve_device
+from verl_core.models.packed import PackedCausalLM, PackedScoreModel
+from verl_core.rollout import RolloutEngine, make_engine
+from verl_core.run import RunContext
+from verl_core.store import ArtifactStore, Manifest
+from verl_core.training.engine import OptimSpec, SingleStrategy, TrainEngine
+
+CKPT_RE = re.compile(r"^ckpt/iter-(\d{4,})$")
+log = logging.getLogger("verl_flow.rl")
+
+
+@dataclass
+class RLState:
+    run_id: str
+    lm: nn.Module  # the HF (or PEFT) policy
+    actor: PackedCausalLM
+    actor_engine: TrainEngine
+    ref: PackedCausalLM | None  # None for a LoRA actor: the base with adapters disabled
+    critic: PackedScoreModel | None
+    critic_engine: TrainEngine | None
+    tokenizer: Any
+    engine: RolloutEngine
+    kl_ctrl: KLController
+    version: int  # PPO updates applied = the iteration whose rollout comes next
+    lineage: str  # identity of the starting weights (SFT manifest sha or the initial policy)
+    device: torch.device
+
+
+_STATES: dict[str, RLState] = {}
+
+
+def get_state(ctx: RunContext) -> RLState:
+    try:
+        return _STATES[ctx.run_id]
+    except KeyError:
+        raise RuntimeError(
+            f"the RL state of run {ctx.run_id!r} is not loaded (call init_state first)"
+        ) from None
+
+
+def drop_state(run_id: str) -> None:
+    _STATES.pop(run_id, None)
+
+
+def ckpt_stage(iteration: int) -> str:
+    return f"ckpt/iter-{iteration:04d}"
+
+
+def list_checkpoints(store: ArtifactStore, run_id: str) -> list[int]:
+    """Iterations with a committed checkpoint, ascending."""
+    found = []
+    for m in store.list_manifests(run_id):
+        match = CKPT_RE.match(m.stage)
+        if match:
+            found.append(int(match.group(1)))
+    return sorted(found)
+
+
+def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None) -> int:
+    """Build the RL state (from a checkpoint per ``trainer.resume_mode``, else the SFT policy or the
+    initial model); returns the iteration to start from."""
+    store = ctx.store()
+    tokenizer = load_tokenizer(store, template_pack_uri)
+    device = resolve_device(cfg.trainer.device)
+    torch.manual_seed(cfg.trainer.seed)
+    resume = _resume_iteration(store, ctx.run_id, cfg.trainer.resume_mode)
+    lineage = store.manifest_sha256(sft_uri) if sft_uri else f"init-{cfg.trainer.seed}"
+    ckpt = store.committed(ctx.run_id, ckpt_stage(resume)) if resume is not None else None
+    if ckpt is not None:
+        lm = read_policy(store, ckpt, "policy", cfg.model)
+    elif sft_uri:
+        lm = read_policy(store, store.read_manifest(sft_uri), "policy", cfg.model)
+    else:
+        lm = build_policy(cfg.model, tokenizer, seed=cfg.trainer.seed)
+    ref = None
+    if cfg.model.lora_rank == 0 and (cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward):
+        # the starting policy (SFT, or the initial model), frozen
+        if sft_uri:
+            frozen = read_policy(store, store.read_manifest(sft_uri), "policy", cfg.model)
+        else:
+            frozen = build_policy(cfg.model, tokenizer, seed=cfg.trainer.seed)
+        ref = PackedCausalLM(frozen.eval().requires_grad_(False)).to(device)
+    actor = PackedCausalLM(lm)
+    actor_engine = TrainEngine(actor, _actor_spec(cfg), SingleStrategy(device))
+    critic = critic_engine = None
+    if cfg.use_critic:
+        critic_model = _critic(cfg, store, ckpt, lm)
+        critic = PackedScoreModel(critic_model)
+        critic_engine = TrainEngine(critic, _critic_spec(cfg), SingleStrategy(device))
+    kl = cfg.algorithm.kl_ctrl
+    kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
+    version = 0
+    if ckpt is not None:
+        state = load_state_bytes(
+            store.read_bytes(ckpt, "trainer_state.pt"), store.file_uri(ckpt, "trainer_state.pt")
+        )
+        actor_engine.load_state_dict(state["actor"])
+        if critic_engine is not None:
+            critic_engine.load_state_dict(state["critic"])
+        kl_ctrl.load_state_dict(state["kl_ctrl"])
+        set_rng_state(state["rng"])
+        version = int(state["iteration"])
+        log.info("rl: resumed from checkpoint at iteration %d", version)
+    engine = make_engine(cfg.rollout.name, lm, tokenizer, **_engine_kwargs(cfg))
+    _STATES[ctx.run_id] = RLState(
+        ctx.run_id,
+        lm,
+        actor,
+        actor_engine,
+        ref,
+        critic,
+        critic_engine,
+        tokenizer,
+        engine,
+        kl_ctrl,
+        version,
+        lineage,
+        device,
+    )
+    return version
+
+
+def save_checkpoint(ctx: RunContext, cfg: VerlFlowConfig, iteration: int) -> str:
+    """Commit ``ckpt/iter-XXXX`` for the in-memory state and prune old checkpoints."""
+    state = get_state(ctx)
+    store = ctx.store()
+    stage = store.open_stage(ctx.run_id, ckpt_stage(iteration), params={"iteration": iteration}, force=True)
+    write_policy(stage, "policy", state.lm, state.tokenizer, cfg.model)
+    if state.critic is not None:
+        for name, data in model_files(state.critic.model).items():
+            stage.write_bytes(f"critic/{name}", data)
+    trainer_state = {
+        "actor": state.actor_engine.state_dict(),
+        "critic": state.critic_engine.state_dict() if state.critic_engine is not None else {},
+        "kl_ctrl": state.kl_ctrl.state_dict(),
+        "rng": rng_state(),
+        "iteration": iteration,
+    }
+    stage.write_bytes("trainer_state.pt", state_bytes(trainer_state))
+    uri = stage.commit(summary={"iteration": iteration, "lineage": state.lineage})
+    for old in list_checkpoints(store, ctx.run_id)[: -cfg.trainer.max_ckpt_to_keep]:
+        store.delete_stage(ctx.run_id, ckpt_stage(old))
+    return uri
+
+
+def _resume_iteration(store: ArtifactStore, run_id: str, mode: str) -> int | None:
+    if mode == "disable":
+        return None
+    available = list_checkpoints(store, run_id)
+    if mode == "auto":
+        return available[-1] if available else None
+    wanted = int(mode)
+    if wanted not in available:
+        raise ConfigError(
+            f"trainer.resume_mode: no checkpoint at iteration {wanted} in run {run_id!r} "
+            f"(available: {', '.join(map(str, available)) or 'none'})"
+        )
+    return wanted
+
+
+def _critic(cfg: VerlFlowConfig, store: ArtifactStore, ckpt: Manifest | None, lm: nn.Module) -> nn.Module:
+    import tempfile
+
+    if ckpt is not None:
+        files = {
+            f.name[len("critic/") :]: store.read_bytes(ckpt, f.name)
+            for f in ckpt.files
+            if f.name.startswith("critic/")
+        }
+        if not files:
+            raise ArtifactNotFoundError(f"checkpoint {ckpt.stage} of run {ckpt.run_id} has no critic")
+        with tempfile.TemporaryDirectory() as tmp:
+            return load_value_model(str(write_files(files, tmp)), dtype=cfg.model.dtype)
+    if cfg.critic.path:
+        return load_value_model(
+            cfg.critic.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code
+        )
+    return value_model_from_policy(lm, seed=cfg.trainer.seed + 1)
+
+
+def _actor_spec(cfg: VerlFlowConfig) -> OptimSpec:
+    a = cfg.actor
+    total = cfg.trainer.total_iterations * a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
+    return OptimSpec(
+        lr=a.lr,
+        weight_decay=a.weight_decay,
+        warmup_steps=int(a.warmup_steps_ratio * total),
+        total_steps=total,
+        scheduler=a.lr_scheduler,
+        grad_clip=a.grad_clip,
+    )
+
+
+def _critic_spec(cfg: VerlFlowConfig) -> OptimSpec:
+    c = cfg.critic
+    total = cfg.trainer.total_iterations * c.ppo_epochs * (cfg.data.train_batch_size // c.ppo_mini_batch_size)
+    return OptimSpec(
+        lr=c.lr,
+        weight_decay=c.weight_decay,
+        warmup_steps=0,
+        total_steps=total,
+        scheduler="constant",
+        grad_clip=c.grad_clip,
+    )
+
+
+def _engine_kwargs(cfg: VerlFlowConfig) -> dict[str, Any]:
+    r = cfg.rollout
+    if r.name == "vllm":
+        return {
+            "tensor_parallel_size": r.tensor_parallel_size,
+            "gpu_memory_utilization": r.gpu_memory_utilization,
+        }
+    return {"max_batch_size": r.max_batch_size}

@@ -1,0 +1,78 @@
+"""Validation stage: greedy (``rollout.val_temperature``) generation on the held-out prompts with the
+current policy, scored by the run's reward scorers. Writes ``iter-XXXX/val/{rollouts,rewards}.parquet``
+and logs ``val/accuracy``, ``val/reward_mean``, ``val/response_length`` at step = iteration."""
+
+from __future__ import annotations
+
+import time
+
+from prefect import task
+
+from stages.reward import build_scorers
+from stages.rl_state import get_state
+from stages.rollout import iteration_stage, rollouts_table, sampling_params
+from verl_core.config import VerlFlowConfig
+from verl_core.reward import batch_from_columns, rewards_table, score_rollouts
+from verl_core.run import RunContext
+
+
+@task(name="validate")
+def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, iteration: int) -> float:
+    """Held-out accuracy of policy version ``iteration`` (mean ``correct``; mean score if no rule scorer)."""
+    store = ctx.store()
+    state = get_state(ctx)
+    # 1. Skip when committed for this policy version
+    params = {
+        "iteration": iteration,
+        "lineage": state.lineage,
+        "rollout": cfg.rollout.model_dump(mode="json"),
+        "reward": cfg.reward.model_dump(mode="json"),
+        "max_val": cfg.data.max_val_samples,
+        "max_response_length": cfg.data.max_response_length,
+    }
+    stage = store.open_stage(
+        ctx.run_id, iteration_stage(iteration, "val"), params=params, inputs={"prompts": template_pack_uri}
+    )
+    if stage.done and stage.manifest is not None:
+        return float(stage.manifest.summary["accuracy"])
+    if state.version != iteration:
+        raise RuntimeError(
+            f"validation at iteration {iteration} needs policy version {iteration}, have {state.version}"
+        )
+
+    # 2. Generate on the held-out prompts
+    prompts = store.read_table(store.read_manifest(template_pack_uri), "prompt_tokens/val.parquet")
+    t0 = time.perf_counter()
+    completions = state.engine.generate(
+        prompts.column("input_ids").to_pylist(),
+        sampling_params(cfg.rollout, cfg.data.max_response_length, iteration, validation=True),
+    )
+    gen_s = time.perf_counter() - t0
+    rollouts = rollouts_table(completions, prompts, iteration, policy_version=state.version)
+
+    # 3. Score, write, commit
+    batch = batch_from_columns(rollouts)
+    result = score_rollouts(
+        batch,
+        build_scorers(cfg.reward),
+        on_error=cfg.reward.on_error,
+        max_response_length=cfg.data.max_response_length,
+        overlong_buffer_len=cfg.reward.overlong_buffer_len,
+        overlong_penalty_factor=cfg.reward.overlong_penalty_factor,
+    )
+    n = max(1, len(completions))
+    has_rule = any(s.name == "rule" for s in cfg.reward.scorers)
+    accuracy = sum(result.correct) / n if has_rule else sum(result.scores) / n
+    lengths = rollouts.column("response_length").to_pylist()
+    metrics = {
+        "val/accuracy": accuracy,
+        "val/reward_mean": sum(result.scores) / n,
+        "val/response_length": sum(lengths) / n,
+        "val/no_answer_frac": sum(e is None for e in result.extracted) / n,
+        "timing_s/validate_generate": gen_s,
+    }
+    stage.write_table("rollouts.parquet", rollouts, "rollouts")
+    stage.write_table("rewards.parquet", rewards_table(batch, result), "rewards")
+    stage.commit(summary={"accuracy": accuracy, **metrics})
+    ctx.tracker().log_metrics(metrics, step=iteration)
+    return accuracy

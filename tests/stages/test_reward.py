@@ -1,0 +1,134 @@
+"""The reward stage end to end on a hand-built rollouts table: rewards, report, metrics, skip, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from stages.reward import REWARDS_FILE, reward
+from verl_core.config import RewardConfig
+from verl_core.reward import RewardError
+from verl_core.run import RunContext
+from verl_core.store import get_schema
+
+# (group_id, sample_index, response, ground truth, finish_reason, response_length)
+ROWS = [
+    (0, 0, "48 + 24 = 72\n#### 72", "72", "stop", 10),  # right
+    (0, 1, "48 + 23 = 71\n#### 71", "72", "stop", 12),  # wrong answer: format_score 0
+    (1, 0, "I think it is 5", "5", "length", 16),  # strict: no '####', no answer; overlong
+    (1, 1, "2 + 3 = 5\n#### 5", "5", "stop", 6),  # right
+]
+
+
+def rollouts_table() -> pa.Table:
+    rows = [
+        {
+            "iteration": 0, "group_id": g, "sample_index": s, "prompt_index": 100 + g,
+            "data_source": "openai/gsm8k", "ground_truth": gt, "prompt_text": f"<q{g}>",
+            "prompt_ids": [1, 2], "response_ids": [3] * n, "response_text": text,
+            "logprobs": [-0.5] * n, "finish_reason": fin, "prompt_length": 2, "response_length": n,
+            "policy_version": 0,
+        }
+        for g, s, text, gt, fin, n in ROWS
+    ]  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=get_schema("rollouts"))
+
+
+class Spy:
+    def __init__(self) -> None:
+        self.logged: list[tuple[dict[str, float], int]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.logged.append((dict(metrics), step))
+
+
+@pytest.fixture
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RunContext, str, Spy]:
+    ctx = RunContext(run_id="rl", store_url=str(tmp_path / "store"))
+    stage = ctx.store().open_stage(ctx.run_id, "iter-0000/rollout")
+    stage.write_table("rollouts.parquet", rollouts_table(), "rollouts")
+    uri = stage.commit()
+    spy = Spy()
+    monkeypatch.setattr(RunContext, "tracker", lambda self: spy)
+    return ctx, uri, spy
+
+
+def test_stage_scores_writes_reports_and_skips_on_rerun(run: tuple[RunContext, str, Spy]) -> None:
+    ctx, rollout_uri, spy = run
+    cfg = RewardConfig(overlong_buffer_len=4)  # L_max 16, L_cache 4: lengths 13..16 are penalised
+    uri = reward.fn(ctx, cfg, rollout_uri, 0, 16)
+    store = ctx.store()
+    m = store.read_manifest(uri)
+    assert m.stage == "iter-0000/reward"
+    df = pd.read_parquet(store.file_uri(m, REWARDS_FILE))
+    # rule [1, 0, 0, 1]; overlong p(10, 12, 16, 6) = [0, 0, (12 - 16) / 4 = -1, 0]
+    assert df["score"].tolist() == [1.0, 0.0, -1.0, 1.0]
+    assert df["group_id"].tolist() == [0, 0, 1, 1] and df["sample_index"].tolist() == [0, 1, 0, 1]
+    assert [dict(c) for c in df["components"]] == [
+        {"rule": 1.0, "overlong": 0.0},
+        {"rule": 0.0, "overlong": 0.0},
+        {"rule": 0.0, "overlong": -1.0},
+        {"rule": 1.0, "overlong": 0.0},
+    ]
+    assert df["extracted_answer"].isna().tolist() == [False, False, True, False]  # null: no answer
+    assert df["extracted_answer"].dropna().tolist() == ["72", "71", "5"]
+    assert df["correct"].tolist() == [True, False, False, True]
+
+    [(metrics, step)] = spy.logged
+    assert step == 0
+    assert metrics["critic/score/mean"] == pytest.approx(0.25)  # (1 + 0 - 1 + 1) / 4
+    assert (metrics["critic/score/max"], metrics["critic/score/min"]) == (1.0, -1.0)
+    assert metrics["reward/accuracy"] == 0.5  # 2 of 4
+    assert metrics["reward/no_answer_frac"] == 0.25  # row (1, 0)
+    assert metrics["reward/errors"] == 0.0
+    assert metrics["response_length/mean"] == 11.0  # (10 + 12 + 16 + 6) / 4
+    assert metrics["response_length/max"] == 16.0
+    assert metrics["response_length/clip_ratio"] == 0.25  # one finish_reason "length"
+    report = json.loads(store.read_bytes(m, "report.json"))
+    assert report["rows"] == 4 and report["errors"] == 0 and report["scorers"] == {"rule": 1.0}
+
+    # rerun: committed with the same inputs → the same manifest, nothing rescored or logged
+    assert reward.fn(ctx, cfg, rollout_uri, 0, 16) == uri
+    assert store.read_manifest(uri).attempt == m.attempt
+    assert len(spy.logged) == 1
+    # another config → a new attempt
+    reward.fn(ctx, RewardConfig(), rollout_uri, 0, 16)
+    assert store.read_manifest(uri).attempt != m.attempt
+
+
+def _user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "stage_reward_mod.py").write_text(
+        "def f(c, *, ground_truth, data_source, extra_info):\n"
+        "    if extra_info['group_id'] == 1 and extra_info['sample_index'] == 0:\n"
+        "        raise ValueError('cannot score this one')\n"
+        "    return 0.5\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "stage_reward_mod:f"
+
+
+def test_function_error_fails_naming_the_row_or_is_zeroed(
+    run: tuple[RunContext, str, Spy], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx, rollout_uri, spy = run
+    fn = _user_module(tmp_path, monkeypatch)
+    cfg: Any = RewardConfig(scorers=["rule", {"name": "function", "weight": 2.0}], function=fn)
+    with pytest.raises(RewardError, match=r"group_id=1, sample_index=0.*openai/gsm8k.*cannot score this one"):
+        reward.fn(ctx, cfg, rollout_uri, 0, 16)
+    assert ctx.store().committed(ctx.run_id, "iter-0000/reward") is None
+
+    uri = reward.fn(ctx, cfg.model_copy(update={"on_error": "zero"}), rollout_uri, 0, 16)
+    store = ctx.store()
+    m = store.read_manifest(uri)
+    df = pd.read_parquet(store.file_uri(m, REWARDS_FILE))
+    # rule [1, 0, 0, 1] + 2 × 0.5 except the failed row (1, 0)
+    assert df["score"].tolist() == [2.0, 1.0, 0.0, 2.0]
+    assert spy.logged[-1][0]["reward/errors"] == 1.0
+    report = json.loads(store.read_bytes(m, "report.json"))
+    assert report["errors"] == 1
+    assert report["error_examples"][0]["row"] == "group_id=1, sample_index=0"

@@ -1,0 +1,100 @@
+"""Reward scoring: data_source rules, custom functions, a reward model, weighted, with DAPO's overlong
+penalty. Pure functions over plain values; the reward stage (``stages/reward.py``) and the RL loop
+both call :func:`score_rollouts`.
+
+Example::
+
+    from verl_core.reward import RuleOptions, RuleScorer, WeightedScorer, batch_from_columns, score_rollouts
+
+    rule = RuleScorer(RuleOptions("strict", score=1.0, format_score=0.0), num_workers=2,
+                      parallel_min_samples=10000)
+    result = score_rollouts(batch_from_columns(rollouts_table), [WeightedScorer("rule", 1.0, rule)],
+                            on_error="fail", max_response_length=512)
+    result.scores, result.metrics["reward/accuracy"]
+
+The reward model part (``verl_core.reward.model``) imports torch/transformers only when called.
+"""
+
+from verl_core.reward.functions import (
+    FUNCTION_MODES,
+    FunctionInputs,
+    FunctionMode,
+    FunctionScores,
+    load_reward_function,
+    run_reward_function,
+)
+from verl_core.reward.model import ModelScorer, load_reward_scorer, reward_model_scores
+from verl_core.reward.rules import (
+    RULE_SCORERS,
+    RuleOptions,
+    RuleScore,
+    RuleScoreFn,
+    arithmetic_score,
+    boxed_math_score,
+    extract_gsm8k,
+    get_rule_scorer,
+    gsm8k_score,
+    last_boxed,
+    normalize_math,
+    register_rule,
+)
+from verl_core.reward.scorers import (
+    FunctionScorer,
+    RewardBatch,
+    RuleScorer,
+    Scorer,
+    ScorerOutput,
+    score_rules,
+)
+from verl_core.reward.scoring import (
+    OVERLONG,
+    OnError,
+    RewardError,
+    RewardResult,
+    WeightedScorer,
+    batch_from_columns,
+    overlong_penalty,
+    reward_metrics,
+    rewards_table,
+    score_rollouts,
+)
+
+__all__ = [
+    "FUNCTION_MODES",
+    "OVERLONG",
+    "RULE_SCORERS",
+    "FunctionInputs",
+    "FunctionMode",
+    "FunctionScorer",
+    "FunctionScores",
+    "ModelScorer",
+    "OnError",
+    "RewardBatch",
+    "RewardError",
+    "RewardResult",
+    "RuleOptions",
+    "RuleScore",
+    "RuleScoreFn",
+    "RuleScorer",
+    "Scorer",
+    "ScorerOutput",
+    "WeightedScorer",
+    "arithmetic_score",
+    "batch_from_columns",
+    "boxed_math_score",
+    "extract_gsm8k",
+    "get_rule_scorer",
+    "gsm8k_score",
+    "last_boxed",
+    "load_reward_function",
+    "load_reward_scorer",
+    "normalize_math",
+    "overlong_penalty",
+    "register_rule",
+    "reward_metrics",
+    "reward_model_scores",
+    "rewards_table",
+    "run_reward_function",
+    "score_rollouts",
+    "score_rules",
+]

@@ -1,0 +1,159 @@
+"""The three kinds of scorer behind ``reward.scorers``, each a callable ``(RewardBatch) -> ScorerOutput``.
+
+* :class:`RuleScorer` - the data_source rules of :mod:`verl_core.reward.rules`; batches of at least
+  ``parallel_min_samples`` are split into chunks scored by a pool of ``num_workers`` forked processes
+  (the rules are pure module-level functions), smaller ones are scored in-process.
+* :class:`FunctionScorer` - a custom ``module:function`` run with a timeout
+  (:mod:`verl_core.reward.functions`).
+* ``ModelScorer`` - a sequence-classification reward model (:mod:`verl_core.reward.model`).
+
+A scorer never raises for one bad sample: it returns the sample's error in ``errors`` and lets
+:func:`verl_core.reward.scoring.score_rollouts` apply ``on_error``.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, NamedTuple, Protocol
+
+from verl_core.algorithms.registry import UnknownNameError
+from verl_core.errors import DataError
+from verl_core.reward.functions import FunctionInputs, FunctionMode, run_reward_function
+from verl_core.reward.rules import RuleOptions, get_rule_scorer
+
+
+class RewardBatch(NamedTuple):
+    """B samples to score: columns of the rollouts table (row i = sample i), all lists of length B.
+
+    ``extra_info`` is what custom functions get as ``extra_info``: the row's iteration, group_id,
+    sample_index, prompt_index, finish_reason and response_length where the table has them."""
+
+    group_id: list[int]
+    sample_index: list[int]
+    data_source: list[str]
+    ground_truth: list[str]
+    prompt_text: list[str]
+    response_text: list[str]
+    response_length: list[int]
+    finish_reason: list[str]
+    extra_info: list[dict[str, Any]]
+
+    @property
+    def size(self) -> int:
+        return len(self.group_id)
+
+    def row_name(self, i: int) -> str:
+        return f"group_id={self.group_id[i]}, sample_index={self.sample_index[i]}"
+
+
+class ScorerOutput(NamedTuple):
+    """One scorer's verdict on a batch: ``scores (B,)`` (unweighted; 0.0 where ``errors[i]`` is set),
+    ``errors (B,)`` None or what went wrong; rule scorers also give ``extracted (B,)`` (None: no answer)
+    and ``correct (B,)``."""
+
+    scores: list[float]
+    errors: list[str | None]
+    extracted: list[str | None] | None = None
+    correct: list[bool] | None = None
+
+
+class Scorer(Protocol):
+    def __call__(self, batch: RewardBatch) -> ScorerOutput: ...
+
+
+# --------------------------------------------------------------------------------------------------
+# Rules
+
+_RuleRow = tuple[float, str | None, bool, str | None]  # score, extracted, correct, error
+
+
+def _rule_chunk(
+    responses: Sequence[str], truths: Sequence[str], sources: Sequence[str], options: RuleOptions
+) -> list[_RuleRow]:
+    """Score one chunk in-process (also the task a pool worker runs)."""
+    out: list[_RuleRow] = []
+    for response, truth, source in zip(responses, truths, sources, strict=True):
+        try:
+            r = get_rule_scorer(source)(response, truth, options)
+            out.append((float(r.score), r.extracted, bool(r.correct), None))
+        except Exception as e:
+            out.append((0.0, None, False, f"{type(e).__name__}: {e}"))
+    return out
+
+
+def score_rules(
+    responses: Sequence[str],
+    ground_truths: Sequence[str],
+    data_sources: Sequence[str],
+    options: RuleOptions,
+    *,
+    num_workers: int,
+    parallel_min_samples: int,
+) -> ScorerOutput:
+    """Rule-score B responses; in a process pool when ``num_workers > 1`` and B >= ``parallel_min_samples``.
+
+    Raises DataError when a data_source has no rule scorer (the message lists the known ones)."""
+    for source in sorted(set(data_sources)):
+        try:
+            get_rule_scorer(source)
+        except UnknownNameError as e:
+            raise DataError(f"rule reward: {e} (use a function or model scorer for other data)") from None
+    n = len(responses)
+    if num_workers <= 1 or n < parallel_min_samples:
+        rows = _rule_chunk(responses, ground_truths, data_sources, options)
+    else:
+        size = math.ceil(n / (4 * num_workers))  # a few chunks per worker evens out the load
+        with ProcessPoolExecutor(num_workers, mp_context=mp.get_context("fork")) as pool:
+            futures = [
+                pool.submit(
+                    _rule_chunk,
+                    responses[a : a + size],
+                    ground_truths[a : a + size],
+                    data_sources[a : a + size],
+                    options,
+                )
+                for a in range(0, n, size)
+            ]
+            rows = [row for f in futures for row in f.result()]
+    scores, extracted, correct, errors = (list(c) for c in zip(*rows, strict=True)) if rows else ([],) * 4
+    return ScorerOutput(scores, errors, extracted, correct)
+
+
+class RuleScorer(NamedTuple):
+    """Rule scoring with ``options``; see :func:`score_rules` for the process pool."""
+
+    options: RuleOptions
+    num_workers: int
+    parallel_min_samples: int
+
+    def __call__(self, batch: RewardBatch) -> ScorerOutput:
+        return score_rules(
+            batch.response_text,
+            batch.ground_truth,
+            batch.data_source,
+            self.options,
+            num_workers=self.num_workers,
+            parallel_min_samples=self.parallel_min_samples,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Custom functions
+
+
+class FunctionScorer(NamedTuple):
+    """A custom reward function (loaded with ``load_reward_function``) in ``mode`` with a timeout."""
+
+    fn: Callable[..., Any]
+    mode: FunctionMode
+    timeout_s: float
+
+    def __call__(self, batch: RewardBatch) -> ScorerOutput:
+        inputs = FunctionInputs(
+            list(batch.response_text), list(batch.ground_truth), list(batch.data_source), batch.extra_info
+        )
+        out = run_reward_function(self.fn, inputs, mode=self.mode, timeout_s=self.timeout_s)
+        return ScorerOutput(out.scores, out.errors)

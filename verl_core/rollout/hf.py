@@ -1,0 +1,439 @@
+"""Rollouts with transformers ``generate`` (KV cache), for CPU runs and single-GPU colocated training.
+
+How a ``generate(prompts, params)`` call runs:
+1. prompts → token ids (strings are encoded as-is, ``add_special_tokens=False``), checked against
+   ``max_position_embeddings``;
+2. each prompt repeated ``n`` times → requests ``(prompt_index, sample_index, ids)``;
+3. requests sorted by prompt length and cut into batches of at most ``max_batch_size`` sequences and
+   ``max_batch_tokens`` padded tokens (bucketing: little left padding inside a batch);
+4. each batch left-padded and run through ``model.generate(use_cache=True)`` in greedy mode with one
+   logits processor that is the sampler: it records the behaviour log-probs, applies temperature /
+   top-k / top-p and draws the token (see :class:`_SampleAndRecord`);
+5. responses cut at the first stop token or stop string, results put back in
+   ``(prompt_index, sample_index)`` order.
+
+The engine holds a *reference* to the model (colocated with the trainer): ``update_weights(model)``
+swaps the reference, nothing is copied. The model's train/eval flag, its ``generation_config``, the
+caller's tokenizer and (with a seed) the caller's RNG state are left as they were.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple, cast
+
+import torch
+from torch import Tensor, nn
+
+from verl_core.errors import ConfigError
+from verl_core.models.loading import load_causal_lm, resolve_device, unwrap
+from verl_core.rollout.base import Completion, FinishReason, SamplingParams
+
+IM_END = "<|im_end|>"
+
+
+class _Request(NamedTuple):
+    prompt_index: int
+    sample_index: int
+    ids: list[int]
+
+
+class _Sample(NamedTuple):
+    response_ids: list[int]
+    logprobs: list[float]
+
+
+class HFEngine:
+    """:class:`~verl_core.rollout.base.RolloutEngine` on transformers ``generate``.
+
+    ``model`` is a path / hub id (model and tokenizer are loaded) or a live ``nn.Module`` (a causal
+    LM, possibly PEFT-wrapped) used in place; a live model needs its ``tokenizer``. The engine is
+    single-device: ``tensor_parallel_size`` must be 1. ``max_batch_tokens`` bounds the padded size
+    ``rows × (prompt + max_new_tokens)`` of one ``generate`` batch (default: no bound)."""
+
+    def __init__(
+        self,
+        model: str | nn.Module,
+        tokenizer: Any = None,
+        *,
+        tensor_parallel_size: int = 1,
+        max_batch_size: int = 64,
+        max_batch_tokens: int | None = None,
+        device: str | torch.device | None = None,
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+    ) -> None:
+        if tensor_parallel_size != 1:
+            raise ConfigError(
+                f"rollout.tensor_parallel_size: got {tensor_parallel_size}, but the 'hf' engine runs on one "
+                "device; use rollout.name 'vllm' for tensor parallelism"
+            )
+        if max_batch_size < 1:
+            raise ConfigError(f"rollout.max_batch_size: expected ≥ 1, got {max_batch_size}")
+        if isinstance(model, str):
+            target = resolve_device("auto" if device is None else str(device))
+            if tokenizer is None:
+                tokenizer = _load_tokenizer(model, trust=trust_remote_code)
+            model = load_causal_lm(model, dtype=dtype, trust_remote_code=trust_remote_code).to(target).eval()
+        elif device is not None:
+            model.to(device)
+        if tokenizer is None:
+            raise ConfigError("HFEngine: a live model needs its tokenizer (HFEngine(model, tokenizer))")
+        self.model: nn.Module = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
+
+    # -- RolloutEngine ----------------------------------------------------------------------------
+
+    def generate(
+        self, prompts: Sequence[str] | Sequence[Sequence[int]], params: SamplingParams | None = None
+    ) -> list[Completion]:
+        params = params or SamplingParams()
+        _check_params(params)
+        prompt_ids = encode_prompts(self.tokenizer, prompts)
+        _check_lengths(prompt_ids, params.max_new_tokens, _max_positions(self.model))
+        requests = [
+            _Request(i, j, ids) for i, ids in enumerate(prompt_ids) for j in range(params.n)
+        ]  # (prompt_index, sample_index) order
+        batches = plan_batches(
+            [len(r.ids) for r in requests], params.max_new_tokens, self.max_batch_size, self.max_batch_tokens
+        )
+        stop_ids = self._stop_token_ids(params)
+        samples: dict[int, _Sample] = {}
+        with _seeded(params.seed, _device(self.model)), _generation_mode(self.model):
+            for batch in batches:
+                rows = [requests[k].ids for k in batch]
+                for k, sample in zip(batch, self._generate_batch(rows, params, stop_ids), strict=True):
+                    samples[k] = sample
+        return [self._completion(r, samples[k], params, stop_ids) for k, r in enumerate(requests)]
+
+    def update_weights(self, model: nn.Module) -> None:
+        """Colocated: sample from ``model`` itself from now on (a reference swap, no copy)."""
+        self.model = model
+
+    def sleep(self) -> None:
+        """Nothing to free: the weights are the trainer's."""
+
+    def wake_up(self) -> None:
+        """Nothing to restore (see :meth:`sleep`)."""
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _stop_token_ids(self, params: SamplingParams) -> list[int]:
+        """eos, ``<|im_end|>`` when the tokenizer has it, and ``params.stop_token_ids``."""
+        ids: list[int] = []
+        if self.tokenizer.eos_token_id is not None:
+            ids.append(int(self.tokenizer.eos_token_id))
+        im_end = self.tokenizer.get_vocab().get(IM_END)
+        if im_end is not None:
+            ids.append(int(im_end))
+        ids.extend(int(t) for t in params.stop_token_ids)
+        return list(dict.fromkeys(ids))
+
+    def _generate_batch(
+        self, rows: list[list[int]], params: SamplingParams, stop_ids: list[int]
+    ) -> list[_Sample]:
+        """Sample one left-padded batch; returns each row's generated tokens (pad included, uncut)
+        and their behaviour log-probs."""
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        pad_id = self.tokenizer.pad_token_id
+        pad_id = stop_ids[0] if pad_id is None else int(pad_id)
+        input_ids, attention_mask = left_pad(rows, pad_id, _device(self.model))  # (B, P)
+        recorder = _SampleAndRecord(params)
+        criteria = StoppingCriteriaList()
+        if params.stop:
+            criteria.append(_StopStrings(self.tokenizer, params.stop, input_ids.shape[1]))
+        config = GenerationConfig(
+            do_sample=False,  # `recorder` samples; generate takes the argmax of what it returns
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=stop_ids,
+            pad_token_id=pad_id,
+            use_cache=True,
+            # a preallocated KV cache (no torch.cat per step: ~15% faster on CPU) where the model supports
+            # one; never auto-compiled (a compile per new batch shape would cost more than it saves)
+            cache_implementation="static" if _static_cache_ok(self.model) else None,
+            disable_compile=True,
+            return_dict_in_generate=True,
+        )
+        _forget_static_cache_length(self.model)
+        out = self.model.generate(  # type: ignore[operator]
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=config,
+            logits_processor=LogitsProcessorList([recorder]),
+            stopping_criteria=criteria,
+        )
+        tokens = out.sequences[:, input_ids.shape[1] :]  # (B, T_new)
+        logprobs = recorder.finish(tokens)  # (B, T_new)
+        return [_Sample(t, lp) for t, lp in zip(tokens.tolist(), logprobs.tolist(), strict=True)]
+
+    def _completion(
+        self, request: _Request, sample: _Sample, params: SamplingParams, stop_ids: list[int]
+    ) -> Completion:
+        ids, logprobs = sample
+        finish: FinishReason = "length"
+        stops = set(stop_ids)
+        end = next((t + 1 for t, tok in enumerate(ids) if tok in stops), None)
+        if end is not None:
+            ids, finish = ids[:end], "stop"
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        cut = cut_at_stop_string(self.tokenizer, ids, params.stop) if params.stop else None
+        if cut is not None:
+            ids, text, finish = ids[: cut[0]], cut[1], "stop"
+        return Completion(
+            prompt_index=request.prompt_index,
+            sample_index=request.sample_index,
+            prompt_ids=list(request.ids),
+            response_ids=ids,
+            response_text=text,
+            logprobs=logprobs[: len(ids)],
+            finish_reason=finish,
+        )
+
+
+# -- pieces (free functions, tested on their own) ---------------------------------------------------
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+    """Strings → ids with ``add_special_tokens=False`` (templated already); id lists pass through."""
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            ids = list(tokenizer.encode(p, add_special_tokens=False))
+        else:
+            ids = [int(t) for t in cast("Sequence[int]", p)]
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        out.append(ids)
+    return out
+
+
+def plan_batches(
+    lengths: Sequence[int], max_new_tokens: int, max_batch_size: int, max_batch_tokens: int | None = None
+) -> list[list[int]]:
+    """Indices of requests grouped into generate batches, shortest prompts first.
+
+    A batch holds at most ``max_batch_size`` rows and, when ``max_batch_tokens`` is set, at most that
+    many padded tokens ``rows × (longest prompt + max_new_tokens)`` (a single row always fits)."""
+    order = sorted(range(len(lengths)), key=lambda k: (lengths[k], k))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for k in order:
+        rows = len(current) + 1
+        padded = rows * (lengths[k] + max_new_tokens)  # sorted: request k is the longest so far
+        if current and (
+            rows > max_batch_size or (max_batch_tokens is not None and padded > max_batch_tokens)
+        ):
+            batches.append(current)
+            current = []
+        current.append(k)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``(input_ids (B, P), attention_mask (B, P))`` with each row right-aligned (left padding)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[b, width - len(r) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def cut_at_stop_string(tokenizer: Any, ids: Sequence[int], stop: Sequence[str]) -> tuple[int, str] | None:
+    """The first stop-string match in the decoded response: ``(tokens to keep, text)``, or None.
+
+    Tokens are kept up to and including the one that completes the match; the text ends right after
+    the matched stop string (text decoded without special tokens)."""
+    text = tokenizer.decode(list(ids), skip_special_tokens=True)
+    ends = [text.find(s) + len(s) for s in stop if s and s in text]
+    if not ends:
+        return None
+
+    def matched(m: int) -> bool:
+        prefix = tokenizer.decode(list(ids[:m]), skip_special_tokens=True)
+        return any(s and s in prefix for s in stop)
+
+    lo, hi = 1, len(ids)  # smallest m with matched(m): matched is monotone in m
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if matched(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo, text[: min(ends)]
+
+
+class _SampleAndRecord:
+    """The sampler, run as a logits processor: records behaviour log-probs and draws the next token.
+
+    ``generate`` runs in greedy mode with this as its only processor. At every step it receives the
+    raw logits ``(B, V)``, keeps ``log_softmax(logits / T)`` and, one step later, gathers it at the
+    token that was chosen (by then the last column of ``input_ids``): memory stays ``(B, V)`` instead
+    of ``(T_new, B, V)`` with ``output_logits=True``. When sampling, it applies top-k / top-p to the
+    scaled logits, draws a token by inverse CDF (``searchsorted`` of a uniform in the cumulative
+    probabilities: ~40× cheaper than ``torch.multinomial`` on CPU, the same distribution) and returns
+    scores whose argmax is that token. Greedy (T = 0) returns the raw logits: log-probs at T = 1.
+    """
+
+    def __init__(self, params: SamplingParams) -> None:
+        from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+        self.greedy = params.greedy
+        self.temperature = 1.0 if params.greedy else params.temperature
+        self.warpers: list[Any] = []
+        if not params.greedy and params.top_k > 0:
+            self.warpers.append(TopKLogitsWarper(top_k=params.top_k))
+        if not params.greedy and params.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p=params.top_p))
+        self.last: Tensor | None = None  # (B, V) log-probs of the latest step
+        self.recorded: list[Tensor] = []  # per step (B,)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self.last is not None:
+            self.recorded.append(self.last.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        scaled = scores.float() / self.temperature  # (B, V)
+        self.last = torch.log_softmax(scaled, dim=-1)
+        if self.greedy:
+            return scores
+        if self.warpers:
+            for warp in self.warpers:
+                scaled = warp(input_ids, scaled)
+            probs = torch.softmax(scaled, dim=-1)
+        else:
+            probs = self.last.exp()
+        token = sample_inverse_cdf(probs)  # (B, 1)
+        return torch.full_like(scores, float("-inf")).scatter_(-1, token, 0.0)
+
+    def finish(self, tokens: Tensor) -> Tensor:
+        """Log-probs ``(B, T_new)`` of the generated ``tokens (B, T_new)``."""
+        if self.last is not None and tokens.shape[1] > len(self.recorded):
+            self.recorded.append(self.last.gather(-1, tokens[:, -1:]).squeeze(-1))
+        if len(self.recorded) != tokens.shape[1]:
+            raise RuntimeError(f"recorded {len(self.recorded)} steps for {tokens.shape[1]} generated tokens")
+        if not self.recorded:
+            return tokens.new_zeros(tokens.shape, dtype=torch.float32)
+        return torch.stack(self.recorded, dim=1)
+
+
+def sample_inverse_cdf(probs: Tensor) -> Tensor:
+    """One token per row of ``probs (B, V)`` (rows need not sum exactly to 1): ``(B, 1)`` indices.
+
+    Draws ``u ~ U[0, Σp)`` and takes the first index whose cumulative probability exceeds ``u``, so
+    zero-probability tokens are never chosen; the rare ``u`` that rounds up to the total falls back
+    to the row's most likely token."""
+    cdf = probs.cumsum(dim=-1)  # (B, V)
+    u = torch.rand(probs.shape[0], 1, device=probs.device) * cdf[:, -1:]
+    token = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[1] - 1)  # (B, 1)
+    impossible = probs.gather(-1, token) <= 0
+    return torch.where(impossible, probs.argmax(-1, keepdim=True), token)
+
+
+class _StopStrings:
+    """Stopping criterion: a row is done once the text of its last few generated tokens contains a
+    stop string (the exact cut is made afterwards by :func:`cut_at_stop_string`)."""
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str], prompt_width: int) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.prompt_width = prompt_width
+        self.window = max(len(s) for s in self.stop) + 2  # every token decodes to ≥ 1 char, or a byte part
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: Any) -> Tensor:
+        tail = input_ids[:, self.prompt_width :][:, -self.window :]
+        texts = self.tokenizer.batch_decode(tail.tolist(), skip_special_tokens=True)
+        done = [any(s in t for s in self.stop) for t in texts]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+# -- context managers and checks ------------------------------------------------------------------------
+
+
+@contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """With a seed: fork the RNG (the caller's state comes back on exit) and seed it. Without: use
+    the global RNG as it is (successive calls then give different samples)."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
+@contextmanager
+def _generation_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode, no autograd and a neutral ``generation_config`` (no hub defaults such as top_k=50 or a
+    repetition penalty) for the duration of generation; mode and config restored afterwards."""
+    from transformers import GenerationConfig
+
+    base = unwrap(model)
+    training, saved_config = model.training, getattr(base, "generation_config", None)
+    model.eval()
+    base.generation_config = GenerationConfig()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        _forget_static_cache_length(model)
+        base.generation_config = saved_config
+        model.train(training)
+
+
+def _check_params(params: SamplingParams) -> None:
+    if params.n < 1:
+        raise ConfigError(f"rollout.n: expected ≥ 1, got {params.n}")
+    if params.temperature < 0:
+        raise ConfigError(f"rollout.temperature: expected ≥ 0, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ConfigError(f"rollout.top_p: expected in (0, 1], got {params.top_p}")
+    if params.max_new_tokens < 1:
+        raise ConfigError(f"rollout.max_new_tokens: expected ≥ 1, got {params.max_new_tokens}")
+
+
+def _check_lengths(prompt_ids: list[list[int]], max_new_tokens: int, max_positions: int | None) -> None:
+    if max_positions is None:
+        return
+    for i, ids in enumerate(prompt_ids):
+        if len(ids) + max_new_tokens > max_positions:
+            raise ConfigError(
+                f"prompt {i}: {len(ids)} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
+                f"max_position_embeddings ({max_positions}); shorten the prompt or lower max_new_tokens"
+            )
+
+
+def _max_positions(model: nn.Module) -> int | None:
+    value = getattr(unwrap(model).config, "max_position_embeddings", None)
+    return int(value) if value is not None else None
+
+
+def _static_cache_ok(model: nn.Module) -> bool:
+    """Models that declare full-graph compilability (Qwen2, Llama, ...) support transformers' StaticCache."""
+    return bool(getattr(unwrap(model), "_can_compile_fullgraph", False))
+
+
+def _forget_static_cache_length(model: nn.Module) -> None:
+    """transformers sizes a static cache for the longest of all generate calls so far (it avoids
+    recompiling); without compilation that only costs time, so each batch gets its own size."""
+    base = unwrap(model)
+    if hasattr(base, "_previous_max_cache_length"):
+        del base._previous_max_cache_length
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _load_tokenizer(path: str, trust: bool) -> Any:
+    from verl_core.data.tokenizer import load_pretrained_tokenizer, load_tokenizer_from_files
+
+    if os.path.isdir(path):
+        return load_tokenizer_from_files(path)  # respects tokenizer.json ids (STACK_NOTES)
+    return load_pretrained_tokenizer(path, trust_remote_code=trust)
