@@ -23,7 +23,6 @@ from stages.rollout import iteration_stage
 from verl_core.algorithms import agg_norm_for, apply_kl_penalty, get_adv_estimator, masked_mean
 from verl_core.config import VerlFlowConfig
 from verl_core.data.packing import dynamic_micro_batches
-from verl_core.errors import VerlFlowError
 from verl_core.run import RunContext
 from verl_core.training.engine import NonFiniteError
 from verl_core.training.ppo import (
@@ -131,7 +130,8 @@ def ppo_update(
             lam=cfg.algorithm.lam,
             norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
         )
-        _check_finite({"advantages": adv.advantages, "returns": adv.returns, "old_log_probs": old_logp})
+        finite = {"scores": scores, "advantages": adv.advantages, "returns": adv.returns}
+        _check_finite({**finite, "old_log_probs": old_logp})
 
     # 5. Critic, then actor: ppo_epochs passes over mini-batches of whole prompt groups
     minibatches = _minibatches(
@@ -370,8 +370,6 @@ def _update_table(
             return [[] for _ in lengths]
         return [t[i, :n].tolist() for i, n in enumerate(lengths)]
 
-    if not torch.isfinite(scores).all():
-        raise VerlFlowError("ppo_update: rewards contain NaN/Inf")
     return pa.table(
         {
             "group_id": rollouts.column("group_id"),

@@ -11,6 +11,7 @@ controller, RNG states and the iteration; the last ``trainer.max_ckpt_to_keep`` 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from torch import nn
 from stages.models import build_policy, read_policy, write_policy
 from stages.template_pack import load_tokenizer
 from verl_core.algorithms import KLController, make_kl_controller
-from verl_core.config import VerlFlowConfig
+from verl_core.config import VerlFlowConfig, canonical_json
 from verl_core.errors import ArtifactNotFoundError, ConfigError
 from verl_core.models.checkpoint import (
     load_state_bytes,
@@ -99,8 +100,13 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
     device = resolve_device(cfg.trainer.device)
     torch.manual_seed(cfg.trainer.seed)
     resume = _resume_iteration(store, ctx.run_id, cfg.trainer.resume_mode)
-    lineage = store.manifest_sha256(sft_uri) if sft_uri else f"init-{cfg.trainer.seed}"
+    lineage = policy_lineage(cfg, store.manifest_sha256(sft_uri) if sft_uri else None)
     ckpt = store.committed(ctx.run_id, ckpt_stage(resume)) if resume is not None else None
+    if ckpt is not None and ckpt.summary.get("lineage") != lineage:
+        raise ConfigError(
+            f"trainer.resume_mode: checkpoint {ckpt.stage} of run {ctx.run_id!r} was made with other "
+            "settings or another SFT policy; use a new run id, or trainer.resume_mode=disable to restart RL"
+        )
     if ckpt is not None:
         lm = read_policy(store, ckpt, "policy", cfg.model)
     elif sft_uri:
@@ -153,6 +159,23 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         device,
     )
     return version
+
+
+def policy_lineage(cfg: VerlFlowConfig, start_sha: str | None) -> str:
+    """Identity of the policy trajectory: the starting weights (SFT manifest hash, or the initial
+    model) and every setting that changes what the policy becomes. Iteration i's policy is a function
+    of this and i (fixed seeds), so stages keyed by (lineage, i) can be skipped on rerun."""
+    shaping = {
+        k: getattr(cfg, k).model_dump(mode="json")
+        for k in ("data", "model", "actor", "critic", "ref", "rollout", "reward", "algorithm")
+    }
+    shaping["trainer"] = {
+        "seed": cfg.trainer.seed,
+        "critic_warmup": cfg.trainer.critic_warmup,
+        "total_iterations": cfg.trainer.total_iterations,
+    }
+    shaping["start"] = start_sha or "initial-model"
+    return hashlib.sha256(canonical_json(shaping).encode()).hexdigest()
 
 
 def save_checkpoint(ctx: RunContext, cfg: VerlFlowConfig, iteration: int) -> str:

@@ -16,6 +16,8 @@ caller's mapping.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -242,7 +244,12 @@ register_adapter(
     Adapter(
         "arithmetic",
         _load_arithmetic,
-        gsm8k_mapping(data_source="synthetic/arithmetic", ground_truth_regex=r"#### (\-?[0-9]+)"),
+        # no GSM8K instruction suffix: the worked-solution format is learned in SFT, and a short
+        # prompt keeps the tiny quickstart model's attention on the operands
+        dataclasses.replace(
+            gsm8k_mapping(data_source="synthetic/arithmetic", ground_truth_regex=r"#### (\-?[0-9]+)"),
+            instruction="",
+        ),
         ("train", "test"),
     )
 )

@@ -191,6 +191,6 @@ def token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
     lengths = response_mask.sum(-1).long()  # (S,)
     out = torch.zeros_like(response_mask)
     has = lengths > 0
-    rows = torch.arange(len(scores))[has]
-    out[rows, lengths[has] - 1] = scores[has].to(out.dtype)
+    rows = torch.arange(len(scores), device=out.device)[has]  # same device as the mask (CUDA in the stage)
+    out[rows, lengths[has] - 1] = scores.to(out)[has]
     return out

@@ -1,0 +1,532 @@
+"""GRPO throughput: verl-flow's RL stages vs TRL's ``GRPOTrainer``, same model, prompts and settings.
+
+    .venv/bin/pip install -c constraints.txt -e ".[bench]"      # trl 1.16 (the `bench` extra)
+    .venv/bin/python benchmarks/vs_trl.py                        # 10 iterations × 2 repeats, ~2 min
+    .venv/bin/python benchmarks/vs_trl.py --iterations 5 --repeats 1 --beta 0   # quick, no KL
+
+Set-up (once, not timed): the quickstart config on a temporary local store; our own stages build the
+model and the data: ``preprocess.fn`` (synthetic arithmetic) → ``template_pack.fn`` (tokenizer trained
+on the run's text, chatml prompts) → ``sft_warmup.fn`` for ``--sft-steps`` steps (0: the initial
+scratch policy). The SFT policy is saved as an HF dir (weights + tokenizer); every TRL run loads its
+weights from there, every verl-flow run from the SFT artifact: the same starting weights (checked).
+
+What both sides do, per iteration / generation round (defaults = the quickstart's geometry):
+- the same ``B = data.train_batch_size`` prompts: iteration i's rows of ``prompt_tokens/train`` as our
+  loader picks them; TRL gets the concatenation of those batches as a ``datasets.Dataset`` with a
+  "prompt" column of the already templated ``prompt_text`` (plain strings, so TRL applies no chat
+  template; the tokenizer adds no special tokens, and the ids TRL gets are checked to equal ours),
+  ``shuffle_dataset=False`` so TRL takes them in the same order;
+- ``n = rollout.n`` samples per prompt (TRL ``num_generations``), at most ``data.max_response_length``
+  new tokens (TRL ``max_completion_length``), temperature 1, no top-k/top-p, stopping on the same
+  tokens (``<|endoftext|>``, ``<|im_end|>``);
+- reward: the ``synthetic/arithmetic`` rule scorer of ``verl_core.reward`` (ours through the reward
+  stage; TRL through a reward function reading the "ground_truth" column);
+- old log-probs recomputed, KL loss to the frozen starting policy with ``--beta`` (ours
+  ``actor.use_kl_loss`` + ``kl_loss_coef`` + ``kl_loss_type=low_var_kl``; TRL ``beta``, its k3 = low_var_kl;
+  ``--beta 0``: no reference model on either side), PPO clip 0.2, token-mean loss (TRL ``dapo``),
+  group-std advantage normalisation, AdamW with the same lr / weight decay / grad clip, constant lr;
+- B·n samples per generation round split into B/mini prompt groups of mini·n samples per optimizer
+  step, one pass (ours: ``actor.ppo_mini_batch_size``, ``ppo_epochs=1``; TRL:
+  ``per_device_train_batch_size = mini·n``, ``gradient_accumulation_steps=1``,
+  ``steps_per_generation = B/mini``, ``num_iterations=1``): the same samples per optimizer step and the
+  same number of optimizer steps;
+- CPU, fp32, no gradient checkpointing (TRL's defaults bf16 and gradient checkpointing are turned
+  off), ``torch.set_num_threads(--threads)``, one process.
+
+Our side calls the RL stage functions directly in a plain loop (``rollout.fn`` → ``reward.fn`` →
+``ppo_update.fn`` after ``stages.rl_state.init_state``): the real stage code with its Parquet artifacts
+written and read every iteration, but not the Prefect flow (its overhead is measured on its own by
+``benchmarks/orchestration.py``). Timed: the iteration loop (not ``init_state``); TRL: first
+``on_step_begin`` to last ``on_step_end`` (not model loading, trainer construction, ``train()``'s
+preamble). A warm-up run of each side (1 iteration) comes first; then the sides alternate
+``--repeats`` times. Figures: samples/s and generated tokens/s (tokens actually generated, stop token
+included) of each run, the median of each side, the ratio ours/TRL of the medians (goal ≥ 2×), and
+where the time goes: ours from the stage manifests' summaries (rollout ``seconds``; update
+``timing_s/{old_log_prob,ref,adv,update_actor}``) plus the time of each stage call (the difference is
+artifact I/O and bookkeeping); TRL from timers wrapped around its methods (``_generate``,
+``_calculate_rewards``, no-grad ``_get_per_token_logps_and_entropies``, ``compute_loss``,
+``training_step``) and the step callbacks.
+
+Not the same on both sides (policies diverge after the first update, so lengths differ; the tokens/s
+figure accounts for that): sampling RNG streams; TRL pads generation batches (ours buckets them and
+packs training micro-batches); ours adds dual-clip (c=3) to the PPO loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from verl_core.env import set_quiet_env  # noqa: E402
+
+set_quiet_env(offline=True)
+
+import torch  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--iterations", type=int, default=10, help="RL iterations = TRL generation rounds per run")
+    p.add_argument("--repeats", type=int, default=2, help="timed runs of each side (alternating)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared 2-core box)")
+    p.add_argument(
+        "--sft-steps", type=int, default=40, help="SFT warm-up steps before RL (0: scratch policy)"
+    )
+    p.add_argument("--beta", type=float, default=0.04, help="KL loss coefficient on both sides (0: no ref)")
+    p.add_argument("--batch", type=int, default=8, help="prompts per iteration (data.train_batch_size)")
+    p.add_argument("--n", type=int, default=4, help="samples per prompt (rollout.n / num_generations)")
+    p.add_argument(
+        "--mini", type=int, default=4, help="prompts per optimizer step (actor.ppo_mini_batch_size)"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=64, help="data.max_response_length")
+    p.add_argument("--lr", type=float, default=1e-4, help="actor learning rate")
+    p.add_argument("--train-size", type=int, default=2000, help="synthetic arithmetic training problems")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each side")
+    return p.parse_args()
+
+
+# --------------------------------------------------------------------------------------------------
+# Set-up: model, tokenizer and prompts built by our own stages
+
+
+def setup(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from stages.models import build_policy, read_policy
+    from stages.preprocess import preprocess
+    from stages.sft import sft_warmup
+    from stages.template_pack import load_tokenizer, template_pack
+    from verl_core.config import load_config
+    from verl_core.run import start_run
+
+    overrides = [
+        f"store.url={root / 'store'}",
+        "tracking.enabled=false",
+        "trainer.device=cpu",
+        "trainer.resume_mode=disable",
+        f"trainer.total_iterations={args.iterations}",
+        "trainer.test_freq=0",
+        f"data.arithmetic_train_size={args.train_size}",
+        "data.arithmetic_val_size=20",
+        f"data.train_batch_size={args.batch}",
+        f"data.max_response_length={args.max_new_tokens}",
+        f"rollout.n={args.n}",
+        "rollout.temperature=1.0",
+        f"actor.ppo_mini_batch_size={args.mini}",
+        "actor.ppo_epochs=1",
+        f"actor.lr={args.lr}",
+        "actor.lr_scheduler=constant",
+        "actor.warmup_steps_ratio=0.0",
+        "actor.loss_agg_mode=token-mean",
+        f"actor.use_kl_loss={'true' if args.beta > 0 else 'false'}",
+        f"actor.kl_loss_coef={args.beta}",
+        "actor.kl_loss_type=low_var_kl",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.norm_adv_by_std_in_grpo=true",
+        "algorithm.use_kl_in_reward=false",
+        f"sft.enable={'true' if args.sft_steps else 'false'}",
+        f"sft.max_steps={max(args.sft_steps, 1)}",
+        f"sft.save_every={max(args.sft_steps, 1)}",
+        "sft.val_every=0",
+    ]
+    cfg = load_config(REPO / "configs" / "quickstart.yaml", overrides)
+    ctx = start_run(cfg, "setup")
+    store = ctx.store()
+    t0 = time.perf_counter()
+    pre = preprocess.fn(ctx, cfg.data)
+    tp = template_pack.fn(ctx, cfg.data, cfg.model, pre)
+    sft = sft_warmup.fn(ctx, cfg.model, cfg.sft, cfg.trainer, tp) if args.sft_steps else None
+    tokenizer = load_tokenizer(store, tp)
+    if sft:
+        lm = read_policy(store, store.read_manifest(sft), "policy", cfg.model)
+    else:
+        lm = build_policy(cfg.model, tokenizer, seed=cfg.trainer.seed)
+    hf_dir = root / "policy-hf"
+    lm.save_pretrained(hf_dir)
+    tokenizer.save_pretrained(hf_dir)
+    prompts = store.read_table(store.read_manifest(tp), "prompt_tokens/train.parquet")
+    n_params = sum(p.numel() for p in lm.parameters())
+    print(
+        f"set-up: preprocess + template_pack{' + sft (%d steps)' % args.sft_steps if sft else ''} "
+        f"{time.perf_counter() - t0:.1f} s; Qwen2 {n_params / 1e3:.0f}k params, vocab {len(tokenizer)}, "
+        f"{prompts.num_rows} training prompts"
+    )
+    return {
+        "cfg": cfg,
+        "tp": tp,
+        "sft": sft,
+        "tokenizer": tokenizer,
+        "hf_dir": hf_dir,
+        "prompts": prompts,
+        "weights_sum": _weights_sum(lm),
+        "store_url": ctx.store_url,
+    }
+
+
+def _weights_sum(model: torch.nn.Module) -> float:
+    return float(sum(p.detach().double().abs().sum() for p in model.parameters()))
+
+
+def _stop_ids(tokenizer: Any) -> list[int]:
+    """What our HF engine stops on: eos and ``<|im_end|>``."""
+    ids = [int(tokenizer.eos_token_id)]
+    im_end = tokenizer.get_vocab().get("<|im_end|>")
+    if im_end is not None and im_end not in ids:
+        ids.append(int(im_end))
+    return ids
+
+
+def iteration_prompts(s: dict[str, Any], iterations: int) -> Any:
+    """The rows our rollout stage uses in iterations 0..iterations-1, in order (a pyarrow table)."""
+    from stages.rollout import batch_rows
+
+    cfg = s["cfg"]
+    rows: list[int] = []
+    for it in range(iterations):
+        r, _ = batch_rows(
+            s["prompts"].num_rows, cfg.data.train_batch_size, it, seed=cfg.data.seed, shuffle=cfg.data.shuffle
+        )
+        rows += r
+    return s["prompts"].take(rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ours: the RL stage functions in a plain loop
+
+
+def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
+    import stages.reward as reward_mod
+    from stages.ppo_update import ppo_update
+    from stages.reward import reward
+    from stages.rl_state import drop_state, get_state, init_state
+    from stages.rollout import rollout
+    from verl_core.run import start_run
+
+    cfg = s["cfg"]
+    ctx = start_run(cfg, run_id)
+    store = ctx.store()
+    t0 = time.perf_counter()
+    init_state(ctx, cfg, s["tp"], s["sft"])
+    state = get_state(ctx)
+    init_s = time.perf_counter() - t0
+    assert abs(_weights_sum(state.lm) - s["weights_sum"]) < 1e-6 * s["weights_sum"], "different start weights"
+    torch.set_num_threads(_THREADS)
+
+    times: dict[str, float] = defaultdict(float)
+    real_score = reward_mod.score_rollouts
+
+    def timed_score(*a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return real_score(*a, **k)
+        finally:
+            times["reward: score_rollouts"] += time.perf_counter() - t
+
+    reward_mod.score_rollouts = timed_score  # type: ignore[assignment]
+    samples = tokens = 0
+    scores: list[float] = []
+    try:
+        loop0 = time.perf_counter()
+        for it in range(iterations):
+            t = time.perf_counter()
+            r = rollout.fn(ctx, cfg.data, cfg.rollout, s["tp"], it, state.lineage)
+            times["rollout stage"] += time.perf_counter() - t
+            t = time.perf_counter()
+            w = reward.fn(ctx, cfg.reward, r, it, cfg.data.max_response_length)
+            times["reward stage"] += time.perf_counter() - t
+            t = time.perf_counter()
+            u = ppo_update.fn(ctx, cfg, r, w, it)
+            times["update stage"] += time.perf_counter() - t
+            rs = store.read_manifest(r).summary
+            us = store.read_manifest(u).summary
+            samples += rs["samples"]
+            tokens += rs["generated_tokens"]
+            times["rollout: generate"] += rs["seconds"]
+            for k in ("old_log_prob", "ref", "adv", "update_actor"):
+                times[f"update: {k}"] += us.get(f"timing_s/{k}", 0.0)
+            scores.append(us["critic/score/mean"])
+        loop_s = time.perf_counter() - loop0
+    finally:
+        reward_mod.score_rollouts = real_score  # type: ignore[assignment]
+        drop_state(run_id)
+    io = {
+        "rollout: artifacts + other": times["rollout stage"] - times["rollout: generate"],
+        "reward: artifacts + other": times["reward stage"] - times["reward: score_rollouts"],
+        "update: artifacts + other": times["update stage"]
+        - sum(times[f"update: {k}"] for k in ("old_log_prob", "ref", "adv", "update_actor")),
+    }
+    parts = {
+        "generate": times["rollout: generate"],
+        "reward (score_rollouts)": times["reward: score_rollouts"],
+        "old log-probs": times["update: old_log_prob"],
+        "ref log-probs": times["update: ref"],
+        "advantages": times["update: adv"],
+        "actor update (fwd+bwd+optim)": times["update: update_actor"],
+        "artifacts I/O + stage bookkeeping": sum(io.values()),
+    }
+    parts["loop, not in the stages"] = loop_s - sum(parts.values())
+    return {
+        "loop_s": loop_s,
+        "init_s": init_s,
+        "samples": samples,
+        "tokens": tokens,
+        "parts": parts,
+        "detail": io,
+        "score": scores,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# TRL: GRPOTrainer on the same weights and prompts
+
+
+def run_trl(s: dict[str, Any], iterations: int, out: Path) -> dict[str, Any]:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from verl_core.reward.rules import RuleOptions, arithmetic_score
+
+    cfg = s["cfg"]
+    tokenizer = s["tokenizer"]
+    table = iteration_prompts(s, iterations)
+    texts = table.column("prompt_text").to_pylist()
+    ids = table.column("input_ids").to_pylist()
+    # TRL encodes plain-string prompts with processing_class(text=...): the ids must be ours
+    enc = tokenizer(text=texts[: cfg.data.train_batch_size])["input_ids"]
+    assert enc == ids[: cfg.data.train_batch_size], "TRL would tokenize the prompts differently"
+    data = Dataset.from_dict({"prompt": texts, "ground_truth": table.column("ground_truth").to_pylist()})
+
+    options = RuleOptions("strict", cfg.reward.score, cfg.reward.format_score)
+    counts = {"samples": 0, "tokens": 0}
+    rewards: list[float] = []
+
+    def arithmetic_reward(completions: list[str], ground_truth: list[str], **kwargs: Any) -> list[float]:
+        out = [arithmetic_score(c, g, options).score for c, g in zip(completions, ground_truth, strict=True)]
+        counts["samples"] += len(completions)
+        counts["tokens"] += sum(len(c) for c in kwargs["completion_ids"])
+        rewards.append(sum(out) / len(out))
+        return out
+
+    model = AutoModelForCausalLM.from_pretrained(s["hf_dir"], dtype=torch.float32, attn_implementation="sdpa")
+    assert abs(_weights_sum(model) - s["weights_sum"]) < 1e-6 * s["weights_sum"], "different start weights"
+    # our scratch config says use_cache=False (packed training forwards need it); a pretrained model
+    # says True, and TRL's padded generate needs the KV cache to be fair: turn it back on
+    model.config.use_cache = True
+    model.generation_config.use_cache = True
+    model.generation_config.eos_token_id = _stop_ids(tokenizer)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    a, d = cfg.actor, cfg.data
+    steps_per_gen = d.train_batch_size // a.ppo_mini_batch_size
+    targs = GRPOConfig(
+        output_dir=str(out),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        seed=cfg.trainer.seed,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        logging_steps=10**6,
+        disable_tqdm=True,
+        log_level="error",
+        dataloader_pin_memory=False,
+        remove_unused_columns=False,
+        shuffle_dataset=False,
+        max_steps=iterations * steps_per_gen * a.ppo_epochs,
+        per_device_train_batch_size=a.ppo_mini_batch_size * cfg.rollout.n,
+        gradient_accumulation_steps=1,
+        steps_per_generation=steps_per_gen,
+        num_iterations=a.ppo_epochs,
+        num_generations=cfg.rollout.n,
+        max_completion_length=d.max_response_length,
+        temperature=cfg.rollout.temperature,
+        top_p=1.0,
+        top_k=0,
+        beta=a.kl_loss_coef if a.use_kl_loss else 0.0,
+        epsilon=a.clip_ratio,
+        loss_type="dapo",
+        scale_rewards="group" if cfg.algorithm.norm_adv_by_std_in_grpo else "none",
+        learning_rate=a.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=a.weight_decay,
+        max_grad_norm=a.grad_clip,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        optim="adamw_torch",
+        generation_kwargs={"use_cache": True},
+        mask_truncated_completions=False,
+        log_completions=False,
+    )
+    t0 = time.perf_counter()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=arithmetic_reward,
+        args=targs,
+        train_dataset=data,
+        processing_class=tokenizer,
+    )
+    build_s = time.perf_counter() - t0
+    torch.set_num_threads(_THREADS)
+
+    times: dict[str, float] = defaultdict(float)
+
+    def wrap(name: str, key: Callable[[], str] | None = None) -> None:
+        real = getattr(trainer, name)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                times[key() if key else name] += time.perf_counter() - t
+
+        setattr(trainer, name, timed)
+
+    wrap("_generate")
+    wrap("_calculate_rewards")
+    wrap(
+        "_get_per_token_logps_and_entropies",
+        lambda: "logps no-grad" if not torch.is_grad_enabled() else "logps with grad",
+    )
+    wrap("_generate_and_score_completions")
+    wrap("_prepare_inputs")
+    wrap("compute_loss")
+    wrap("training_step")
+
+    marks: dict[str, float] = {}
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
+            marks.setdefault("first", time.perf_counter())
+            marks["begin"] = time.perf_counter()
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            marks["last"] = time.perf_counter()
+            times["steps"] += marks["last"] - marks["begin"]
+
+    trainer.add_callback(Clock())
+    t0 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t0
+    loop_s = marks["last"] - marks["first"]
+    gen_score = times["_generate_and_score_completions"]
+    parts = {
+        "generate": times["_generate"],
+        "reward (reward function)": times["_calculate_rewards"],
+        "old + ref log-probs (no grad)": times["logps no-grad"],
+        "advantages + batch prep": gen_score
+        - times["_generate"]
+        - times["_calculate_rewards"]
+        - times["logps no-grad"],
+        "loss forward (compute_loss)": times["compute_loss"],
+        "backward": times["training_step"] - times["_prepare_inputs"] - times["compute_loss"],
+        "optimizer step + callbacks": times["steps"] - times["training_step"],
+        "input buffering": times["_prepare_inputs"] - gen_score,
+    }
+    parts["loop, between steps"] = loop_s - times["steps"]
+    return {
+        "loop_s": loop_s,
+        "init_s": build_s,
+        "train_s": train_s,
+        "samples": counts["samples"],
+        "tokens": counts["tokens"],
+        "parts": parts,
+        "score": rewards,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+
+_THREADS = 1
+
+
+def main() -> None:
+    global _THREADS
+    args = parse_args()
+    _THREADS = args.threads
+    torch.set_num_threads(args.threads)
+    import trl
+    import transformers
+
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}; "
+        f"CPU, fp32, {args.threads} thread(s)"
+    )
+    with tempfile.TemporaryDirectory(prefix="vs_trl-") as tmp:
+        root = Path(tmp)
+        s = setup(args, root)
+        print(
+            f"workload per iteration: {args.batch} prompts × {args.n} samples, ≤ {args.max_new_tokens} new "
+            f"tokens, {args.batch // args.mini} optimizer steps of {args.mini * args.n} samples, beta {args.beta}, "
+            f"lr {args.lr}; {args.iterations} iterations per run"
+        )
+        if not args.no_warmup:
+            t = time.perf_counter()
+            run_ours(s, 1, "warmup-ours")
+            run_trl(s, 1, root / "trl-warmup")
+            print(f"warm-up (1 iteration each, not counted): {time.perf_counter() - t:.1f} s")
+        results: dict[str, list[dict[str, Any]]] = {"ours": [], "trl": []}
+        for rep in range(args.repeats):
+            for side in ("ours", "trl") if rep % 2 == 0 else ("trl", "ours"):
+                if side == "ours":
+                    r = run_ours(s, args.iterations, f"ours-{rep}")
+                else:
+                    r = run_trl(s, args.iterations, root / f"trl-{rep}")
+                results[side].append(r)
+                print(
+                    f"  run {rep + 1} {side:>4}: {r['loop_s']:6.2f} s for {r['samples']} samples, "
+                    f"{r['tokens']} tokens → {r['samples'] / r['loop_s']:6.1f} samples/s, "
+                    f"{r['tokens'] / r['loop_s']:7.1f} tok/s (set-up not counted: {r['init_s']:.1f} s); "
+                    f"mean reward first/last iteration {r['score'][0]:.3f}/{r['score'][-1]:.3f}"
+                )
+        report(results, args)
+
+
+def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> None:
+    med = {}
+    for side, runs in results.items():
+        med[side] = {
+            "samples/s": statistics.median(r["samples"] / r["loop_s"] for r in runs),
+            "tok/s": statistics.median(r["tokens"] / r["loop_s"] for r in runs),
+            "s/iter": statistics.median(r["loop_s"] / args.iterations for r in runs),
+        }
+    print("\nmedian of the runs:")
+    for side, name in (("ours", "verl-flow"), ("trl", "TRL GRPOTrainer")):
+        m = med[side]
+        print(
+            f"  {name:<16} {m['samples/s']:7.1f} samples/s  {m['tok/s']:8.1f} generated tok/s  "
+            f"{m['s/iter']:.3f} s/iteration"
+        )
+    ratio = med["ours"]["samples/s"] / med["trl"]["samples/s"]
+    tok_ratio = med["ours"]["tok/s"] / med["trl"]["tok/s"]
+    print(
+        f"  ratio ours/TRL: {ratio:.2f}× samples/s, {tok_ratio:.2f}× generated tok/s (goal ≥ 2×: "
+        f"{'met' if ratio >= 2 else 'not met'})"
+    )
+    for side, name in (("ours", "verl-flow (stage .fn loop)"), ("trl", "TRL GRPOTrainer")):
+        runs = results[side]
+        print(f"\nwhere the time goes, {name} (mean s/iteration over {len(runs)} run(s), % of the loop):")
+        loop = statistics.mean(r["loop_s"] for r in runs)
+        for key in runs[0]["parts"]:
+            v = statistics.mean(r["parts"][key] for r in runs)
+            print(f"  {key:<36} {v / args.iterations:7.3f} s  {100 * v / loop:5.1f}%")
+        if side == "ours":
+            for key in runs[0]["detail"]:
+                v = statistics.mean(r["detail"][key] for r in runs)
+                print(f"    of which {key:<30} {v / args.iterations:7.3f} s")
+
+
+if __name__ == "__main__":
+    main()
