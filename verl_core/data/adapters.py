@@ -17,7 +17,6 @@ caller's mapping.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
