@@ -8,6 +8,7 @@ whose rollout/reward artifacts are committed are not sampled again (same seeds â
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +48,9 @@ def rl_loop(
     }
     start = init_rl_state(ctx, cfg, template_pack_uri, sft_uri)
     lineage = get_state(ctx).lineage
+    # trainer.total_epochs caps the iterations: each takes data.train_batch_size prompts
+    n_prompts = int(ctx.store().read_manifest(template_pack_uri).summary["rows"]["prompts_train"])
+    total = min(t.total_iterations, math.ceil(t.total_epochs * n_prompts / cfg.data.train_batch_size))
     val: dict[int, float] = {}
     timings = {"rollout": 0.0, "reward": 0.0, "update": 0.0, "validate": 0.0}
     try:
@@ -54,7 +58,7 @@ def rl_loop(
             with _timer(timings, "validate"):
                 val[0] = validate(ctx, cfg, template_pack_uri, 0)
         last_ckpt = None
-        for it in range(start, t.total_iterations):
+        for it in range(start, total):
             with _timer(timings, "rollout"):
                 r = rollout(ctx, cfg.data, cfg.rollout, template_pack_uri, it, lineage)
             with _timer(timings, "reward"):
@@ -62,15 +66,15 @@ def rl_loop(
             with _timer(timings, "update"):
                 ppo_update(ctx, cfg, r, w, it)
             done = it + 1
-            if t.test_freq and (done % t.test_freq == 0 or done == t.total_iterations):
+            if t.test_freq and (done % t.test_freq == 0 or done == total):
                 with _timer(timings, "validate"):
                     val[done] = validate(ctx, cfg, template_pack_uri, done)
-            if done == t.total_iterations or (t.save_freq and done % t.save_freq == 0):
+            if done == total or (t.save_freq and done % t.save_freq == 0):
                 last_ckpt = checkpoint(ctx, cfg, done)
             acc = f", val accuracy {val[done]:.3f}" if done in val else ""
-            logger.info("rl: iteration %d/%d done%s", done, t.total_iterations, acc)
+            logger.info("rl: iteration %d/%d done%s", done, total, acc)
         if last_ckpt is None:  # nothing left to run: the final checkpoint is already committed
-            last_ckpt = ctx.store().manifest_uri(ctx.run_id, f"ckpt/iter-{t.total_iterations:04d}")
+            last_ckpt = ctx.store().manifest_uri(ctx.run_id, f"ckpt/iter-{total:04d}")
     finally:
         drop_state(ctx.run_id)
     return {"checkpoint": last_ckpt, "val_accuracy": val, "timing_s": timings}

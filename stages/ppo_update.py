@@ -68,7 +68,6 @@ def ppo_update(
     full = make_ppo_batch(prompts, responses)
     mask = full.response_mask.to(state.device)  # (S, R)
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
-    budget = cfg.actor.ppo_max_token_len_per_gpu
     temp = cfg.rollout.temperature or 1.0
 
     # 3. Old log-probs, reference log-probs, values (no grad)
@@ -81,20 +80,22 @@ def ppo_update(
                 prompts,
                 responses,
                 lengths,
-                budget,
+                cfg.rollout.log_prob_max_token_len_per_gpu,
                 mask,
                 lambda b: response_log_probs(state.actor, b, temperature=temp)[0],
             )
     ref_logp = None
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         with _timer(timing, "ref"):
-            ref_logp = _forward(state, prompts, responses, lengths, budget, mask, _ref_fn(state, temp))
+            ref_budget = cfg.ref.log_prob_max_token_len_per_gpu
+            ref_logp = _forward(state, prompts, responses, lengths, ref_budget, mask, _ref_fn(state, temp))
     values = None
     if state.critic is not None:
         with _timer(timing, "values"):
             critic = state.critic
+            v_budget = cfg.critic.ppo_max_token_len_per_gpu
             values = _forward(
-                state, prompts, responses, lengths, budget, mask, lambda b: response_values(critic, b)
+                state, prompts, responses, lengths, v_budget, mask, lambda b: response_values(critic, b)
             )
 
     # 4. Token-level rewards (outcome score on the last token, KL in reward) and advantages
@@ -134,20 +135,19 @@ def ppo_update(
         _check_finite({**finite, "old_log_probs": old_logp})
 
     # 5. Critic, then actor: ppo_epochs passes over mini-batches of whole prompt groups
-    minibatches = _minibatches(
-        rollouts.column("group_id").to_pylist(),
-        cfg.actor.ppo_mini_batch_size,
-        cfg.actor.ppo_epochs,
-        cfg.trainer.seed + iteration,
-    )
+    group_ids = rollouts.column("group_id").to_pylist()
+    a, c = cfg.actor, cfg.critic
+    fixed = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
     horizon = float(cfg.data.max_response_length)
     step_metrics: dict[str, list[float]] = defaultdict(list)
     if state.critic is not None and state.critic_engine is not None and values is not None:
         with _timer(timing, "update_critic"):
-            for rows in minibatches:
+            for rows in _minibatches(
+                group_ids, c.ppo_mini_batch_size, c.ppo_epochs, cfg.trainer.seed + iteration
+            ):
                 norm = agg_norm_for(mask[rows], horizon=horizon)
                 stats = state.critic_engine.step(
-                    _micro(rows, lengths, budget),
+                    _micro(rows, lengths, c.ppo_max_token_len_per_gpu, fixed),
                     _critic_loss_fn(state, cfg, prompts, responses, values, adv.returns, norm, step_metrics),
                     where=f"ppo_update iteration {iteration} critic",
                 )
@@ -155,10 +155,12 @@ def ppo_update(
     if iteration >= cfg.trainer.critic_warmup:
         with _timer(timing, "update_actor"):
             spec = _actor_spec(cfg)
-            for rows in minibatches:
+            for rows in _minibatches(
+                group_ids, a.ppo_mini_batch_size, a.ppo_epochs, cfg.trainer.seed + iteration
+            ):
                 norm = agg_norm_for(mask[rows], horizon=horizon)
                 stats = state.actor_engine.step(
-                    _micro(rows, lengths, budget),
+                    _micro(rows, lengths, a.ppo_max_token_len_per_gpu, fixed),
                     _actor_loss_fn(
                         state,
                         spec,
@@ -202,8 +204,13 @@ class _timer:
         self.into[self.name] = self.into.get(self.name, 0.0) + time.perf_counter() - self.t0
 
 
-def _micro(rows: Sequence[int], lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Token-budget micro-batches (lists of sample rows) of one mini-batch."""
+def _micro(
+    rows: Sequence[int], lengths: Sequence[int], budget: int, fixed: int | None = None
+) -> list[list[int]]:
+    """Micro-batches (lists of sample rows) of one mini-batch: token-budget ones (verl's
+    ``use_dynamic_bsz``), or ``fixed`` samples each."""
+    if fixed is not None:
+        return [list(rows[i : i + fixed]) for i in range(0, len(rows), fixed)]
     parts = dynamic_micro_batches([lengths[r] for r in rows], max(budget, max(lengths[r] for r in rows)))
     return [[rows[i] for i in p] for p in parts]
 

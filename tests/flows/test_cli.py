@@ -23,7 +23,7 @@ def test_config_show_prints_resolved_yaml_with_overrides() -> None:
     resolved = yaml.safe_load(body)
     assert resolved["trainer"]["total_iterations"] == 3
     assert resolved["rollout"]["n"] == 8
-    assert resolved["actor"]["lr"] == 1e-4  # from the YAML file
+    assert resolved["actor"]["lr"] == 6e-5  # from the YAML file
     assert len(hash_line.strip()) == 64
 
 

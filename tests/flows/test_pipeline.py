@@ -27,6 +27,10 @@ def test_quickstart_pipeline_runs_and_rerun_skips(tmp_path: Path) -> None:
         "trainer.total_iterations=2",
         "trainer.test_freq=1",
         "trainer.save_freq=1",
+        "data.train_batch_size=8",
+        "rollout.n=4",
+        "actor.ppo_mini_batch_size=4",
+        "critic.ppo_mini_batch_size=4",
     ]
     args = ["run", QUICKSTART, f"store.url={tmp_path}", *small, "--run-id", "e2e"]
     first = runner.invoke(app, args)

@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 
 import flows.rl as rl_flow
+import stages.ppo_update as ppo_update_module
 from flows.rl import rl_loop
 from stages.preprocess import preprocess
 from stages.rl_state import list_checkpoints
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig
+from verl_core.reward.scoring import RewardError
 from verl_core.run import RunContext
 from verl_core.training.engine import NonFiniteError
 
@@ -139,17 +141,37 @@ def test_gae_trains_a_critic_and_checkpoints_it(prompts: tuple[Path, str]) -> No
         assert key in update.summary, key
 
 
-def test_non_finite_reward_stops_the_update_before_commit(prompts: tuple[Path, str]) -> None:
+def test_non_finite_reward_is_refused_and_nothing_after_it_commits(prompts: tuple[Path, str]) -> None:
     root, tp = prompts
     raw = CFG.model_dump()
     raw["reward"]["function"] = "tests.flows.rl_rewards:infinite"
     cfg = VerlFlowConfig.model_validate(raw)
     ctx = _ctx(root, "nonfinite")
-    # +inf passes the reward function's NaN check; the update names the tensor before any step
-    message = r"ppo_update: scores contains NaN/Inf \(before any optimizer step\)"
-    with pytest.raises(NonFiniteError, match=message):
+    # the reward stage refuses +inf, naming the row; nothing of that iteration is committed
+    with pytest.raises(
+        RewardError, match=r"row group_id=0, sample_index=0 .*returned inf, expected a finite"
+    ):
         rl_loop(ctx, cfg, tp, None)
     store = ctx.store()
-    assert store.committed("nonfinite", "iter-0000/reward") is not None  # the scores were written…
-    assert store.committed("nonfinite", "iter-0000/update") is None  # …the update was not
+    assert store.committed("nonfinite", "iter-0000/reward") is None
+    assert store.committed("nonfinite", "iter-0000/update") is None
     assert list_checkpoints(store, "nonfinite") == []
+
+
+def test_non_finite_scores_stop_the_update_before_commit(
+    prompts: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # scores that reach the update stage non-finite (e.g. from a reward artifact written elsewhere):
+    # the update names the tensor before any optimizer step
+    root, tp = prompts
+    real = ppo_update_module.token_rewards
+    monkeypatch.setattr(ppo_update_module, "token_rewards", lambda s, m: real(s * float("inf"), m))
+    ctx = _ctx(root, "nonfinite-update")
+    with pytest.raises(
+        NonFiniteError, match=r"ppo_update: .* contains NaN/Inf \(before any optimizer step\)"
+    ):
+        rl_loop(ctx, CFG, tp, None)
+    store = ctx.store()
+    assert store.committed("nonfinite-update", "iter-0000/reward") is not None
+    assert store.committed("nonfinite-update", "iter-0000/update") is None
+    assert list_checkpoints(store, "nonfinite-update") == []

@@ -102,8 +102,8 @@ def _as_score(value: Any) -> float:
         out = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"returned {value!r}, expected a number") from None
-    if math.isnan(out):
-        raise ValueError("returned NaN")
+    if not math.isfinite(out):
+        raise ValueError(f"returned {out}, expected a finite number")
     return out
 
 

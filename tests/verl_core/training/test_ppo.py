@@ -271,4 +271,4 @@ def test_critic_loss_by_hand_without_clipping() -> None:
         norm=agg_norm_for(batch.response_mask),
     )
     # ½ · (1² + 3² + 2²) / 3 = ½ · 14 / 3 = 7/3
-    assert float(loss) == pytest.approx(7 / 3, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(7 / 3, rel=1e-5)
