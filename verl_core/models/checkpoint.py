@@ -24,8 +24,18 @@ def model_files(model: nn.Module, tokenizer: Any | None = None) -> dict[str, byt
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    # training keeps use_cache off (packed forwards need it off); a saved model is for generation too,
+    # where the KV cache is ~7x faster, so the file says on (our loaders turn it off again)
+    config = getattr(model, "config", None)
+    use_cache = getattr(config, "use_cache", None)
     with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+        if config is not None:
+            config.use_cache = True
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+        finally:
+            if config is not None:
+                config.use_cache = use_cache
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
