@@ -75,6 +75,9 @@ def rl_loop(
             logger.info("rl: iteration %d/%d done%s", done, total, acc)
         if last_ckpt is None:  # nothing left to run: the final checkpoint is already committed
             last_ckpt = ctx.store().manifest_uri(ctx.run_id, f"ckpt/iter-{total:04d}")
+        for m in ctx.store().list_manifests(ctx.run_id):  # validations of earlier (resumed) runs
+            if m.stage.endswith("/val") and m.summary.get("iteration_lineage", lineage) == lineage:
+                val.setdefault(int(m.stage[len("iter-") : -len("/val")]), float(m.summary["accuracy"]))
     finally:
         drop_state(ctx.run_id)
     return {"checkpoint": last_ckpt, "val_accuracy": val, "timing_s": timings}

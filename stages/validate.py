@@ -73,6 +73,6 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
     }
     stage.write_table("rollouts.parquet", rollouts, "rollouts")
     stage.write_table("rewards.parquet", rewards_table(batch, result), "rewards")
-    stage.commit(summary={"accuracy": accuracy, **metrics})
+    stage.commit(summary={"accuracy": accuracy, "iteration_lineage": state.lineage, **metrics})
     ctx.tracker().log_metrics(metrics, step=iteration)
     return accuracy
