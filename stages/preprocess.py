@@ -12,12 +12,12 @@ Bad rows are dropped and counted (``data.strict``: fail on the first, naming fil
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pyarrow as pa
 from prefect import task
 
+from stages.progress import stage_logger
 from verl_core.config import DataConfig
 from verl_core.data import (
     CleaningReport,
@@ -40,7 +40,7 @@ STAGE = "preprocess"
 @task(name="preprocess")
 def preprocess(ctx: RunContext, data: DataConfig) -> str:
     """Build the prompt and SFT tables of the run from ``data``; returns the manifest URI."""
-    log = stage_logger()
+    log = stage_logger(__name__)
     store = ctx.store()
     # 1. Skip when committed with the same inputs
     stage = store.open_stage(ctx.run_id, STAGE, params=data.model_dump(mode="json"))
@@ -161,13 +161,3 @@ def _summary(
         "dropped_total": sum(s["dropped_total"] for s in splits.values()),
         "splits": splits,
     }
-
-
-def stage_logger() -> Any:
-    """Prefect's run logger inside a flow/task run, the module logger outside one."""
-    try:
-        from prefect import get_run_logger
-
-        return get_run_logger()
-    except Exception:  # prefect raises MissingContextError outside a run
-        return logging.getLogger(__name__)

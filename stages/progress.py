@@ -1,12 +1,24 @@
-"""A rich progress bar for long stage loops when a terminal is attached (silent otherwise: the
-stage logs its figures every few steps either way)."""
+"""Console feedback for stages: the run logger, and a rich progress bar for long loops when a
+terminal is attached (silent otherwise: stages log their figures every few steps either way)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Any, Protocol
+
+
+def stage_logger(name: str = "verl_flow") -> Any:
+    """Prefect's run logger inside a flow/task run (shown in the UI), a standard logger outside one."""
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(name)
 
 
 class Advance(Protocol):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from prefect import task
 
-from stages.preprocess import stage_logger
+from stages.progress import stage_logger
 from verl_core.algorithms.registry import Registry
 from verl_core.config import RewardConfig
 from verl_core.errors import DataError
@@ -48,7 +48,7 @@ def reward(
     ctx: RunContext, cfg: RewardConfig, rollout_uri: str, iteration: int, max_response_length: int
 ) -> str:
     """Score the rollouts at ``rollout_uri``; returns the reward stage's manifest URI."""
-    log = stage_logger()
+    log = stage_logger(__name__)
     store = ctx.store()
     # 1. Skip when committed with the same inputs
     params = {"reward": cfg.model_dump(mode="json"), "max_response_length": max_response_length}

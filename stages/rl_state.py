@@ -12,7 +12,6 @@ controller, RNG states and the iteration; the last ``trainer.max_ckpt_to_keep`` 
 from __future__ import annotations
 
 import hashlib
-import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ import torch
 from torch import nn
 
 from stages.models import build_policy, read_policy, write_policy
+from stages.progress import stage_logger
 from stages.template_pack import load_tokenizer
 from verl_core.algorithms import KLController, make_kl_controller
 from verl_core.config import VerlFlowConfig, canonical_json
@@ -42,7 +42,6 @@ from verl_core.store import ArtifactStore, Manifest
 from verl_core.training.engine import OptimSpec, SingleStrategy, TrainEngine
 
 CKPT_RE = re.compile(r"^ckpt/iter-(\d{4,})$")
-log = logging.getLogger("verl_flow.rl")
 
 
 @dataclass
@@ -141,7 +140,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         kl_ctrl.load_state_dict(state["kl_ctrl"])
         set_rng_state(state["rng"])
         version = int(state["iteration"])
-        log.info("rl: resumed from checkpoint at iteration %d", version)
+        stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
     engine = make_engine(cfg.rollout.name, lm, tokenizer, **_engine_kwargs(cfg))
     _STATES[ctx.run_id] = RLState(
         ctx.run_id,

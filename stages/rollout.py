@@ -8,7 +8,6 @@ sees the same prompts (a resumed run included). Sampling is seeded by (rollout.s
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
@@ -21,8 +20,6 @@ from verl_core.config import DataConfig, RolloutConfig
 from verl_core.errors import DataError
 from verl_core.rollout import Completion, SamplingParams
 from verl_core.run import RunContext
-
-log = logging.getLogger("verl_flow.rollout")
 
 
 def iteration_stage(iteration: int, name: str) -> str:

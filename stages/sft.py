@@ -10,7 +10,6 @@ continues from it and ends with the same weights as an uninterrupted run.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +20,7 @@ import torch
 from prefect import task
 
 from stages.models import build_policy, read_policy, write_policy
-from stages.progress import progress
+from stages.progress import progress, stage_logger
 from stages.template_pack import load_tokenizer
 from verl_core.config import ModelConfig, SFTConfig, TrainerConfig
 from verl_core.data.packing import PackedBatch, dynamic_micro_batches, pack
@@ -42,7 +41,7 @@ def sft_warmup(
     ctx: RunContext, model: ModelConfig, sft: SFTConfig, trainer: TrainerConfig, template_pack_uri: str
 ) -> str:
     """Fine-tune the initial policy on the SFT split; returns the stage's manifest URI."""
-    log = _logger()
+    log = stage_logger(__name__)
     store = ctx.store()
     # 1. Skip when committed with the same inputs
     params = {
@@ -150,16 +149,6 @@ def sft_warmup(
     uri = stage.commit(summary=report)
     log.info("sft: done, val loss %.4f", final_val)
     return uri
-
-
-def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
-    from prefect import get_run_logger
-    from prefect.exceptions import MissingContextError
-
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger("verl_flow.sft")
 
 
 def _loss_fn(engine: TrainEngine, num_loss_tokens: int) -> Callable[[PackedBatch], torch.Tensor]:

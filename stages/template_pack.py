@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 from prefect import task
 
-from stages.preprocess import stage_logger
+from stages.progress import stage_logger
 from verl_core.config import DataConfig, ModelConfig
 from verl_core.data import (
     ChatFormat,
@@ -56,7 +56,7 @@ def template_pack(ctx: RunContext, data: DataConfig, model: ModelConfig, preproc
     stage = store.open_stage(
         ctx.run_id, STAGE, params=_params(data, model), inputs={"preprocess": preprocess_uri}
     )
-    log = stage_logger()
+    log = stage_logger(__name__)
     if stage.done:
         log.info("template_pack: already committed, skipping (%s)", stage.manifest_uri)
         return stage.manifest_uri
