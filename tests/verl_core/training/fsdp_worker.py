@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch import nn
 
 from verl_core.data.packing import pack
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
@@ -27,16 +30,21 @@ def batch() -> tuple[list[list[int]], list[list[int]]]:
     return seqs, masks
 
 
-def train(strategy: Strategy, shard: list[int] | None = None) -> list[float]:
+OPTIM = OptimSpec(
+    lr=1e-2, weight_decay=0.01, warmup_steps=1, total_steps=STEPS, scheduler="cosine", grad_clip=1.0
+)
+
+
+def with_strategy(strategy: Strategy) -> Callable[[nn.Module, OptimSpec], Any]:
+    """An engine factory for :func:`train`: our TrainEngine on ``strategy``."""
+    return lambda model, optim: TrainEngine(model, optim, strategy)
+
+
+def train(make_engine: Callable[[nn.Module, OptimSpec], Any], shard: list[int] | None = None) -> list[float]:
+    """STEPS optimizer steps of SFT on a fixed batch (this rank's ``shard`` of it); the losses."""
     spec = ScratchSpec("qwen2", 32, 2, 4, 2, 64, 64)
     model = init_causal_lm(scratch_config(spec, 64, eos_token_id=0, pad_token_id=0), seed=0)
-    engine = TrainEngine(
-        PackedCausalLM(model),
-        OptimSpec(
-            lr=1e-2, weight_decay=0.01, warmup_steps=1, total_steps=STEPS, scheduler="cosine", grad_clip=1.0
-        ),
-        strategy,
-    )
+    engine = make_engine(PackedCausalLM(model), OPTIM)
     seqs, masks = batch()
     n_tokens = count_loss_tokens(masks)  # global normaliser, all ranks
     idx = shard if shard is not None else list(range(len(seqs)))
@@ -63,7 +71,7 @@ def main() -> None:
 
     rank, world = init_distributed("cpu")
     seqs, _ = batch()
-    losses = train(FSDP2Strategy("cpu"), rank_shard([len(s) for s in seqs], rank, world))
+    losses = train(with_strategy(FSDP2Strategy("cpu")), rank_shard([len(s) for s in seqs], rank, world))
     if rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump({"losses": losses, "world_size": world}, f)
@@ -71,7 +79,7 @@ def main() -> None:
 
 
 def single() -> list[float]:
-    return train(SingleStrategy("cpu"))
+    return train(with_strategy(SingleStrategy("cpu")))
 
 
 if __name__ == "__main__":
