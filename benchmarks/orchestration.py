@@ -63,6 +63,7 @@ from verl_core.env import set_quiet_env  # noqa: E402
 set_quiet_env(offline=True)
 
 import torch  # noqa: E402
+from _setup import base_overrides, build_inputs  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -81,36 +82,19 @@ def parse_args() -> argparse.Namespace:
 
 
 def setup(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    from stages.preprocess import preprocess
-    from stages.sft import sft_warmup
-    from stages.template_pack import template_pack
     from verl_core.config import load_config
-    from verl_core.run import start_run
 
     overrides = [
-        f"store.url={root / 'store'}",
-        "tracking.enabled=false",
-        "trainer.device=cpu",
-        "trainer.resume_mode=disable",
-        f"trainer.total_iterations={args.iterations}",
-        "trainer.test_freq=0",
+        *base_overrides(root, args.iterations, args.sft_steps),
         "trainer.val_before_train=false",
         "trainer.save_freq=0",
-        "data.arithmetic_val_size=20",
-        f"sft.enable={'true' if args.sft_steps else 'false'}",
-        f"sft.max_steps={max(args.sft_steps, 1)}",
-        f"sft.save_every={max(args.sft_steps, 1)}",
-        "sft.val_every=0",
         *args.overrides,
     ]
     cfg = load_config(args.config, overrides)
     if cfg.use_critic or cfg.algorithm.use_kl_in_reward:
         raise SystemExit("the bare loop implements the critic-free update without KL-in-reward only")
-    ctx = start_run(cfg, "setup")
     t0 = time.perf_counter()
-    pre = preprocess.fn(ctx, cfg.data)
-    tp = template_pack.fn(ctx, cfg.data, cfg.model, pre)
-    sft = sft_warmup.fn(ctx, cfg.model, cfg.sft, cfg.trainer, tp) if args.sft_steps else None
+    _, tp, sft = build_inputs(cfg)
     print(
         f"set-up (preprocess + template_pack + sft {args.sft_steps} steps): {time.perf_counter() - t0:.1f} s"
     )

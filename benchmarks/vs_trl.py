@@ -87,6 +87,7 @@ set_quiet_env(offline=True)
 warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' gradient_checkpointing rename
 
 import torch  # noqa: E402
+from _setup import base_overrides, build_inputs  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -116,21 +117,12 @@ def parse_args() -> argparse.Namespace:
 
 def setup(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from stages.models import build_policy, read_policy
-    from stages.preprocess import preprocess
-    from stages.sft import sft_warmup
-    from stages.template_pack import load_tokenizer, template_pack
+    from stages.template_pack import load_tokenizer
     from verl_core.config import load_config
-    from verl_core.run import start_run
 
     overrides = [
-        f"store.url={root / 'store'}",
-        "tracking.enabled=false",
-        "trainer.device=cpu",
-        "trainer.resume_mode=disable",
-        f"trainer.total_iterations={args.iterations}",
-        "trainer.test_freq=0",
+        *base_overrides(root, args.iterations, args.sft_steps),
         f"data.arithmetic_train_size={args.train_size}",
-        "data.arithmetic_val_size=20",
         f"data.train_batch_size={args.batch}",
         f"data.max_response_length={args.max_new_tokens}",
         f"rollout.n={args.n}",
@@ -147,18 +139,11 @@ def setup(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "algorithm.adv_estimator=grpo",
         "algorithm.norm_adv_by_std_in_grpo=true",
         "algorithm.use_kl_in_reward=false",
-        f"sft.enable={'true' if args.sft_steps else 'false'}",
-        f"sft.max_steps={max(args.sft_steps, 1)}",
-        f"sft.save_every={max(args.sft_steps, 1)}",
-        "sft.val_every=0",
     ]
     cfg = load_config(REPO / "configs" / "quickstart_grpo.yaml", overrides)
-    ctx = start_run(cfg, "setup")
-    store = ctx.store()
     t0 = time.perf_counter()
-    pre = preprocess.fn(ctx, cfg.data)
-    tp = template_pack.fn(ctx, cfg.data, cfg.model, pre)
-    sft = sft_warmup.fn(ctx, cfg.model, cfg.sft, cfg.trainer, tp) if args.sft_steps else None
+    ctx, tp, sft = build_inputs(cfg)
+    store = ctx.store()
     tokenizer = load_tokenizer(store, tp)
     if sft:
         lm = read_policy(store, store.read_manifest(sft), "policy", cfg.model)
