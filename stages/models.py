@@ -88,9 +88,21 @@ def write_policy(stage: StageWriter, prefix: str, lm: nn.Module, tokenizer: Any,
     for name, data in model_files(lm, tokenizer).items():
         stage.write_bytes(f"{prefix}/{name}", data)
     if model.lora_rank > 0 and model.init == "scratch":
-        for name, data in model_files(unwrap(lm), None).items():
-            if name != "adapter_config.json" and not name.startswith("adapter_model"):
-                stage.write_bytes(f"{prefix}-base/{name}", data)
+        for name, data in model_files(_plain_base(lm), None).items():
+            stage.write_bytes(f"{prefix}-base/{name}", data)
+
+
+def _plain_base(lm: nn.Module) -> nn.Module:
+    """The frozen base of a PEFT model as a plain HF model. ``get_base_model()`` still holds the
+    injected LoRA layers, whose weights are named ``...base_layer.weight``: saved as is, they would
+    not load back into the architecture (the base would be silently re-initialised)."""
+    from transformers import AutoModelForCausalLM
+
+    base = unwrap(lm)
+    weights = {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items() if "lora_" not in k}
+    plain = AutoModelForCausalLM.from_config(base.config, dtype=base.dtype)
+    plain.load_state_dict(weights, strict=True)
+    return plain
 
 
 def read_policy(store: ArtifactStore, manifest: Manifest, prefix: str, model: ModelConfig) -> nn.Module:

@@ -105,6 +105,10 @@ class DataConfig(Section):
     pack_algorithm: Literal["ffd", "bfd"] = _f("bfd", "Bin packing: first-fit or best-fit decreasing")
     shuffle: bool = _f(True, "Shuffle the prompt set every epoch")
     seed: int = _f(1, "Seed for data generation, splitting and shuffling")
+    snapshot_prefix: str | None = _f(
+        None,
+        "Directory of dated snapshots (YYYY-MM-DD/...): train_files/val_files are read from the newest one",
+    )
 
     @field_validator("ground_truth_regex")
     @classmethod
@@ -354,12 +358,39 @@ class TrackingConfig(Section):
     log_samples: NonNegInt = _f(8, "Sample completions logged per iteration")
 
 
+class ExportConfig(Section):
+    enable: bool = _f(True, "Export the final policy as a merged HF model dir after RL (pipeline stage)")
+    register_model: bool = _f(True, "Register the exported model in the MLflow model registry")
+    registered_model_name: str | None = _f(
+        None, "MLflow registered model name (None: '{trainer.project_name}-{trainer.experiment_name}')"
+    )
+
+
+class EvalConfig(Section):
+    enable: bool = _f(True, "Evaluate the exported policy as the pipeline's last stage")
+    max_samples: NonNegInt = _f(0, "Evaluate at most this many held-out prompts (0: all)")
+    k: PositiveInt = _f(4, "Sampled responses per prompt for pass@k (k=1 skips sampling)")
+    temperature: PositiveFloat = _f(1.0, "Temperature of the pass@k samples (the greedy pass uses 0)")
+    top_p: float = _f(1.0, "Nucleus sampling mass of the pass@k samples", gt=0, le=1)
+    seed: int = _f(1, "Sampling seed of the pass@k samples")
+    table_rows: NonNegInt = _f(20, "Sample completions shown in the Prefect/MLflow table artifact")
+
+
 class ExecutionConfig(Section):
     mode: Literal["local", "deployments"] = _f(
         "local", "local: one process, no server; deployments: GPU stages on the gpu work pool"
     )
     cpu_pool: str = _f("cpu", "Prefect work pool of the pipeline and CPU stages")
     gpu_pool: str = _f("gpu", "Prefect work pool of the GPU stages")
+    shared_filesystem: bool = _f(
+        False,
+        "deployments: local paths (a file:// store, a sqlite tracking URI) are on a filesystem every "
+        "worker mounts at the same path",
+    )
+    sft_deployment: str = _f("sft-warmup/gpu", "deployments: the SFT warm-up flow's deployment (flow/name)")
+    rl_deployment: str = _f("rl-train/gpu", "deployments: the RL loop flow's deployment (flow/name)")
+    export_deployment: str = _f("export-model/gpu", "deployments: the export flow's deployment (flow/name)")
+    poll_interval_s: PositiveFloat = _f(5.0, "deployments: seconds between checks of a dispatched flow run")
     task_retries: NonNegInt = _f(2, "Prefect retries of I/O-bound stage tasks")
     retry_delay_s: NonNegFloat = _f(5.0, "Seconds between task retries")
 
@@ -379,6 +410,8 @@ class VerlFlowConfig(Section):
     trainer: TrainerConfig = _f(TrainerConfig(), "The RL loop, checkpoints, seeds")
     store: StoreConfig = _f(StoreConfig(), "Artifact store")
     tracking: TrackingConfig = _f(TrackingConfig(), "MLflow tracking")
+    export: ExportConfig = _f(ExportConfig(), "Merged HF model export and registry")
+    eval: EvalConfig = _f(EvalConfig(), "Evaluation of the exported policy")
     execution: ExecutionConfig = _f(ExecutionConfig(), "Where stages run")
 
     @model_validator(mode="after")
@@ -395,6 +428,8 @@ class VerlFlowConfig(Section):
                 f"actor.ppo_mini_batch_size: {self.actor.ppo_mini_batch_size} must divide "
                 f"data.train_batch_size ({self.data.train_batch_size})"
             )
+        if self.execution.mode == "deployments":
+            _check_shared_locations(self)
         return self
 
     @property
@@ -407,6 +442,37 @@ class VerlFlowConfig(Section):
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the resolved config."""
         return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
+
+
+def _check_shared_locations(cfg: VerlFlowConfig) -> None:
+    """In deployments mode stages run in other processes, possibly on other machines, and meet only
+    through the store (and MLflow): refuse locations only this machine can see, unless the user says
+    they are on a shared filesystem."""
+    url = cfg.store.url
+    scheme = url.split("://", 1)[0] if "://" in url else "file"
+    if scheme == "memory":
+        raise ValueError(
+            f"store.url: {url!r} lives inside one process; execution.mode=deployments needs a store "
+            "every worker can reach (s3://bucket/prefix)"
+        )
+    if scheme == "file" and not cfg.execution.shared_filesystem:
+        raise ValueError(
+            f"store.url: {url!r} is local to this machine; execution.mode=deployments needs a store "
+            "every worker can reach (s3://bucket/prefix), or execution.shared_filesystem=true if it is "
+            "a shared mount"
+        )
+    uri = cfg.tracking.uri
+    if (
+        cfg.tracking.enabled
+        and not cfg.execution.shared_filesystem
+        and (uri is None or "://" not in uri or uri.startswith(("sqlite:", "file:")))
+    ):
+        given = "not set (the default is a sqlite file beside the store)" if uri is None else repr(uri)
+        raise ValueError(
+            f"tracking.uri: {given} is a local MLflow store; execution.mode=deployments needs an MLflow "
+            "server every worker can reach (http://...), or execution.shared_filesystem=true if it is a "
+            "shared mount"
+        )
 
 
 def canonical_json(obj: Any) -> str:

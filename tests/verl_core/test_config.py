@@ -40,8 +40,25 @@ def test_every_field_has_a_default_and_a_description() -> None:
 def test_sections_named_as_verl_users_know_them() -> None:
     assert list(VerlFlowConfig.model_fields) == [
         "data", "model", "sft", "actor", "critic", "ref", "rollout", "reward",
-        "algorithm", "trainer", "store", "tracking", "execution",
+        "algorithm", "trainer", "store", "tracking", "export", "eval", "execution",
     ]  # fmt: skip
+
+
+def test_deployments_mode_refuses_stores_other_workers_cannot_see() -> None:
+    deploy = ["execution.mode=deployments", "tracking.uri=http://mlflow.internal:5000"]
+    with pytest.raises(
+        ConfigError, match=r"^store.url: '/tmp/runs' is local to this machine; .*shared_filesystem"
+    ):
+        load_config(None, [*deploy, "store.url=/tmp/runs"])
+    with pytest.raises(ConfigError, match=r"^store.url: 'memory://x' lives inside one process"):
+        load_config(None, [*deploy, "store.url=memory://x"])
+    with pytest.raises(ConfigError, match=r"^tracking.uri: not set \(the default is a sqlite file"):
+        load_config(None, ["execution.mode=deployments", "store.url=s3://b/p"])
+    assert load_config(None, [*deploy, "store.url=s3://b/p"]).execution.mode == "deployments"
+    shared = load_config(
+        None, ["execution.mode=deployments", "execution.shared_filesystem=true", "store.url=/mnt/nfs/runs"]
+    )
+    assert shared.store.url == "/mnt/nfs/runs" and shared.tracking.uri is None
 
 
 def test_yaml_and_overrides_with_coercion(tmp_path: Path) -> None:

@@ -1,0 +1,227 @@
+"""Export stage (verl's model merger): a policy version of a run → one self-contained HF model dir.
+
+Reads a policy checkpoint of the run (``ckpt/iter-XXXX`` of the RL loop, or the ``sft`` stage),
+merges LoRA adapters into the base (``merge_and_unload``), and writes under the stage
+``export/iter-XXXX`` (``export/sft`` for the SFT policy)::
+
+    model/model.safetensors, model/config.json         weights and config (use_cache on)
+    model/tokenizer.json, model/tokenizer_config.json  the run's tokenizer, chat template included
+    model/chat_template.jinja                          (as transformers saves it)
+    model/generation_config.json                       eos = end of turn, the run's sampling defaults
+
+so that ``AutoModelForCausalLM.from_pretrained(dir)`` reproduces the training policy's logits and
+``VLLMEngine(model=dir)`` / ``vllm serve dir`` can serve it. The directory is registered in the MLflow
+model registry with lineage tags (run id, iteration, config hash, data manifest hash).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from torch import nn
+
+from stages.models import read_policy
+from stages.progress import stage_logger
+from stages.rl_state import ckpt_stage, list_checkpoints
+from stages.template_pack import load_tokenizer
+from verl_core.config import VerlFlowConfig
+from verl_core.errors import ArtifactNotFoundError, ConfigError
+from verl_core.models.checkpoint import model_files
+from verl_core.run import RunContext
+from verl_core.store import ArtifactStore, Manifest, storage_options
+
+MODEL_PREFIX = "model"
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """Which policy version is exported: a checkpoint stage (``iteration`` = its RL iteration) or the
+    SFT policy (``iteration`` = 0, before any RL update)."""
+
+    stage: str
+    iteration: int
+    manifest_uri: str
+
+
+def export_stage(source: ExportSource) -> str:
+    return "export/sft" if source.stage == "sft" else f"export/iter-{source.iteration:04d}"
+
+
+def resolve_source(store: ArtifactStore, run_id: str, iteration: int | None) -> ExportSource:
+    """The checkpoint of ``iteration`` (None: the latest; 0 without a checkpoint at 0: the SFT
+    policy). A clear error lists what the run has."""
+    available = list_checkpoints(store, run_id)
+    wanted = iteration if iteration is not None else (available[-1] if available else None)
+    if wanted is not None and wanted in available:
+        return ExportSource(ckpt_stage(wanted), wanted, store.manifest_uri(run_id, ckpt_stage(wanted)))
+    if wanted in (None, 0) and store.committed(run_id, "sft") is not None:
+        return ExportSource("sft", 0, store.manifest_uri(run_id, "sft"))
+    have = ", ".join(map(str, available)) or "none"
+    raise ArtifactNotFoundError(
+        f"--iteration: run {run_id!r} has no policy checkpoint at iteration {wanted} "
+        f"(checkpoints: {have}; the SFT policy is exported with --iteration 0)"
+    )
+
+
+@task(name="export", retries=0)
+def export_model(ctx: RunContext, cfg: VerlFlowConfig, iteration: int | None = None) -> str:
+    """Merge and export a policy version of the run; returns the export stage's manifest URI."""
+    log = stage_logger(__name__)
+    store = ctx.store()
+    # 1. Source checkpoint and tokenizer; skip when this very checkpoint was exported already
+    source = resolve_source(store, ctx.run_id, iteration)
+    tp_uri = store.manifest_uri(ctx.run_id, "template_pack")
+    params = {
+        "iteration": source.iteration,
+        "model": cfg.model.model_dump(mode="json"),
+        "generation": _generation_params(cfg),
+    }
+    stage = store.open_stage(
+        ctx.run_id, export_stage(source), params=params, inputs={"policy": source.manifest_uri}
+    )
+    if stage.done:
+        log.info("export: %s already exported (%s)", source.stage, stage.manifest_uri)
+        return stage.manifest_uri
+
+    # 2. Load the policy as it was trained, merge LoRA into the base
+    policy = read_policy(store, store.read_manifest(source.manifest_uri), "policy", cfg.model)
+    merged = merge_policy(policy)
+    tokenizer = load_tokenizer(store, tp_uri)
+
+    # 3. Files: HF dir with tokenizer, chat template and generation config
+    files = model_files(merged, tokenizer)
+    files["generation_config.json"] = _generation_config(tokenizer, cfg).to_json_string().encode()
+    for name, data in sorted(files.items()):
+        stage.write_bytes(f"{MODEL_PREFIX}/{name}", data)
+
+    # 4. Lineage, commit, register
+    lineage = {
+        "verl_flow.run_id": ctx.run_id,
+        "verl_flow.iteration": str(source.iteration),
+        "verl_flow.source_stage": source.stage,
+        "verl_flow.config_hash": ctx.config_hash,
+        "verl_flow.data_manifest_sha256": store.manifest_sha256(store.manifest_uri(ctx.run_id, "preprocess")),
+        "verl_flow.policy_manifest_sha256": store.manifest_sha256(source.manifest_uri),
+    }
+    summary: dict[str, Any] = {"source": source.stage, "iteration": source.iteration, "lineage": lineage}
+    if cfg.export.register_model and ctx.tracking_uri and ctx.mlflow_run_id:
+        name = cfg.export.registered_model_name or f"{cfg.trainer.project_name}-{cfg.trainer.experiment_name}"
+        summary["registered_model"] = register_model(ctx, files, export_stage(source), name, lineage)
+    uri = stage.commit(summary=summary)
+    log.info("export: %s → %s", source.stage, uri)
+    return uri
+
+
+def merge_policy(policy: nn.Module) -> nn.Module:
+    """The plain HF model: LoRA adapters merged into the base weights (PEFT ``merge_and_unload``),
+    the model itself otherwise; in eval mode."""
+    merge = getattr(policy, "merge_and_unload", None)
+    model = merge() if callable(merge) else policy
+    return model.eval()
+
+
+def _generation_params(cfg: VerlFlowConfig) -> dict[str, Any]:
+    r = cfg.rollout
+    return {
+        "max_new_tokens": cfg.data.max_response_length,
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "top_k": r.top_k,
+    }
+
+
+def _generation_config(tokenizer: Any, cfg: VerlFlowConfig) -> Any:
+    """Sampling defaults of the run's rollouts; generation stops at eos or the end-of-turn token
+    (as the rollout engine does)."""
+    from transformers import GenerationConfig
+
+    from verl_core.data.tokenizer import IM_END
+
+    stop = [int(tokenizer.eos_token_id)] if tokenizer.eos_token_id is not None else []
+    im_end = tokenizer.get_vocab().get(IM_END)
+    if im_end is not None and int(im_end) not in stop:
+        stop.append(int(im_end))
+    g = _generation_params(cfg)
+    sampled = g["temperature"] > 0
+    return GenerationConfig(
+        eos_token_id=stop,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        max_new_tokens=g["max_new_tokens"],
+        do_sample=sampled,
+        temperature=g["temperature"] if sampled else None,
+        top_p=g["top_p"] if sampled else None,
+        top_k=g["top_k"] if sampled and g["top_k"] > 0 else None,
+    )
+
+
+def register_model(
+    ctx: RunContext, files: dict[str, bytes], artifact_path: str, name: str, tags: dict[str, str]
+) -> dict[str, str]:
+    """Log the model dir as artifacts of the run's MLflow run and register it as a new version of
+    ``name``; returns ``{"name", "version", "source"}``."""
+    from mlflow.tracking import MlflowClient
+
+    assert ctx.tracking_uri is not None and ctx.mlflow_run_id is not None
+    client = MlflowClient(tracking_uri=ctx.tracking_uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        for file_name, data in files.items():
+            (Path(tmp) / file_name).write_bytes(data)
+        client.log_artifacts(ctx.mlflow_run_id, tmp, artifact_path)
+    if not client.search_registered_models(filter_string=f"name = '{name}'"):
+        client.create_registered_model(name, description="verl-flow exported policies")
+    source = f"runs:/{ctx.mlflow_run_id}/{artifact_path}"
+    version = client.create_model_version(name, source=source, run_id=ctx.mlflow_run_id, tags=tags)
+    client.set_tag(ctx.mlflow_run_id, "verl_flow.registered_model", f"{name}/{version.version}")
+    return {"name": name, "version": str(version.version), "source": source}
+
+
+def copy_export(store: ArtifactStore, manifest: Manifest, dest: str) -> str:
+    """Copy a committed export's model dir to ``dest`` (a local directory or an fsspec URL); returns
+    the destination. A local destination appears complete or not at all (written beside, renamed)."""
+    names = [f.name for f in manifest.files if f.name.startswith(MODEL_PREFIX + "/")]
+    if "://" in dest and not dest.startswith("file://"):
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(dest, **storage_options(dest))
+        if fs.exists(posixpath.join(root, "config.json")):
+            raise ConfigError(f"--to: {dest} already holds a model (config.json); choose another place")
+        # config.json last: a reader that waits for it never sees a partial model
+        for name in sorted(names, key=lambda n: n.endswith("/config.json")):
+            rel = name[len(MODEL_PREFIX) + 1 :]
+            fs.pipe_file(posixpath.join(root, rel), store.read_bytes(manifest, name))
+        return dest
+    target = Path(re.sub(r"^file://", "", dest)).expanduser().resolve()
+    if target.exists() and any(target.iterdir()):
+        raise ConfigError(f"--to: {target} exists and is not empty; choose a new directory")
+    partial = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:8]}"
+    partial.mkdir(parents=True)
+    try:
+        for name in names:
+            (partial / name[len(MODEL_PREFIX) + 1 :]).write_bytes(store.read_bytes(manifest, name))
+        if target.exists():
+            target.rmdir()
+        os.replace(partial, target)
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial)
+    return str(target)
+
+
+def materialise_export(store: ArtifactStore, manifest: Manifest, directory: str | Path) -> Path:
+    """Write a committed export's model files into ``directory`` (for loading with transformers)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in manifest.files:
+        if f.name.startswith(MODEL_PREFIX + "/"):
+            (out / f.name[len(MODEL_PREFIX) + 1 :]).write_bytes(store.read_bytes(manifest, f.name))
+    return out
