@@ -148,6 +148,132 @@ def runs_show(run_id: Annotated[str, typer.Argument(help="Run id")], store: Stor
                 m.producer.created_at[:19] if i == 0 else "",
             )
     out.print(table)
+    report = next((m for m in manifests if m.stage == "report"), None)
+    if report is not None:
+        out.print("plots:")
+        for name in report.summary.get("plots", []):
+            out.print(f"  {st.file_uri(report, name)}", highlight=False, soft_wrap=True)
+        out.print(
+            f"  per-iteration table: {st.file_uri(report, 'report.md')}", highlight=False, soft_wrap=True
+        )
+        _print_mlflow_location(st.url, run_id)
+
+
+def _print_mlflow_location(store_url: str, run_id: str) -> None:
+    from flows.runs import attach_run
+
+    ctx, _ = attach_run(store_url, run_id)
+    if ctx.mlflow_run_id:
+        out.print(
+            f"  MLflow: artifacts plots/ of run {ctx.mlflow_run_id} "
+            f"(mlflow ui --backend-store-uri {ctx.tracking_uri})",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+RunIdArg = Annotated[str, typer.Argument(help="Run id")]
+IterationOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--iteration", help="RL iteration of the checkpoint (default: the latest; 0: the SFT policy)"
+    ),
+]
+
+
+@app.command("export")
+def export_cmd(
+    run_id: RunIdArg,
+    iteration: IterationOpt = None,
+    to: Annotated[
+        str | None, typer.Option("--to", help="Also copy the model dir here (a new directory or a URI)")
+    ] = None,
+    store: StoreOpt = None,
+) -> None:
+    """Merge a policy checkpoint of RUN_ID (LoRA merged) into an HF model dir and register it in MLflow."""
+    from verl_core.env import set_quiet_env
+
+    set_quiet_env()
+    from flows.runs import attach_run
+    from stages.export import copy_export, export_model
+
+    try:
+        ctx, cfg = attach_run(store or StoreConfig().url, run_id)
+        uri = export_model.fn(ctx, cfg, iteration)
+        st = ctx.store()
+        manifest = st.read_manifest(uri)
+        dest = copy_export(st, manifest, to) if to else None
+    except ConfigError as e:
+        _fail(e, 2)
+    except VerlFlowError as e:
+        _fail(e, 1)
+    out.print(f"exported {manifest.summary['source']} of run {run_id}: {uri}")
+    reg = manifest.summary.get("registered_model")
+    if reg:
+        out.print(f"registered in MLflow as {reg['name']} version {reg['version']} ({reg['source']})")
+    if dest:
+        out.print(f"model directory: {dest}")
+
+
+@app.command("eval")
+def eval_cmd(
+    run_id: RunIdArg,
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="eval settings, e.g. eval.k=8 eval.max_samples=200")
+    ] = None,
+    iteration: IterationOpt = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="An exported HF model directory instead of the run's policy")
+    ] = None,
+    store: StoreOpt = None,
+) -> None:
+    """Evaluate a policy of RUN_ID on its held-out prompts: greedy accuracy, pass@k, per data source.
+    Default policy: the run's latest export, else its latest checkpoint."""
+    from verl_core.env import set_quiet_env
+
+    set_quiet_env()
+    from flows.runs import attach_run
+    from stages.eval import dir_source, evaluate, export_source, in_run_source, sample_rows
+    from verl_core.config import with_overrides
+
+    try:
+        ctx, cfg = attach_run(store or StoreConfig().url, run_id)
+        cfg = with_overrides(cfg, overrides or [])
+        st = ctx.store()
+        exports = [m for m in st.list_manifests(run_id) if m.stage.startswith("export/")]
+        if model:
+            source = dir_source(model)
+        elif iteration is None and exports:
+            source = export_source(st.manifest_uri(run_id, exports[-1].stage))
+        else:
+            source = in_run_source(st, run_id, iteration)
+        uri = evaluate.fn(ctx, cfg, source)
+        report = st.read_manifest(uri).summary
+        samples = sample_rows(st, uri, 3)
+    except ConfigError as e:
+        _fail(e, 2)
+    except VerlFlowError as e:
+        _fail(e, 1)
+    _print_eval(source.label, report, samples)
+    out.print(f"samples and report: {uri}")
+
+
+def _print_eval(label: str, report: dict[str, Any], samples: list[dict[str, Any]]) -> None:
+    k = report["k"]
+    table = Table("data source", "prompts", "accuracy (greedy)", f"pass@{k}", title=f"eval of {label}")
+    for source, a in report["by_source"].items():
+        pk = a.get(f"pass@{k}")
+        table.add_row(source, str(a["prompts"]), f"{a['accuracy']:.3f}", "-" if pk is None else f"{pk:.3f}")
+    pk_all = report.get(f"pass@{k}")
+    table.add_row(
+        "all", str(report["prompts"]), f"{report['accuracy']:.3f}", "-" if pk_all is None else f"{pk_all:.3f}"
+    )
+    out.print(table)
+    for row in samples:
+        mark = "✓" if row["correct"] else "✗"
+        out.print(
+            f"{mark} {row['response']!r} (answer {row['extracted']!r}, expected {row['ground_truth']!r})"
+        )
 
 
 def _store(url: str | None) -> ArtifactStore:

@@ -31,6 +31,7 @@ def test_quickstart_pipeline_runs_and_rerun_skips(tmp_path: Path) -> None:
         "rollout.n=4",
         "actor.ppo_mini_batch_size=4",
         "critic.ppo_mini_batch_size=4",
+        "eval.k=4",
     ]
     args = ["run", QUICKSTART, f"store.url={tmp_path}", *small, "--run-id", "e2e"]
     first = runner.invoke(app, args)
@@ -53,7 +54,7 @@ def test_quickstart_pipeline_runs_and_rerun_skips(tmp_path: Path) -> None:
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert runs[0].data.params["trainer.experiment_name"] == "quickstart"
     result = json.loads(Path(runs[0].info.artifact_uri[len("file://") :], "pipeline_result.json").read_text())
-    assert set(result["stages"]) == {"preprocess", "template_pack", "sft", "rl"}
+    assert set(result["stages"]) == {"preprocess", "template_pack", "sft", "rl", "export", "eval", "report"}
     assert manifests["sft"].summary["steps"] == 6
     # every RL stage of both iterations is committed, with validation before, between and after
     for it in (0, 1):
@@ -63,6 +64,17 @@ def test_quickstart_pipeline_runs_and_rerun_skips(tmp_path: Path) -> None:
     assert {"ckpt/iter-0001", "ckpt/iter-0002"} <= set(manifests)
     assert result["stages"]["rl"].endswith("ckpt/iter-0002/manifest.json")
     assert set(result["val_accuracy"]) == {"0", "1", "2"}
+    # export of the last checkpoint, registered; eval of that export; plots in the report
+    assert result["stages"]["export"].endswith("export/iter-0002/manifest.json")
+    assert manifests["export/iter-0002"].summary["registered_model"]["name"] == "verl-flow-quickstart"
+    assert manifests["eval/export-iter-0002"].summary["prompts"] == 20
+    assert 0.0 <= result["eval"]["accuracy"] <= 1.0 and "pass@4" in result["eval"]
+    plots = {f.name for f in manifests["report"].files if f.name.endswith(".png")}
+    assert {
+        f"plots/{n}.png" for n in ("reward_accuracy", "kl", "entropy", "response_length", "timing")
+    } == plots
+    logged = {a.path for a in client.list_artifacts(runs[0].info.run_id, "plots")}
+    assert "plots/kl.png" in logged
     rollouts = store.read_table(manifests["iter-0001/rollout"], "rollouts.parquet")
     assert rollouts.num_rows == 8 * 4  # train_batch_size × rollout.n
     assert set(rollouts.column("policy_version").to_pylist()) == {1}
@@ -71,5 +83,30 @@ def test_quickstart_pipeline_runs_and_rerun_skips(tmp_path: Path) -> None:
     assert second.exit_code == 0, second.output
     assert "held-out accuracy" in second.stdout  # the summary is rebuilt from committed validations
     again = {m.stage: m for m in store.list_manifests("e2e")}
-    # nothing ran twice: every committed stage kept its attempt
-    assert {k: m.attempt for k, m in again.items()} == {k: m.attempt for k, m in manifests.items()}
+    # nothing ran twice: every committed stage kept its attempt (the report is redrawn every time)
+    kept = {k: m.attempt for k, m in again.items() if k != "report"}
+    assert kept == {k: m.attempt for k, m in manifests.items() if k != "report"}
+
+    # the CLI on the finished run: export an earlier checkpoint to a directory, evaluate it, show plots
+    exported = runner.invoke(
+        app, ["export", "e2e", "--iteration", "1", "--to", str(tmp_path / "m1"), "--store", str(tmp_path)]
+    )
+    assert exported.exit_code == 0, exported.output
+    assert (tmp_path / "m1" / "model.safetensors").is_file() and "version 2" in exported.stdout
+    evaluated = runner.invoke(
+        app,
+        [
+            "eval",
+            "e2e",
+            "eval.k=1",
+            "eval.max_samples=5",
+            "--model",
+            str(tmp_path / "m1"),
+            "--store",
+            str(tmp_path),
+        ],
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    assert "accuracy (greedy)" in evaluated.stdout and "synthetic/arithmetic" in evaluated.stdout
+    shown = runner.invoke(app, ["runs", "show", "e2e", "--store", str(tmp_path)])
+    assert "reward_accuracy.png" in shown.stdout and "mlflow" in shown.stdout.lower()

@@ -1,0 +1,60 @@
+"""Prefect artifacts of a pipeline run: a markdown summary (per-iteration metrics, held-out and eval
+accuracy, links to the MLflow run and the exported model, where the plots are) and a table of eval
+samples. Only called inside a flow run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stages.eval import sample_rows
+from stages.report import collect_series, metrics_markdown
+from verl_core.run import RunContext
+
+
+def mlflow_run_link(ctx: RunContext) -> str:
+    """A link to the MLflow run for an ``http(s)`` server; else how to open it with ``mlflow ui``."""
+    if not ctx.tracking_uri or not ctx.mlflow_run_id:
+        return "tracking disabled"
+    if ctx.tracking_uri.startswith(("http://", "https://")):
+        from mlflow.tracking import MlflowClient
+
+        exp = MlflowClient(tracking_uri=ctx.tracking_uri).get_run(ctx.mlflow_run_id).info.experiment_id
+        url = f"{ctx.tracking_uri.rstrip('/')}/#/experiments/{exp}/runs/{ctx.mlflow_run_id}"
+        return f"[{ctx.mlflow_run_id}]({url})"
+    return f"run `{ctx.mlflow_run_id}`: `mlflow ui --backend-store-uri {ctx.tracking_uri}`"
+
+
+def publish(ctx: RunContext, result: dict[str, Any], table_rows: int) -> None:
+    """Create the run's markdown and table artifacts from ``result`` (the pipeline's return value)."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    store = ctx.store()
+    stages = result["stages"]
+    lines = [f"# verl-flow run `{ctx.run_id}`", "", f"- artifacts: `{ctx.store_url}/runs/{ctx.run_id}`"]
+    lines.append(f"- MLflow: {mlflow_run_link(ctx)}")
+    if result.get("data_snapshot"):
+        lines.append(f"- data snapshot: `{result['data_snapshot']}`")
+    if "export" in stages:
+        m = store.read_manifest(stages["export"])
+        lines.append(f"- exported model: `{store.file_uri(m, 'model/config.json').rsplit('/', 1)[0]}`")
+        reg = m.summary.get("registered_model")
+        if reg:
+            lines.append(f"- registered model: `models:/{reg['name']}/{reg['version']}`")
+    if "eval" in stages:
+        ev = store.read_manifest(stages["eval"]).summary
+        k = ev["k"]
+        pk = f", pass@{k} {ev[f'pass@{k}']:.3f}" if f"pass@{k}" in ev else ""
+        lines.append(f"- eval ({ev['prompts']} held-out prompts): accuracy {ev['accuracy']:.3f}{pk}")
+    if "report" in stages:
+        m = store.read_manifest(stages["report"])
+        lines.append("- plots: " + ", ".join(f"`{store.file_uri(m, p)}`" for p in m.summary["plots"]))
+    lines += ["", "## per-iteration metrics", "", metrics_markdown(collect_series(store, ctx.run_id))]
+    timing = ", ".join(f"{k} {v:.1f}s" for k, v in result["timing_s"].items() if not k.startswith("rl/"))
+    lines += ["", f"stage wall times: {timing}"]
+    create_markdown_artifact("\n".join(lines), key="rlhf-run-summary", description=f"run {ctx.run_id}")
+    if "eval" in stages and table_rows:
+        create_table_artifact(
+            sample_rows(store, stages["eval"], table_rows),
+            key="eval-samples",
+            description="greedy eval samples",
+        )

@@ -1,0 +1,28 @@
+"""The GPU-heavy parts of the pipeline as flows of their own, deployed on the ``gpu`` work pool and
+started by the pipeline with ``run_deployment`` in ``execution.mode=deployments``. They take the run
+context and the config, and meet the pipeline only through artifacts in the shared store.
+
+The RL loop's flow is :func:`flows.rl.rl_loop` itself (one flow run for all iterations, so the
+policy, reference and critic stay in GPU memory between them).
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from stages.export import export_model
+from stages.sft import sft_warmup
+from verl_core.config import VerlFlowConfig
+from verl_core.run import RunContext
+
+
+@flow(name="sft-warmup", log_prints=True)
+def sft_flow(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str) -> str:
+    """SFT warm-up of the run; returns the sft stage's manifest URI."""
+    return sft_warmup(ctx, config.model, config.sft, config.trainer, template_pack_uri)
+
+
+@flow(name="export-model", log_prints=True)
+def export_flow(ctx: RunContext, config: VerlFlowConfig, iteration: int | None = None) -> str:
+    """Merged HF export of a policy checkpoint (None: the latest); returns the export's manifest URI."""
+    return export_model(ctx, config, iteration)
