@@ -350,6 +350,9 @@ class StoreConfig(Section):
         "(S3 endpoint and credentials come from the environment only)",
     )
     max_attempts: PositiveInt = _f(10, "botocore attempts per S3 request (standard retry mode)")
+    lease_ttl_s: PositiveFloat = _f(
+        120.0, "Seconds a run's lease outlives its last renewal (a crashed holder on another host)"
+    )
 
 
 class TrackingConfig(Section):
@@ -388,7 +391,7 @@ class ExecutionConfig(Section):
         "worker mounts at the same path",
     )
     sft_deployment: str = _f("sft-warmup/gpu", "deployments: the SFT warm-up flow's deployment (flow/name)")
-    rl_deployment: str = _f("rl-train/gpu", "deployments: the RL loop flow's deployment (flow/name)")
+    rl_deployment: str = _f("rl-loop/gpu", "deployments: the RL loop flow's deployment (flow/name)")
     export_deployment: str = _f("export-model/gpu", "deployments: the export flow's deployment (flow/name)")
     poll_interval_s: PositiveFloat = _f(5.0, "deployments: seconds between checks of a dispatched flow run")
     task_retries: NonNegInt = _f(2, "Prefect retries of I/O-bound stage tasks")
