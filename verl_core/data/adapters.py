@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -61,6 +62,7 @@ class LoadOptions:
     arithmetic_digits: int = 2
     arithmetic_steps: int = 2
     arithmetic_ops: tuple[str, ...] = ("+", "-")
+    arithmetic_carry_slip: float = 0.0
 
 
 class SplitSources(NamedTuple):
@@ -230,12 +232,17 @@ def _load_arithmetic(
     except ValueError as e:
         raise DataError(f"data.arithmetic_*: {e}") from None
 
-    def rows(chosen: list[arithmetic.ArithmeticProblem], split: str) -> Iterator[RawRow]:
+    def rows(chosen: list[arithmetic.ArithmeticProblem], split: str, slip: float) -> Iterator[RawRow]:
         where = f"arithmetic(seed={options.seed})[{split}]"
+        teacher = random.Random(f"arithmetic-teacher:{options.seed}")  # the problems do not depend on it
         for i, p in enumerate(chosen, start=1):
-            yield RawRow(where, i, {"question": p.question, "answer": p.solution}, unit="row")
+            solution = arithmetic.teacher_solution(p, slip, teacher) if slip else p.solution
+            data = {"question": p.question, "answer": solution, "ground_truth": str(p.answer)}
+            yield RawRow(where, i, data, unit="row")
 
-    return SplitSources(rows(problems[:n_train], "train"), rows(problems[n_train:], "test"))
+    # the imperfect teacher writes the training demonstrations only; held-out solutions are exact
+    slip = options.arithmetic_carry_slip
+    return SplitSources(rows(problems[:n_train], "train", slip), rows(problems[n_train:], "test", 0.0))
 
 
 register_adapter(Adapter("gsm8k", _load_gsm8k, gsm8k_mapping(), ("train", "test")))
@@ -248,6 +255,7 @@ register_adapter(
         dataclasses.replace(
             gsm8k_mapping(data_source="synthetic/arithmetic", ground_truth_regex=r"#### (\-?[0-9]+)"),
             instruction="",
+            ground_truth_key="ground_truth",  # exact even where the demonstration is not
         ),
         ("train", "test"),
     )

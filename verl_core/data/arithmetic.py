@@ -11,6 +11,12 @@ them all after SFT alone. Example (digits=2, steps=2, ops=+-)::
 Operations are applied left to right (no precedence), results never go negative (a subtraction
 draws an operand no larger than the running value), and the operand of ``*`` has one digit so that
 numbers stay short.
+
+An imperfect teacher (``carry_slip`` > 0): each addition whose ones digits carry is written without
+the carry with probability ``carry_slip`` (``7 + 5 = 2``, ``37 + 48 = 75``), and the worked solution
+goes on consistently from the wrong value. The problem and its ``answer`` stay exact; only the
+demonstration (``solution``) is wrong. SFT then imitates the slip, and RL with the exact-answer
+reward has something to correct: the quickstart's demonstration that RL improves on its SFT data.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ class ArithmeticProblem:
     question: str
     solution: str
     answer: int
+    start: int = 0
+    operations: tuple[tuple[str, int], ...] = ()
 
 
 def make_problem(rng: random.Random, digits: int, steps: int, ops: Sequence[str]) -> ArithmeticProblem:
@@ -38,8 +46,10 @@ def make_problem(rng: random.Random, digits: int, steps: int, ops: Sequence[str]
     hi = 10**digits - 1
     lo = 10 ** (digits - 1) if digits > 1 else 0
     value = rng.randint(lo, hi)
+    start = value
     phrases: list[str] = []
     lines: list[str] = []
+    operations: list[tuple[str, int]] = []
     opening = rng.choice(_OPENINGS).format(a=value)
     for _ in range(steps):
         op = rng.choice(list(ops))
@@ -54,11 +64,33 @@ def make_problem(rng: random.Random, digits: int, steps: int, ops: Sequence[str]
             new = value + b
         phrases.append(_VERBS[op].format(b=b))
         lines.append(f"{value} {op} {b} = {new}")
+        operations.append((op, b))
         value = new
     body = ", then ".join(phrases)
     question = f"{opening} {body[0].upper()}{body[1:]}. {rng.choice(_QUESTIONS)}"
     solution = "\n".join([*lines, f"#### {value}"])
-    return ArithmeticProblem(question=question, solution=solution, answer=value)
+    return ArithmeticProblem(question, solution, value, start, tuple(operations))
+
+
+def teacher_solution(problem: ArithmeticProblem, carry_slip: float, rng: random.Random) -> str:
+    """The worked solution of an imperfect teacher: every addition whose ones digits carry
+    (``a % 10 + b % 10 >= 10``) is written as ``a + b - 10`` with probability ``carry_slip``; the
+    following lines are computed correctly from the value written. ``carry_slip=0``: the exact
+    solution."""
+    value = problem.start
+    lines: list[str] = []
+    for op, b in problem.operations:
+        if op == "*":
+            new = value * b
+        elif op == "-":
+            new = value - b
+        else:
+            new = value + b
+            if value >= 0 and value % 10 + b % 10 >= 10 and rng.random() < carry_slip:
+                new -= 10  # the dropped carry
+        lines.append(f"{value} {op} {b} = {new}")
+        value = new
+    return "\n".join([*lines, f"#### {value}"])
 
 
 def generate(

@@ -25,7 +25,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from verl_core.errors import DataError
@@ -54,13 +54,16 @@ class FieldMapping:
     ``prompt_key`` (text) or ``messages_key`` (chat messages) gives the prompt; ``instruction`` is
     appended to the last user message after a space; ``answer_key`` the reference answer/solution;
     ``ground_truth_regex`` (group 1, else the whole match) extracts the ground truth from it (None:
-    the stripped answer); ``strip_commas`` removes thousands separators from the ground truth."""
+    the stripped answer), or ``ground_truth_key`` names a field that holds it (for data whose
+    reference solution may be wrong while the ground truth is exact); ``strip_commas`` removes
+    thousands separators from the ground truth."""
 
     data_source: str
     prompt_key: str = "question"
     messages_key: str | None = None
     answer_key: str = "answer"
     ground_truth_regex: str | None = None
+    ground_truth_key: str | None = None
     strip_commas: bool = False
     ability: str = "math"
     instruction: str = ""
@@ -282,7 +285,11 @@ def _mapped_row(
         content = f"{last['content']} {mapping.instruction}"
         messages = [*messages[:-1], {"role": last["role"], "content": content}]
     answer = _text(data, mapping.answer_key, allow_number=True)
-    ground_truth = _ground_truth(answer, mapping, regex)
+    if mapping.ground_truth_key is not None:
+        truth = _text(data, mapping.ground_truth_key, allow_number=True)
+        ground_truth = _ground_truth(truth, replace(mapping, answer_key=mapping.ground_truth_key), None)
+    else:
+        ground_truth = _ground_truth(answer, mapping, regex)
     row = {
         "data_source": mapping.data_source,
         "prompt": messages,

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from verl_core.data.adapters import LoadOptions, get_adapter, read_jsonl
-from verl_core.data.arithmetic import generate
+import random
+
+from verl_core.data.arithmetic import ArithmeticProblem, generate, teacher_solution
 from verl_core.data.cleaning import (
     CleaningReport,
     FieldMapping,
@@ -171,6 +173,51 @@ def test_arithmetic_generator() -> None:
         assert value == p.answer
     with pytest.raises(ValueError, match="non-empty subset"):
         next(generate(1, seed=0, ops=("/",)))
+
+
+def test_teacher_drops_carries_and_goes_on_from_the_wrong_value() -> None:
+    # 37 + 48 = 85 (7 + 8 carries) → 75; 75 - 25 = 50; 50 + 16 = 66 (0 + 6: no carry, kept)
+    p = ArithmeticProblem("q", "exact", 76, 37, (("+", 48), ("-", 25), ("+", 16)))
+    always = teacher_solution(p, 1.0, random.Random(0))
+    assert always == "37 + 48 = 75\n75 - 25 = 50\n50 + 16 = 66\n#### 66"
+    never = teacher_solution(p, 0.0, random.Random(0))
+    assert never == "37 + 48 = 85\n85 - 25 = 60\n60 + 16 = 76\n#### 76"
+    # 7 + 5 = 12 carries → 2; 2 + 9: 2 + 9 = 11 carries too → 1
+    q = ArithmeticProblem("q", "exact", 21, 7, (("+", 5), ("+", 9)))
+    assert teacher_solution(q, 1.0, random.Random(0)) == "7 + 5 = 2\n2 + 9 = 1\n#### 1"
+    # at slip 0.5 about half the carrying additions are dropped
+    rng = random.Random(1)
+    wrong = sum(teacher_solution(q, 0.5, rng) != "7 + 5 = 12\n12 + 9 = 21\n#### 21" for _ in range(2000))
+    assert 0.70 < wrong / 2000 < 0.80  # 1 - 0.5·0.5 = 0.75 of the demonstrations have a slip
+
+
+def test_arithmetic_adapter_keeps_exact_ground_truth_under_a_sloppy_teacher() -> None:
+    opts = LoadOptions(arithmetic_train_size=300, arithmetic_val_size=50, arithmetic_digits=1)
+    exact = get_adapter("arithmetic").load([], [], opts)
+    sloppy = get_adapter("arithmetic").load(
+        [], [], LoadOptions(**{**opts.__dict__, "arithmetic_carry_slip": 1.0})
+    )
+    mapping = get_adapter("arithmetic").mapping
+    assert mapping is not None
+    clean = {
+        name: clean_rows(src.train, mapping, split="train", report=CleaningReport())
+        for name, src in (("exact", exact), ("sloppy", sloppy))
+    }
+
+    # same problems, same (exact) ground truths; only the demonstrations differ
+    def key(rows: list[dict]) -> list[tuple]:
+        return [(r["prompt"], r["reward_model"]) for r in rows]
+
+    assert key(clean["exact"].prompts) == key(clean["sloppy"].prompts)
+    assert clean["exact"].responses != clean["sloppy"].responses
+    for prompt, response in zip(clean["sloppy"].prompts, clean["sloppy"].responses, strict=True):
+        shown = response.rsplit("#### ", 1)[1]
+        if "+" not in response:
+            assert shown == prompt["reward_model"]["ground_truth"]
+    # the held-out split is never sloppy
+    val = clean_rows(sloppy.val, mapping, split="test", report=CleaningReport())
+    for prompt, response in zip(val.prompts, val.responses, strict=True):
+        assert response.rsplit("#### ", 1)[1] == prompt["reward_model"]["ground_truth"]
 
 
 def test_registry_lists_valid_names() -> None:
