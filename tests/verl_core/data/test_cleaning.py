@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
 from verl_core.data.adapters import LoadOptions, get_adapter, read_jsonl
-import random
-
 from verl_core.data.arithmetic import ArithmeticProblem, generate, teacher_solution
 from verl_core.data.cleaning import (
     CleaningReport,
