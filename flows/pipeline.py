@@ -30,7 +30,7 @@ from stages.snapshot import resolve_snapshot
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, load_config, with_overrides
 from verl_core.errors import ConfigError
-from verl_core.run import RunContext, start_run
+from verl_core.run import RunContext, end_run, start_run
 
 
 @task(name="start-run")
@@ -44,6 +44,7 @@ def finish_run_task(ctx: RunContext, result: dict[str, Any], status: str) -> Non
     tracker = ctx.tracker()
     tracker.log_dict(result, "pipeline_result.json")
     tracker.end(status)
+    end_run(ctx)  # release the run's lease
 
 
 @flow(name="rlhf-pipeline", log_prints=True, validate_parameters=True)

@@ -1,9 +1,11 @@
 """PPO / GRPO update stage: rollouts + rewards → advantages → critic and actor optimizer steps.
 
 Writes ``iter-XXXX/update/update.parquet`` (per-sample score, advantages, returns, KL) and moves the
-in-memory policy from version i to i+1. The new weights live in memory (checkpoints are separate,
-every ``trainer.save_freq`` iterations), so this stage is re-run, not skipped, whenever the policy in
-memory does not yet include its update; being deterministic it then recommits the same table.
+in-memory policy from version i to i+1. The new weights live in memory until the next checkpoint
+(every ``trainer.save_freq`` iterations), so the stage's manifest is sealed, not published: the
+checkpoint that makes the weights durable publishes it (see :mod:`stages.rl_state`). A committed
+update is therefore always covered by a checkpoint and never runs again; an uncommitted one is re-run
+after a crash, and being deterministic writes the same table.
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ def ppo_update(
                 step_metrics["actor/grad_norm"].append(stats.grad_norm)
                 step_metrics["actor/lr"].append(stats.lr)
 
-    # 6. Write the per-sample table, log metrics, advance the policy version, commit
+    # 6. Write the per-sample table, log metrics, advance the policy version; the next checkpoint commits
     stage.write_table(
         "update.parquet",
         _update_table(rollouts, scores, adv.advantages, adv.returns, kl_tokens, mask),
@@ -188,9 +190,10 @@ def ppo_update(
     metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
     metrics["perf/throughput"] = sum(lengths) * cfg.actor.ppo_epochs / max(sum(timing.values()), 1e-9)
     state.version = iteration + 1
-    uri = stage.commit(summary={"policy_version": state.version, **{k: metrics[k] for k in sorted(metrics)}})
+    summary = {"policy_version": state.version, **{k: metrics[k] for k in sorted(metrics)}}
+    state.pending.append(stage.seal(summary))  # published by the next checkpoint
     ctx.tracker().log_metrics(metrics, step=iteration)
-    return uri
+    return stage.manifest_uri
 
 
 class _timer:

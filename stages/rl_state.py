@@ -7,13 +7,24 @@ the artifacts: the last committed checkpoint ``ckpt/iter-XXXX`` or the SFT polic
 
 Checkpoints hold the policy (HF dir or LoRA adapter), the critic, optimizer/scheduler states, the KL
 controller, RNG states and the iteration; the last ``trainer.max_ckpt_to_keep`` are kept.
+
+Update stages commit with the next checkpoint. A ``ppo_update`` moves the in-memory weights to the
+next version, and those weights become durable only when a checkpoint is saved; so the update seals
+its manifest (its files are written) and leaves it *pending* in the state. :func:`save_checkpoint`
+records the pending manifests in the checkpoint (``pending/…``) and publishes them right after the
+checkpoint's own commit; :func:`init_state` publishes any the process did not get to (killed between
+the two). Hence a committed update is always recoverable, and a rerun never runs a committed stage
+again. The price is visibility, not disk: ``iter-XXXX/update`` of an iteration appears with the next
+checkpoint (``trainer.save_freq``), while rollouts, rewards and validations appear at once. Storing
+the new weights in every update instead would cost a full policy + critic + optimizer state per
+iteration.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,6 +53,7 @@ from verl_core.store import ArtifactStore, Manifest
 from verl_core.training.engine import OptimSpec, SingleStrategy, TrainEngine
 
 CKPT_RE = re.compile(r"^ckpt/iter-(\d{4,})$")
+PENDING = "pending"  # checkpoint files holding the manifests of updates it publishes
 
 
 @dataclass
@@ -59,6 +71,7 @@ class RLState:
     version: int  # PPO updates applied = the iteration whose rollout comes next
     lineage: str  # identity of the starting weights (SFT manifest sha or the initial policy)
     device: torch.device
+    pending: list[Manifest] = field(default_factory=list)  # sealed updates, published with the next ckpt
 
 
 _STATES: dict[str, RLState] = {}
@@ -140,6 +153,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         kl_ctrl.load_state_dict(state["kl_ctrl"])
         set_rng_state(state["rng"])
         version = int(state["iteration"])
+        publish_pending(store, ckpt)
         stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
     engine = make_engine(cfg.rollout.name, lm, tokenizer, **_engine_kwargs(cfg))
     _STATES[ctx.run_id] = RLState(
@@ -194,10 +208,36 @@ def save_checkpoint(ctx: RunContext, cfg: VerlFlowConfig, iteration: int) -> str
         "iteration": iteration,
     }
     stage.write_bytes("trainer_state.pt", state_bytes(trainer_state))
-    uri = stage.commit(summary={"iteration": iteration, "lineage": state.lineage})
+    for m in state.pending:  # updates whose weights this checkpoint makes durable
+        stage.write_bytes(f"{PENDING}/{m.stage}.json", m.to_bytes())
+    pending = [m.stage for m in state.pending]
+    uri = stage.commit(summary={"iteration": iteration, "lineage": state.lineage, "pending": pending})
+    publish_pending(store, store.read_manifest(uri))
+    state.pending.clear()
     for old in list_checkpoints(store, ctx.run_id)[: -cfg.trainer.max_ckpt_to_keep]:
         store.delete_stage(ctx.run_id, ckpt_stage(old))
     return uri
+
+
+def publish_pending(store: ArtifactStore, ckpt: Manifest) -> list[str]:
+    """Publish the update manifests a checkpoint recorded as pending and that are not committed yet
+    (their files were written before the checkpoint); returns the stages published."""
+    published = []
+    for entry in ckpt.files:
+        if not entry.name.startswith(f"{PENDING}/"):
+            continue
+        where = store.file_uri(ckpt, entry.name)
+        manifest = Manifest.from_bytes(store.read_bytes(ckpt, entry.name), where=where)
+        if store.committed(manifest.run_id, manifest.stage) is not None:
+            continue
+        if not store.files_present(manifest):
+            raise ArtifactNotFoundError(
+                f"{where}: the files of pending stage {manifest.stage!r} "
+                f"(attempt {manifest.attempt}) are gone"
+            )
+        store.publish(manifest)
+        published.append(manifest.stage)
+    return published
 
 
 def _resume_iteration(store: ArtifactStore, run_id: str, mode: str) -> int | None:

@@ -243,10 +243,21 @@ class ArtifactStore:
             not force
             and existing is not None
             and existing.input_key == input_key
-            and self._files_present(existing)
+            and self.files_present(existing)
         ):
             return StageWriter(self, run_id, stage, input_key, dict(inputs or {}), input_hashes, existing)
         return StageWriter(self, run_id, stage, input_key, dict(inputs or {}), input_hashes, None)
+
+    def publish(self, manifest: Manifest) -> str:
+        """Commit a sealed manifest (see :meth:`StageWriter.seal`): one PUT, then delete the stage's
+        other attempts. Returns the manifest URI."""
+        stage_dir = posixpath.join(self.run_dir(manifest.run_id), manifest.stage)
+        self.put_atomic(posixpath.join(stage_dir, MANIFEST), manifest.to_bytes())
+        for p in self.fs.ls(stage_dir, detail=False):
+            base = posixpath.basename(p.rstrip("/"))
+            if base.startswith("attempt-") and base != manifest.attempt:
+                self.fs.rm(p, recursive=True)
+        return self.manifest_uri(manifest.run_id, manifest.stage)
 
     def delete_stage(self, run_id: str, stage: str) -> None:
         """Remove a committed stage: the manifest first (so it is never visible half-deleted), then
@@ -258,7 +269,8 @@ class ArtifactStore:
         if self.exists(stage_dir):
             self.fs.rm(stage_dir, recursive=True)
 
-    def _files_present(self, manifest: Manifest) -> bool:
+    def files_present(self, manifest: Manifest) -> bool:
+        """Whether every file of ``manifest`` exists with its recorded size."""
         for entry in manifest.files:
             path = self._file_path(manifest, entry)
             try:
@@ -359,9 +371,17 @@ class StageWriter:
 
     def commit(self, summary: Mapping[str, Any] | None = None) -> str:
         """Publish the manifest in one PUT, delete stale attempts, return the manifest URI."""
+        manifest = self.seal(summary)
+        uri = self.store.publish(manifest)
+        self.manifest = manifest
+        return uri
+
+    def seal(self, summary: Mapping[str, Any] | None = None) -> Manifest:
+        """The manifest of the files written so far, *not* published: for a commit that must wait
+        until something else is durable (:meth:`ArtifactStore.publish` it then)."""
         if self.done:
             raise ArtifactError(f"stage {self.stage!r} of run {self.run_id!r} is already committed")
-        manifest = Manifest(
+        return Manifest(
             run_id=self.run_id,
             stage=self.stage,
             attempt=self.attempt,
@@ -377,18 +397,6 @@ class StageWriter:
             ),
             summary=dict(summary or {}),
         )
-        path = posixpath.join(self._stage_dir(), MANIFEST)
-        self.store.put_atomic(path, manifest.to_bytes())
-        self.manifest = manifest
-        self._delete_stale_attempts()
-        return self.manifest_uri
-
-    def _delete_stale_attempts(self) -> None:
-        fs = self.store.fs
-        for p in fs.ls(self._stage_dir(), detail=False):
-            base = posixpath.basename(p.rstrip("/"))
-            if base.startswith("attempt-") and base != self.attempt:
-                fs.rm(p, recursive=True)
 
 
 def _check_name(name: str, what: str) -> None:

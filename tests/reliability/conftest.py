@@ -1,0 +1,298 @@
+"""Fixtures of the reliability suite: one Prefect server for every pipeline subprocess of the session
+(instead of a 13-17 s temporary server per process), a runner for the tiny pipeline in a subprocess
+(optionally killed at a named point, see ``runner.py``), and helpers that read a run's committed
+artifacts. The S3-compatible endpoint is the session's moto server from ``tests/conftest.py``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import safetensors.torch
+import torch
+
+from verl_core.models.checkpoint import load_state_bytes
+from verl_core.store import ArtifactStore, Manifest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = str(REPO / "tests" / "reliability" / "tiny.yaml")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def killed_at(self) -> str | None:
+        """The kill point the runner reported (Prefect's ``log_prints`` may route it to the log)."""
+        found = re.findall(r"KILLED-AT (\S+)", self.output)
+        return found[-1] if found else None
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Runs ``verl-flow run tests/reliability/tiny.yaml`` in subprocesses against one Prefect server."""
+
+    api_url: str
+    prefect_home: Path
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = os.environ.copy()
+        env.update(
+            {
+                "PREFECT_API_URL": self.api_url,
+                "PREFECT_HOME": str(self.prefect_home),
+                "PREFECT_LOGGING_LEVEL": "INFO",  # the canary test greps the logs: keep them verbose
+                "PYTHONPATH": str(REPO),
+                "TERM": "dumb",
+                "COLUMNS": "200",
+            }
+        )
+        env.update(extra or {})
+        return env
+
+    def command(
+        self,
+        store_url: str,
+        run_id: str,
+        overrides: Sequence[str] = (),
+        kill_at: str | None = None,
+        pause_at: str | None = None,
+    ) -> list[str]:
+        kill = ["--kill-at", kill_at] if kill_at else ["--pause-at", pause_at] if pause_at else []
+        args = ["run", TINY, f"store.url={store_url}", *overrides, "--run-id", run_id]
+        return [sys.executable, "-m", "tests.reliability.runner", *kill, "--", *args]
+
+    def start(
+        self,
+        store_url: str,
+        run_id: str,
+        *,
+        overrides: Sequence[str] = (),
+        kill_at: str | None = None,
+        pause_at: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.command(store_url, run_id, overrides, kill_at, pause_at),
+            cwd=str(cwd or REPO),
+            env=self.env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(
+        self,
+        store_url: str,
+        run_id: str,
+        *,
+        overrides: Sequence[str] = (),
+        kill_at: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        timeout: float = 240,
+    ) -> Result:
+        t0 = time.perf_counter()
+        proc = self.start(store_url, run_id, overrides=overrides, kill_at=kill_at, env=env, cwd=cwd)
+        return finish(proc, t0, timeout)
+
+
+def finish(proc: subprocess.Popen[str], t0: float, timeout: float = 240) -> Result:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"pipeline did not finish in {timeout} s:\n{out[-3000:]}\n{err[-3000:]}"
+        ) from None
+    return Result(proc.returncode, out, err, time.perf_counter() - t0)
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """A Prefect server on 127.0.0.1 (own PREFECT_HOME, so its database can be inspected)."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    env = os.environ.copy()
+    env.update(
+        {
+            "PREFECT_HOME": str(home),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "false",
+            "PREFECT_API_URL": "",
+        }
+    )
+    prefect = str(Path(sys.executable).parent / "prefect")
+    log = open(home / "server.log", "w")  # noqa: SIM115 - closed at teardown
+    server = subprocess.Popen(
+        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--analytics-off"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
+                    if r.read().strip() == b"true":
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}"
+                )
+            time.sleep(0.5)
+        yield Pipeline(api, home)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading a run back
+
+
+def attempts(store_url: str, run_id: str) -> dict[str, str]:
+    """``{stage: attempt}`` of every committed stage: a stage that ran again gets a new attempt."""
+    return {m.stage: m.attempt for m in ArtifactStore(store_url).list_manifests(run_id)}
+
+
+def fingerprint(store_url: str, run_id: str) -> dict[str, str]:
+    """``{"stage/file": digest}`` of every committed artifact, each read back and checked against its
+    manifest. The digest is the file's sha256, except for three kinds of file that legitimately hold
+    a per-process value; for those it is the sha256 of their content without that value:
+
+    * ``*.pt`` trainer states: the tensors, numbers and torch RNG, without ``rng.python*``: Python's
+      ``random`` state, which nothing in training draws from and no stage seeds, so it differs between
+      any two processes;
+    * ``sft/metrics.parquet``: without the ``perf/*`` rows (tokens per second);
+    * ``ckpt/*/pending/*.json``: a sealed manifest: its stage and its files' sha256, without the
+      producer's pid and time and the input key (a hash of input manifests, which hold the same);
+    * ``report/metrics.json``: without the wall-clock series (``stage_seconds``, ``iteration_s``,
+      ``timing_s/*``, ``perf/*``); ``report/report.md`` and ``report/plots/timing.png`` render those
+      and are left out.
+    """
+    store = ArtifactStore(store_url)
+    out = {}
+    for m in store.list_manifests(run_id):
+        for f in m.files:
+            data = store.read_bytes(m, f.name)  # raises ArtifactCorruptError on a mismatch
+            key = f"{m.stage}/{f.name}"
+            if f.name.endswith(".pt"):
+                out[key] = _digest(_without_python_rng(load_state_bytes(data, key)))
+            elif m.stage == "sft" and f.name == "metrics.parquet":
+                rows = pq.read_table(pa.BufferReader(data)).to_pylist()
+                out[key] = _digest([r for r in rows if not str(r["name"]).startswith("perf/")])
+            elif key in WALL_CLOCK_RENDERINGS:
+                continue
+            elif key == "report/metrics.json":
+                series = json.loads(data)["series"]
+                out[key] = _digest({k: v for k, v in series.items() if not _wall_clock(k)})
+            elif "/pending/" in f"/{f.name}":
+                sealed = Manifest.from_bytes(data, key)
+                out[key] = _digest([sealed.stage, [(e.name, e.sha256) for e in sealed.files]])
+            else:
+                out[key] = f.sha256
+    return out
+
+
+WALL_CLOCK_RENDERINGS = {"report/report.md", "report/plots/timing.png"}
+
+
+def _wall_clock(metric: str) -> bool:
+    return metric == "iteration_s" or metric.startswith(("timing_s/", "perf/"))
+
+
+def _without_python_rng(state: dict[str, Any]) -> dict[str, Any]:
+    rng = {k: v for k, v in state.get("rng", {}).items() if not k.startswith("python")}
+    return {**state, "rng": rng}
+
+
+def _digest(obj: Any) -> str:
+    h = hashlib.sha256()
+
+    def feed(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            h.update(f"tensor{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(x, dict):
+            for k in sorted(x, key=str):
+                h.update(f"key:{k}".encode())
+                feed(x[k])
+        elif isinstance(x, (list, tuple)):
+            h.update(f"seq{len(x)}".encode())
+            for v in x:
+                feed(v)
+        else:
+            h.update(f"{type(x).__name__}:{x!r}".encode())
+
+    feed(obj)
+    return h.hexdigest()
+
+
+def policy_tensors(store_url: str, run_id: str, stage: str) -> dict[str, torch.Tensor]:
+    """The policy weights of a committed checkpoint stage, loaded from its safetensors."""
+    store = ArtifactStore(store_url)
+    m = store.committed(run_id, stage)
+    assert m is not None, f"{stage} of {run_id} is not committed"
+    return safetensors.torch.load(store.read_bytes(m, "policy/model.safetensors"))
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Two uninterrupted runs of the tiny pipeline, ``left`` and ``right``, run in parallel on one
+    store: the isolation test checks them against each other, the crash and fault tests compare their
+    own runs with ``left``."""
+
+    store_url: str
+    results: dict[str, Result]
+    fingerprint: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+def reference(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    store = str(tmp_path_factory.mktemp("shared-store"))
+    t0 = time.perf_counter()
+    procs = {run_id: pipeline.start(store, run_id) for run_id in ("left", "right")}
+    results = {run_id: finish(proc, t0) for run_id, proc in procs.items()}
+    for run_id, r in results.items():
+        assert r.returncode == 0, f"reference run {run_id} failed:\n{r.output[-4000:]}"
+    return Reference(store, results, fingerprint(store, "left"))

@@ -1,0 +1,116 @@
+"""``python -m tests.reliability.runner [--kill-at POINT | --pause-at POINT] -- <verl-flow arguments>``
+
+Runs the real ``verl-flow`` CLI in this process; with ``--kill-at`` the process SIGKILLs itself (no
+cleanup, no ``finally``, exactly ``kill -9``) at one named point of the commit protocol; with
+``--pause-at`` it stops there (holding its run lease) until someone else kills it. Production code
+has no fault hooks: the points are installed here by wrapping the store's write methods. At the
+point it prints ``KILLED-AT <point>`` / ``PAUSED-AT <point>`` (and creates the file named by
+``$RELIABILITY_MARKER``, if set), so the test can tell the intended kill from a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from verl_core.store import store as store_mod
+
+
+class KillPoint(NamedTuple):
+    """Die when ``method`` is called for a stage matching ``stage`` (and, for file writes, an
+    artifact whose name matches ``name``); ``torn``: first write half of the file's bytes in place,
+    non-atomically."""
+
+    method: str  # "_put" (a data file), "publish" (a manifest)
+    stage: str  # regex on the stage name
+    name: str | None = None
+    torn: bool = False
+    what: str = ""
+
+
+KILL_POINTS = {
+    "preprocess-writes": KillPoint(
+        "_put", r"^preprocess$", r"sft/train\.parquet", what="after the prompt tables, before the SFT tables"
+    ),
+    "rollout-mid-artifact": KillPoint(
+        "_put",
+        r"^iter-0000/rollout$",
+        r"rollouts\.parquet",
+        torn=True,
+        what="half of rollouts.parquet written",
+    ),
+    "before-manifest": KillPoint(
+        "publish", r"^iter-0001/reward$", what="every data file of the stage written, manifest not"
+    ),
+    "checkpoint-save": KillPoint(
+        "_put", r"^ckpt/iter-0002$", r"trainer_state\.pt", what="policy and critic written, trainer state not"
+    ),
+    "pending-publish": KillPoint(
+        "publish", r"^iter-0000/update$", what="checkpoint committed, the updates it covers not yet"
+    ),
+    "export": KillPoint(
+        "_put", r"^export/", r".*model\.safetensors$", what="export: config files written, weights not"
+    ),
+}
+
+
+def _stop(point: str, pause: bool) -> None:
+    print(f"{'PAUSED' if pause else 'KILLED'}-AT {point}", flush=True)
+    sys.stderr.flush()
+    marker = os.environ.get("RELIABILITY_MARKER")
+    if marker:
+        with open(marker, "w") as f:
+            f.write(point)
+    if pause:
+        while True:  # hold everything (the run lease included) until killed from outside
+            time.sleep(3600)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install(point: str, pause: bool = False) -> None:
+    kp = KILL_POINTS[point]
+    stage_re = re.compile(kp.stage)
+    if kp.method == "_put":
+        real_put: Callable[..., Any] = store_mod.StageWriter._put
+
+        def put(self: store_mod.StageWriter, name: str, data: bytes, *args: Any, **kw: Any) -> Any:
+            if stage_re.match(self.stage) and (kp.name is None or re.fullmatch(kp.name, name)):
+                if kp.torn:
+                    path = posixpath.join(self._stage_dir(), self.attempt, name)
+                    self.store.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+                    self.store.fs.pipe_file(path, data[: len(data) // 2])
+                _stop(point, pause)
+            return real_put(self, name, data, *args, **kw)
+
+        store_mod.StageWriter._put = put  # type: ignore[method-assign]
+    else:
+        real_publish: Callable[..., Any] = store_mod.ArtifactStore.publish
+
+        def publish(self: store_mod.ArtifactStore, manifest: Any) -> Any:
+            if stage_re.match(manifest.stage):
+                _stop(point, pause)
+            return real_publish(self, manifest)
+
+        store_mod.ArtifactStore.publish = publish  # type: ignore[method-assign]
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] in (["--kill-at"], ["--pause-at"]):
+        install(argv[1], pause=argv[0] == "--pause-at")
+        argv = argv[2:]
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    from flows.cli import main as cli
+
+    sys.argv = ["verl-flow", *argv]
+    cli()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
