@@ -296,3 +296,49 @@ def reference(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> R
     for run_id, r in results.items():
         assert r.returncode == 0, f"reference run {run_id} failed:\n{r.output[-4000:]}"
     return Reference(store, results, fingerprint(store, "left"))
+
+
+# ------------------------------------------------------------------------------------------------
+# One pipeline run on S3 through the fault proxy, with canary secrets in its environment
+
+CANARIES = {
+    "AWS_ACCESS_KEY_ID": "AKIACANARY7F3A9C0001",
+    "AWS_SECRET_ACCESS_KEY": "canary-secret-7f3a9c-wJalrXUtnFEMIK7MDENG",
+    "AWS_SESSION_TOKEN": "canary-session-token-7f3a9c-FwoGZXIvYXdzEJr",
+    "HF_TOKEN": "hf_canary7f3a9cQwErTyUiOpAsDfGhJkL",
+    "MLFLOW_TRACKING_PASSWORD": "canary-mlflow-password-7f3a9c",
+    "GITHUB_TOKEN": "ghp_canary7f3a9c0123456789abcdefABCDEF",
+    "WANDB_API_KEY": "canary-wandb-7f3a9c-0123456789abcdef",
+}
+FAULT_RATE = 0.1
+
+
+@dataclass(frozen=True)
+class S3Run:
+    store_url: str
+    run_id: str
+    workdir: Path  # the run's working directory (MLflow's sqlite database and artifacts land here)
+    result: Result
+    requests: int
+    faults: dict[str, int]
+
+
+@pytest.fixture(scope="session")
+def s3_faulty_run(
+    pipeline: Pipeline, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[S3Run]:
+    """The tiny pipeline on ``s3://`` through :class:`FaultProxy` (``FAULT_RATE`` of requests hit by a
+    500, 503, reset or delay), MLflow tracking on, every secret-looking variable a canary."""
+    import boto3
+
+    from tests.reliability.fault_proxy import FaultProxy
+
+    bucket = "reliability-faults"
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    workdir = tmp_path_factory.mktemp("s3-run")
+    with FaultProxy(s3_endpoint, rate=FAULT_RATE, seed=9, delay_s=0.2) as proxy:
+        env = {**CANARIES, "AWS_ENDPOINT_URL_S3": proxy.url, "AWS_DEFAULT_REGION": "us-east-1"}
+        result = pipeline.run(
+            f"s3://{bucket}/team", "faulty", overrides=["tracking.enabled=true"], env=env, cwd=workdir
+        )
+        yield S3Run(f"s3://{bucket}/team", "faulty", workdir, result, proxy.requests, dict(proxy.counts))
