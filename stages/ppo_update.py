@@ -134,7 +134,7 @@ def ppo_update(
             norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
         )
         finite = {"scores": scores, "advantages": adv.advantages, "returns": adv.returns}
-        _check_finite({**finite, "old_log_probs": old_logp})
+        _check_finite({**finite, "old_log_probs": old_logp}, iteration)
 
     # 5. Critic, then actor: ppo_epochs passes over mini-batches of whole prompt groups
     group_ids = rollouts.column("group_id").to_pylist()
@@ -347,10 +347,12 @@ def _pad_lists(values: list[list[float]], mask: Tensor) -> Tensor:
     return out
 
 
-def _check_finite(tensors: dict[str, Tensor]) -> None:
+def _check_finite(tensors: dict[str, Tensor], iteration: int) -> None:
     for name, t in tensors.items():
         if not torch.isfinite(t).all():
-            raise NonFiniteError(f"ppo_update: {name} contains NaN/Inf (before any optimizer step)")
+            raise NonFiniteError(
+                f"ppo_update: iteration {iteration}: {name} contains NaN/Inf (before any optimizer step)"
+            )
 
 
 def _batch_metrics(

@@ -152,8 +152,17 @@ class TrainEngine:
             total += float(loss.detach())
         grad_norm = self.strategy.clip_grad_norm(self.params, self.spec.grad_clip)
         if not torch.isfinite(grad_norm):
+            bad = [
+                n
+                for n, p in self.model.named_parameters()
+                if p.grad is not None and not p.grad.isfinite().all()
+            ]
             self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteError(f"{where}: grad_norm is {grad_norm.item()} at step {self.global_step}")
+            named = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            raise NonFiniteError(
+                f"{where}: grad_norm is {grad_norm.item()} at step {self.global_step} "
+                f"(non-finite gradient of {named or 'no single parameter'})"
+            )
         lr = float(self.scheduler.get_last_lr()[0])
         self.optimizer.step()
         self.scheduler.step()
