@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,10 +138,9 @@ def finish(proc: subprocess.Popen[str], t0: float, timeout: float = 240) -> Resu
     return Result(proc.returncode, out, err, time.perf_counter() - t0)
 
 
-@pytest.fixture(scope="session")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
-    """A Prefect server on 127.0.0.1 (own PREFECT_HOME, so its database can be inspected)."""
-    home = tmp_path_factory.mktemp("prefect-home")
+@contextmanager
+def prefect_server(home: Path) -> Iterator[Pipeline]:
+    """A Prefect server on 127.0.0.1 with its own PREFECT_HOME (so its database can be inspected)."""
     port = free_port()
     env = os.environ.copy()
     env.update(
@@ -170,9 +170,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
             except OSError:
                 pass
             if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}"
-                )
+                tail = (home / "server.log").read_text()[-2000:]
+                raise RuntimeError(f"prefect server did not start: {tail}")
             time.sleep(0.5)
         yield Pipeline(api, home)
     finally:
@@ -183,6 +182,13 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
             server.kill()
             server.wait()
         log.close()
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """One Prefect server for every pipeline subprocess of the session."""
+    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as p:
+        yield p
 
 
 # ------------------------------------------------------------------------------------------------
