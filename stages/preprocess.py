@@ -134,7 +134,7 @@ def _load_options(data: DataConfig) -> LoadOptions:
         arithmetic_digits=data.arithmetic_digits,
         arithmetic_steps=data.arithmetic_steps,
         arithmetic_ops=tuple(data.arithmetic_ops),
-        arithmetic_carry_slip=data.arithmetic_carry_slip,
+        arithmetic_stop_early=data.arithmetic_stop_early,
     )
 
 

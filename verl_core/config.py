@@ -83,10 +83,11 @@ class DataConfig(Section):
     arithmetic_val_size: PositiveInt = _f(100, "Synthetic arithmetic: held-out problems")
     arithmetic_digits: int = _f(2, "Synthetic arithmetic: digits of the +/- operands", ge=1, le=6)
     arithmetic_steps: int = _f(2, "Synthetic arithmetic: operations per problem", ge=1, le=8)
-    arithmetic_carry_slip: Prob = _f(
+    arithmetic_stop_early: Prob = _f(
         0.0,
-        "Synthetic arithmetic: probability that a training demonstration drops the carry of an addition "
-        "(an imperfect SFT teacher; ground truths and held-out solutions stay exact)",
+        "Synthetic arithmetic: probability that a training demonstration stops one operation short and "
+        "reports the value before it (an incomplete SFT teacher; ground truths and held-out solutions "
+        "stay exact)",
     )
     arithmetic_ops: list[Literal["+", "-", "*"]] = _f(
         ["+", "-"], "Synthetic arithmetic: operators drawn from (the * operand has one digit)", min_length=1

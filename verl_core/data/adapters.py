@@ -62,7 +62,7 @@ class LoadOptions:
     arithmetic_digits: int = 2
     arithmetic_steps: int = 2
     arithmetic_ops: tuple[str, ...] = ("+", "-")
-    arithmetic_carry_slip: float = 0.0
+    arithmetic_stop_early: float = 0.0
 
 
 class SplitSources(NamedTuple):
@@ -232,17 +232,17 @@ def _load_arithmetic(
     except ValueError as e:
         raise DataError(f"data.arithmetic_*: {e}") from None
 
-    def rows(chosen: list[arithmetic.ArithmeticProblem], split: str, slip: float) -> Iterator[RawRow]:
+    def rows(chosen: list[arithmetic.ArithmeticProblem], split: str, stop: float) -> Iterator[RawRow]:
         where = f"arithmetic(seed={options.seed})[{split}]"
         teacher = random.Random(f"arithmetic-teacher:{options.seed}")  # the problems do not depend on it
         for i, p in enumerate(chosen, start=1):
-            solution = arithmetic.teacher_solution(p, slip, teacher) if slip else p.solution
+            solution = arithmetic.teacher_solution(p, stop, teacher) if stop else p.solution
             data = {"question": p.question, "answer": solution, "ground_truth": str(p.answer)}
             yield RawRow(where, i, data, unit="row")
 
-    # the imperfect teacher writes the training demonstrations only; held-out solutions are exact
-    slip = options.arithmetic_carry_slip
-    return SplitSources(rows(problems[:n_train], "train", slip), rows(problems[n_train:], "test", 0.0))
+    # the incomplete teacher writes the training demonstrations only; held-out solutions are exact
+    stop = options.arithmetic_stop_early
+    return SplitSources(rows(problems[:n_train], "train", stop), rows(problems[n_train:], "test", 0.0))
 
 
 register_adapter(Adapter("gsm8k", _load_gsm8k, gsm8k_mapping(), ("train", "test")))

@@ -12,11 +12,12 @@ Operations are applied left to right (no precedence), results never go negative 
 draws an operand no larger than the running value), and the operand of ``*`` has one digit so that
 numbers stay short.
 
-An imperfect teacher (``carry_slip`` > 0): each addition whose ones digits carry is written without
-the carry with probability ``carry_slip`` (``7 + 5 = 2``, ``37 + 48 = 75``), and the worked solution
-goes on consistently from the wrong value. The problem and its ``answer`` stay exact; only the
-demonstration (``solution``) is wrong. SFT then imitates the slip, and RL with the exact-answer
-reward has something to correct: the quickstart's demonstration that RL improves on its SFT data.
+An incomplete teacher (``stop_early`` > 0): with that probability a training demonstration stops
+one operation short, reporting the value before the last operation as the answer (``#### 85``
+for "Start with 37. Add 48, then subtract 25."); the lines it does show are correct. The problem
+and its ``answer`` stay exact. SFT imitates the habit, and RL with the exact-answer reward has to
+learn to carry the computation through to the end: the quickstart's demonstration that RL improves
+on its SFT data (the held-out solutions are always complete).
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ class ArithmeticProblem:
     question: str
     solution: str
     answer: int
-    start: int = 0
-    operations: tuple[tuple[str, int], ...] = ()
 
 
 def make_problem(rng: random.Random, digits: int, steps: int, ops: Sequence[str]) -> ArithmeticProblem:
@@ -46,10 +45,8 @@ def make_problem(rng: random.Random, digits: int, steps: int, ops: Sequence[str]
     hi = 10**digits - 1
     lo = 10 ** (digits - 1) if digits > 1 else 0
     value = rng.randint(lo, hi)
-    start = value
     phrases: list[str] = []
     lines: list[str] = []
-    operations: list[tuple[str, int]] = []
     opening = rng.choice(_OPENINGS).format(a=value)
     for _ in range(steps):
         op = rng.choice(list(ops))
@@ -64,33 +61,22 @@ def make_problem(rng: random.Random, digits: int, steps: int, ops: Sequence[str]
             new = value + b
         phrases.append(_VERBS[op].format(b=b))
         lines.append(f"{value} {op} {b} = {new}")
-        operations.append((op, b))
         value = new
     body = ", then ".join(phrases)
     question = f"{opening} {body[0].upper()}{body[1:]}. {rng.choice(_QUESTIONS)}"
     solution = "\n".join([*lines, f"#### {value}"])
-    return ArithmeticProblem(question, solution, value, start, tuple(operations))
+    return ArithmeticProblem(question=question, solution=solution, answer=value)
 
 
-def teacher_solution(problem: ArithmeticProblem, carry_slip: float, rng: random.Random) -> str:
-    """The worked solution of an imperfect teacher: every addition whose ones digits carry
-    (``a % 10 + b % 10 >= 10``) is written as ``a + b - 10`` with probability ``carry_slip``; the
-    following lines are computed correctly from the value written. ``carry_slip=0``: the exact
-    solution."""
-    value = problem.start
-    lines: list[str] = []
-    for op, b in problem.operations:
-        if op == "*":
-            new = value * b
-        elif op == "-":
-            new = value - b
-        else:
-            new = value + b
-            if value >= 0 and value % 10 + b % 10 >= 10 and rng.random() < carry_slip:
-                new -= 10  # the dropped carry
-        lines.append(f"{value} {op} {b} = {new}")
-        value = new
-    return "\n".join([*lines, f"#### {value}"])
+def teacher_solution(problem: ArithmeticProblem, stop_early: float, rng: random.Random) -> str:
+    """The worked solution of an incomplete teacher: with probability ``stop_early`` (problems of two
+    or more operations) the last operation is left out and the value before it is reported.
+    ``stop_early=0``: the exact solution."""
+    lines = problem.solution.split("\n")[:-1]  # "a op b = c" per operation
+    if len(lines) < 2 or rng.random() >= stop_early:
+        return problem.solution
+    shown = lines[:-1]
+    return "\n".join([*shown, f"#### {shown[-1].rsplit(' = ', 1)[1]}"])
 
 
 def generate(

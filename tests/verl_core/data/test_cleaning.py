@@ -174,27 +174,24 @@ def test_arithmetic_generator() -> None:
         next(generate(1, seed=0, ops=("/",)))
 
 
-def test_teacher_drops_carries_and_goes_on_from_the_wrong_value() -> None:
-    # 37 + 48 = 85 (7 + 8 carries) → 75; 75 - 25 = 50; 50 + 16 = 66 (0 + 6: no carry, kept)
-    p = ArithmeticProblem("q", "exact", 76, 37, (("+", 48), ("-", 25), ("+", 16)))
-    always = teacher_solution(p, 1.0, random.Random(0))
-    assert always == "37 + 48 = 75\n75 - 25 = 50\n50 + 16 = 66\n#### 66"
-    never = teacher_solution(p, 0.0, random.Random(0))
-    assert never == "37 + 48 = 85\n85 - 25 = 60\n60 + 16 = 76\n#### 76"
-    # 7 + 5 = 12 carries → 2; 2 + 9: 2 + 9 = 11 carries too → 1
-    q = ArithmeticProblem("q", "exact", 21, 7, (("+", 5), ("+", 9)))
-    assert teacher_solution(q, 1.0, random.Random(0)) == "7 + 5 = 2\n2 + 9 = 1\n#### 1"
-    # at slip 0.5 about half the carrying additions are dropped
+def test_incomplete_teacher_stops_one_operation_short() -> None:
+    exact = "37 + 48 = 85\n85 - 25 = 60\n60 + 16 = 76\n#### 76"
+    p = ArithmeticProblem(question="q", solution=exact, answer=76)
+    # the last line dropped, the value before it (60) reported; shown lines unchanged
+    assert teacher_solution(p, 1.0, random.Random(0)) == "37 + 48 = 85\n85 - 25 = 60\n#### 60"
+    assert teacher_solution(p, 0.0, random.Random(0)) == exact
+    one_step = ArithmeticProblem(question="q", solution="3 + 4 = 7\n#### 7", answer=7)
+    assert teacher_solution(one_step, 1.0, random.Random(0)) == "3 + 4 = 7\n#### 7"  # nothing to drop
     rng = random.Random(1)
-    wrong = sum(teacher_solution(q, 0.5, rng) != "7 + 5 = 12\n12 + 9 = 21\n#### 21" for _ in range(2000))
-    assert 0.70 < wrong / 2000 < 0.80  # 1 - 0.5·0.5 = 0.75 of the demonstrations have a slip
+    short = sum(teacher_solution(p, 0.3, rng) != exact for _ in range(4000))
+    assert 0.27 < short / 4000 < 0.33  # about stop_early of the demonstrations
 
 
-def test_arithmetic_adapter_keeps_exact_ground_truth_under_a_sloppy_teacher() -> None:
+def test_arithmetic_adapter_keeps_exact_ground_truth_under_an_incomplete_teacher() -> None:
     opts = LoadOptions(arithmetic_train_size=300, arithmetic_val_size=50, arithmetic_digits=1)
     exact = get_adapter("arithmetic").load([], [], opts)
     sloppy = get_adapter("arithmetic").load(
-        [], [], LoadOptions(**{**opts.__dict__, "arithmetic_carry_slip": 1.0})
+        [], [], LoadOptions(**{**opts.__dict__, "arithmetic_stop_early": 1.0})
     )
     mapping = get_adapter("arithmetic").mapping
     assert mapping is not None
@@ -209,10 +206,12 @@ def test_arithmetic_adapter_keeps_exact_ground_truth_under_a_sloppy_teacher() ->
 
     assert key(clean["exact"].prompts) == key(clean["sloppy"].prompts)
     assert clean["exact"].responses != clean["sloppy"].responses
-    for prompt, response in zip(clean["sloppy"].prompts, clean["sloppy"].responses, strict=True):
-        shown = response.rsplit("#### ", 1)[1]
-        if "+" not in response:
-            assert shown == prompt["reward_model"]["ground_truth"]
+    for response in clean["sloppy"].responses:
+        # two operations, one shown: the reported value is the first result, not the ground truth
+        first, final = response.split("\n")
+        assert final == "#### " + first.rsplit(" = ", 1)[1]
+    truths = [p["reward_model"]["ground_truth"] for p in clean["sloppy"].prompts]
+    assert truths == [r.rsplit("#### ", 1)[1] for r in clean["exact"].responses]
     # the held-out split is never sloppy
     val = clean_rows(sloppy.val, mapping, split="test", report=CleaningReport())
     for prompt, response in zip(val.prompts, val.responses, strict=True):
