@@ -2,9 +2,9 @@
 (``flows.pipeline.rlhf_pipeline``: preprocess → template_pack → SFT → RL → export → eval), once per
 (config, seed), each in its own run on a temporary local store, one after the other in this process.
 
-    .venv/bin/python benchmarks/learning.py                      # quickstart (PPO) + quickstart_grpo, seeds 1 2 3
+    .venv/bin/python benchmarks/learning.py            # quickstart (PPO) + quickstart_grpo, seeds 1 2 3
     .venv/bin/python benchmarks/learning.py --configs configs/quickstart.yaml --seeds 1
-    .venv/bin/python benchmarks/learning.py trainer.total_iterations=30   # extra dotted overrides for every run
+    .venv/bin/python benchmarks/learning.py trainer.total_iterations=30   # overrides for every run
 
 A seed sets ``data.seed`` (which problems, which held out, shuffling), ``trainer.seed`` (model init,
 dropout-free training order) and ``rollout.seed`` (sampling). Accuracy is greedy exact-match on the
