@@ -110,7 +110,7 @@ def main() -> int:
                         attempts, delays, ok = _one_run(
                             pipeline,
                             proxy.url,
-                            "s3://soak/runs",
+                            "s3://soak/team",
                             run_id,
                             args.kills,
                             (args.kill_min_s, args.kill_max_s),
@@ -118,7 +118,11 @@ def main() -> int:
                             root,
                         )
                     os.environ["AWS_ENDPOINT_URL_S3"] = endpoint  # read back without faults
-                    same = ok and fingerprint("s3://soak/runs", run_id) == reference
+                    got = fingerprint("s3://soak/team", run_id) if ok else {}
+                    same = ok and got == reference
+                    if ok and not same:
+                        diff = sorted(k for k in set(got) | set(reference) if got.get(k) != reference.get(k))
+                        print(f"  differs from the reference in: {diff}")
                     failures += not same
                     faults.update(proxy.counts)
                     requests += proxy.requests

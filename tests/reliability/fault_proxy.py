@@ -143,6 +143,12 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 conn.close()
 
         def _handle(self) -> None:
+            try:
+                self._proxy()
+            except (BrokenPipeError, ConnectionResetError):  # the client went away (e.g. killed)
+                self.close_connection = True
+
+        def _proxy(self) -> None:
             body = self._body()
             fault = proxy.draw()
             if fault in ("500", "503"):
