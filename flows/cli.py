@@ -244,7 +244,7 @@ def eval_cmd(
         if model:
             source = dir_source(model)
         elif iteration is None and exports:
-            source = export_source(st.manifest_uri(run_id, exports[-1].stage))
+            source = export_source(st, st.manifest_uri(run_id, exports[-1].stage))
         else:
             source = in_run_source(st, run_id, iteration)
         uri = evaluate.fn(ctx, cfg, source)

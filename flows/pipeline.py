@@ -132,7 +132,8 @@ def rlhf_pipeline(
             else:
                 stages["export"] = timed("export", lambda: export_flow(ctx, cfg, None))
             if cfg.eval.enable:
-                stages["eval"] = timed("eval", lambda: evaluate(ctx, cfg, export_source(stages["export"])))
+                source = export_source(ctx.store(), stages["export"])
+                stages["eval"] = timed("eval", lambda: evaluate(ctx, cfg, source))
                 result["eval"] = ctx.store().read_manifest(stages["eval"]).summary
         stages["report"] = report(ctx, dict(timing))
         publish(ctx, result, cfg.eval.table_rows)

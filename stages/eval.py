@@ -55,8 +55,9 @@ def in_run_source(store: ArtifactStore, run_id: str, iteration: int | None) -> E
     return EvalSource(s.stage.replace("/", "-"), manifest_uri=s.manifest_uri)
 
 
-def export_source(export_uri: str) -> EvalSource:
-    stage = export_uri.rsplit("/manifest.json", 1)[0].split("/runs/", 1)[1].split("/", 1)[1]
+def export_source(store: ArtifactStore, export_uri: str) -> EvalSource:
+    """The committed export (or checkpoint) at ``export_uri``, named after its stage."""
+    stage = store.read_manifest(export_uri).stage
     return EvalSource(stage.replace("/", "-"), manifest_uri=export_uri)
 
 

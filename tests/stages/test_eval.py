@@ -12,13 +12,14 @@ from verl_core.evaluation import pass_at_k
 
 
 def test_eval_reports_accuracy_and_pass_at_k(tmp_path: Path) -> None:
-    ctx, cfg = _run(tmp_path / "store", "ev", 0)
+    # a store whose own path contains "/runs/" (the eval stage is named from the manifest, not the URI)
+    ctx, cfg = _run(tmp_path / "runs" / "store", "ev", 0)
     cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"k": 3, "max_samples": 6})})
     _checkpoint(ctx, cfg, 1)
     store = ctx.store()
     export_uri = export_model.fn(ctx, cfg, 1)
 
-    uri = evaluate.fn(ctx, cfg, export_source(export_uri))
+    uri = evaluate.fn(ctx, cfg, export_source(ctx.store(), export_uri))
     m = store.read_manifest(uri)
     assert m.stage == "eval/export-iter-0001"
     report = m.summary
@@ -56,6 +57,6 @@ def test_eval_reports_accuracy_and_pass_at_k(tmp_path: Path) -> None:
     assert texts[0] == texts[1] == texts[2]
     # rerun: skipped
     assert (
-        evaluate.fn(ctx, cfg, export_source(export_uri)) == uri
+        evaluate.fn(ctx, cfg, export_source(ctx.store(), export_uri)) == uri
         and store.read_manifest(uri).attempt == m.attempt
     )
