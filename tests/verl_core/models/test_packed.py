@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from verl_core.models.attention import length_buckets
 from verl_core.models.heads import packed_sequence_scores, value_model_from_policy
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
 from verl_core.models.packed import (
@@ -25,10 +26,12 @@ def tiny(arch: str, seed: int = 0) -> torch.nn.Module:
     return init_causal_lm(scratch_config(spec, 97, eos_token_id=0, pad_token_id=0), seed=seed).eval()
 
 
-def ragged_batch(seed: int = 0) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+def ragged_batch(
+    seed: int = 0, lengths: list[int] = LENGTHS
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    seqs = [torch.randint(1, 97, (n,), generator=g) for n in LENGTHS]
-    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
+    seqs = [torch.randint(1, 97, (n,), generator=g) for n in lengths]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     return seqs, torch.cat(seqs), cu
 
 
@@ -53,14 +56,26 @@ def test_positions_and_targets_by_hand() -> None:
     assert has.tolist() == [True, True, False, False, True, False]
 
 
+def test_length_buckets_by_hand() -> None:
+    # sorted lengths 1 3 6 7 8 8 (indices 1 5 4 0 2 3); a bucket grows while count·max² ≤ 1.25·Σ len²:
+    # {1}+3: 2·9=18 > 1.25·10 → new; {3}+6: 72 > 56.25 → new; {6}+7: 98 ≤ 106.25 → {6,7};
+    # {6,7}+8: 3·64=192 > 1.25·149=186.25 → new; {8}+8: 128 ≤ 160 → {8,8}
+    assert length_buckets([7, 1, 8, 8, 6, 3]) == [[1], [5], [4, 0], [2, 3]]
+    assert length_buckets([]) == []
+    assert length_buckets([4] * 5) == [[0, 1, 2, 3, 4]]  # equal lengths: one bucket, no padding
+
+
+@pytest.mark.parametrize("lengths", [LENGTHS, [7, 1, 8, 8, 6, 3]], ids=["singletons", "padded-buckets"])
 @pytest.mark.parametrize("varlen", [False, True], ids=["sdpa-mask", "varlen_sdpa"])
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_packed_equals_per_sequence_logprobs_entropy_and_grads(arch: str, varlen: bool) -> None:
+def test_packed_equals_per_sequence_logprobs_entropy_and_grads(
+    arch: str, varlen: bool, lengths: list[int]
+) -> None:
     model = tiny(arch)
     if varlen:
         use_varlen_attention(model)
         assert model.config._attn_implementation == "varlen_sdpa"
-    seqs, flat, cu = ragged_batch()
+    seqs, flat, cu = ragged_batch(lengths=lengths)
     ref_lp, ref_ent = reference_log_probs(model, seqs)
     ref_loss = torch.cat(ref_lp).sum() + 0.1 * torch.cat(ref_ent).sum()
     ref_grads = torch.autograd.grad(ref_loss, list(model.parameters()))
