@@ -243,10 +243,10 @@ def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
             w = reward.fn(ctx, cfg.reward, r, it, cfg.data.max_response_length)
             times["reward stage"] += time.perf_counter() - t
             t = time.perf_counter()
-            u = ppo_update.fn(ctx, cfg, r, w, it)
+            ppo_update.fn(ctx, cfg, r, w, it)
             times["update stage"] += time.perf_counter() - t
             rs = store.read_manifest(r).summary
-            us = store.read_manifest(u).summary
+            us = state.pending[-1].summary  # the update's manifest is published by the next checkpoint
             samples += rs["samples"]
             tokens += rs["generated_tokens"]
             times["rollout: generate"] += rs["seconds"]
