@@ -35,12 +35,11 @@ weights): same seeds should give the same run whichever way it is driven. Varian
 across ``--repeats``; the median of each is reported. A shared, loaded machine makes ±5% noise likely:
 read the per-iteration milliseconds rather than the percentage alone.
 
-Measured here (Nov 2026, shared 2-core machine under load from other jobs, 1 thread): Prefect
-ephemeral start-up 9–17 s, empty flow ~1.2 s; each stage task costs ~16–26 ms on top of its body, so
-~55–70 ms per iteration (3 tasks); artifacts + manifests + stage bookkeeping ~65–110 ms per iteration.
-Default (32×8 samples/iteration, ~4 s/iteration): overhead 180 ms/iteration = 4.6% of the kernels
-(Prefect alone 1.7%). At 8×4 samples/iteration (~0.7 s/iteration): 118 ms = 17% (Prefect alone 7%).
-A flow run adds ~1.2–1.3 s fixed (vs ~0.1 s for the direct init + checkpoint calls).
+Measured here (22 Nov 2026, idle 2-core machine, 1 thread, the one-digit quickstart_grpo task, 32×8
+samples/iteration, ~2.5 s/iteration, ``--repeats 3``): orchestration overhead 89 ms/iteration = 3.7% of
+the kernels within the same runs (Prefect tasks 32 ms = 1.3%, artifacts + bookkeeping 57 ms); across
+runs flow − bare +4.2%. Prefect ephemeral start-up 8.5 s; a flow run adds ~1.1 s fixed. Earlier (loaded
+machine): at 8×4 samples/iteration (~0.7 s/iteration) the same ~120 ms/iteration was 17%.
 """
 
 from __future__ import annotations

@@ -55,12 +55,14 @@ packs training micro-batches); ours adds dual-clip (c=3) to the PPO loss. The mo
 stages says ``use_cache: false`` (packed training forwards need it); TRL's ``generate`` then runs
 without a KV cache (~7× slower generation here), so the TRL model gets ``use_cache=True`` back.
 
-Measured here (Nov 2026, shared 2-core machine under load from other jobs, 1 thread, 338k-param Qwen2,
-beta 0.04, rewards ~0 after 40 SFT steps): defaults, two invocations: ours/TRL 1.25× and 1.08× samples/s
-(~45–53 vs ~42 samples/s, ~1.1–1.3k vs ~1.0k generated tok/s); ``--batch 32 --n 8 --mini 8
---iterations 3 --repeats 1``: 1.18×. The 2× goal is not met: both spend about half the time in
-HF ``generate``; ours wins on the no-grad log-prob passes (packed, one micro-batch), TRL is not slower
-in the loss forward + backward, and our artifacts cost ~50–60 ms per iteration.
+Measured here (22 Nov 2026, idle 2-core machine, 1 thread, 338k-param Qwen2, beta 0.04, rewards ~0
+after 40 SFT steps), after ``varlen_sdpa`` went from one sdpa call per sequence to one per length
+bucket: defaults (8×4): ours/TRL 1.21× samples/s, 1.46× generated tok/s (58.9 vs 48.9 samples/s);
+``--batch 32 --n 8 --mini 8`` (the quickstart's geometry): 1.58× samples/s, 1.60× tok/s (91.9 vs 58.2).
+Per iteration at 32×8: generate 1.10 s vs 1.41 s, old + ref log-probs 0.65 s vs 1.12 s, actor update
+(fwd+bwd+optim) 1.00 s vs 1.83 s, our artifacts 0.04 s. The 2× goal is not met: both sides generate
+with HF ``generate`` (ours buckets by prompt length; 39–53% of our time), where we are only ~1.3×
+faster; the packed training passes are ~1.7–1.8× faster than TRL's padded ones.
 """
 
 from __future__ import annotations
