@@ -321,28 +321,16 @@ def bare_update(
     artifacts, metrics or the per-sample table: same helpers, same order, same seeds."""
     from stages import ppo_update as pu
     from verl_core.algorithms import agg_norm_for, get_adv_estimator
-    from verl_core.training.ppo import make_ppo_batch, response_log_probs, token_rewards
+    from verl_core.training.ppo import make_ppo_batch, token_rewards
 
     full = make_ppo_batch(prompts, responses)
     mask = full.response_mask.to(state.device)
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
     budget = cfg.actor.ppo_max_token_len_per_gpu
-    temp = cfg.rollout.temperature or 1.0
     if cfg.actor.use_rollout_logprobs:
         raise SystemExit("bare loop: actor.use_rollout_logprobs is not implemented here")
-    old = pu._forward(
-        state,
-        prompts,
-        responses,
-        lengths,
-        cfg.rollout.log_prob_max_token_len_per_gpu,
-        mask,
-        lambda b: response_log_probs(state.actor, b, temperature=temp)[0],
-    )
-    ref = None
-    if cfg.actor.use_kl_loss:
-        ref_budget = cfg.ref.log_prob_max_token_len_per_gpu
-        ref = pu._forward(state, prompts, responses, lengths, ref_budget, mask, pu._ref_fn(state, temp))
+    old = pu.old_log_probs(state, cfg, prompts, responses, lengths, mask)
+    ref = pu.ref_log_probs(state, cfg, prompts, responses, lengths, mask) if cfg.actor.use_kl_loss else None
     scores = torch.tensor(score_list, dtype=torch.float32, device=state.device)
     adv = get_adv_estimator(cfg.algorithm.adv_estimator)(
         token_level_rewards=token_rewards(scores, mask),

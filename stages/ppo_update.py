@@ -70,27 +70,17 @@ def ppo_update(
     full = make_ppo_batch(prompts, responses)
     mask = full.response_mask.to(state.device)  # (S, R)
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
-    temp = cfg.rollout.temperature or 1.0
 
     # 3. Old log-probs, reference log-probs, values (no grad)
     with _timer(timing, "old_log_prob"):
         if cfg.actor.use_rollout_logprobs:
             old_logp = _pad_lists(rollouts.column("logprobs").to_pylist(), mask)
         else:
-            old_logp = _forward(
-                state,
-                prompts,
-                responses,
-                lengths,
-                cfg.rollout.log_prob_max_token_len_per_gpu,
-                mask,
-                lambda b: response_log_probs(state.actor, b, temperature=temp)[0],
-            )
+            old_logp = old_log_probs(state, cfg, prompts, responses, lengths, mask)
     ref_logp = None
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         with _timer(timing, "ref"):
-            ref_budget = cfg.ref.log_prob_max_token_len_per_gpu
-            ref_logp = _forward(state, prompts, responses, lengths, ref_budget, mask, _ref_fn(state, temp))
+            ref_logp = ref_log_probs(state, cfg, prompts, responses, lengths, mask)
     values = None
     if state.critic is not None:
         with _timer(timing, "values"):
@@ -240,6 +230,42 @@ def _forward(
         value = fn(_mb(state, prompts, responses, rows))
         out[rows, : value.shape[1]] = value.float()
     return out
+
+
+def old_log_probs(
+    state: RLState,
+    cfg: VerlFlowConfig,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    lengths: list[int],
+    mask: Tensor,
+) -> Tensor:
+    """``(S, R)`` log-probs of the responses under the current actor (no grad, rollout temperature)."""
+    temp = cfg.rollout.temperature or 1.0
+    budget = cfg.rollout.log_prob_max_token_len_per_gpu
+    return _forward(
+        state,
+        prompts,
+        responses,
+        lengths,
+        budget,
+        mask,
+        lambda b: response_log_probs(state.actor, b, temperature=temp)[0],
+    )
+
+
+def ref_log_probs(
+    state: RLState,
+    cfg: VerlFlowConfig,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    lengths: list[int],
+    mask: Tensor,
+) -> Tensor:
+    """``(S, R)`` log-probs under the reference (the frozen start policy; LoRA: adapters disabled)."""
+    temp = cfg.rollout.temperature or 1.0
+    budget = cfg.ref.log_prob_max_token_len_per_gpu
+    return _forward(state, prompts, responses, lengths, budget, mask, _ref_fn(state, temp))
 
 
 def _ref_fn(state: RLState, temp: float) -> Callable[[PPOBatch], Tensor]:

@@ -57,7 +57,7 @@ def varlen_sdpa_attention(
     lens_all = (cu[1:] - cu[:-1]).to(device=q.device, dtype=torch.long)
     pieces: list[Tensor] = []
     where: list[Tensor] = []
-    for bucket in length_buckets((cu[1:] - cu[:-1]).tolist()):
+    for bucket in length_buckets(lens_all.tolist()):
         sel = torch.tensor(bucket, device=q.device)
         starts, lens = starts_all[sel], lens_all[sel]  # (G,)
         pos = torch.arange(int(lens.max()), device=q.device)  # (L,)
