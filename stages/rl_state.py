@@ -51,6 +51,13 @@ from verl_core.rollout import RolloutEngine, make_engine
 from verl_core.run import RunContext
 from verl_core.store import ArtifactStore, Manifest
 from verl_core.training.engine import OptimSpec, SingleStrategy, TrainEngine
+from verl_core.training.ppo import (
+    ActorLossSpec,
+    AdapterDisabledPolicy,
+    LogProbModel,
+    PPOModels,
+    PPOSpec,
+)
 
 CKPT_RE = re.compile(r"^ckpt/iter-(\d{4,})$")
 PENDING = "pending"  # checkpoint files holding the manifests of updates it publishes
@@ -62,7 +69,7 @@ class RLState:
     lm: nn.Module  # the HF (or PEFT) policy
     actor: PackedCausalLM
     actor_engine: TrainEngine
-    ref: PackedCausalLM | None  # None for a LoRA actor: the base with adapters disabled
+    ref: LogProbModel | None  # None without KL; a LoRA actor's is the base with adapters disabled
     critic: PackedScoreModel | None
     critic_engine: TrainEngine | None
     tokenizer: Any
@@ -125,15 +132,17 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         lm = read_policy(store, store.read_manifest(sft_uri), "policy", cfg.model)
     else:
         lm = build_policy(cfg.model, tokenizer, seed=cfg.trainer.seed)
-    ref = None
-    if cfg.model.lora_rank == 0 and (cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward):
-        # the starting policy (SFT, or the initial model), frozen
-        if sft_uri:
-            frozen = read_policy(store, store.read_manifest(sft_uri), "policy", cfg.model)
-        else:
-            frozen = build_policy(cfg.model, tokenizer, seed=cfg.trainer.seed)
-        ref = PackedCausalLM(frozen.eval().requires_grad_(False)).to(device)
+    ref: LogProbModel | None = None
     actor = PackedCausalLM(lm)
+    if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+        if cfg.model.lora_rank:  # the base with the adapters disabled
+            ref = AdapterDisabledPolicy(actor, lm)
+        else:  # the starting policy (SFT, or the initial model), frozen
+            if sft_uri:
+                frozen = read_policy(store, store.read_manifest(sft_uri), "policy", cfg.model)
+            else:
+                frozen = build_policy(cfg.model, tokenizer, seed=cfg.trainer.seed)
+            ref = PackedCausalLM(frozen.eval().requires_grad_(False)).to(device)
     actor_engine = TrainEngine(actor, _actor_spec(cfg), SingleStrategy(device))
     critic = critic_engine = None
     if cfg.use_critic:
@@ -309,3 +318,50 @@ def _engine_kwargs(cfg: VerlFlowConfig) -> dict[str, Any]:
             "gpu_memory_utilization": r.gpu_memory_utilization,
         }
     return {"max_batch_size": r.max_batch_size}
+
+
+def ppo_models(state: RLState) -> PPOModels:
+    """The models one PPO iteration reads and trains."""
+    return PPOModels(
+        state.actor, state.actor_engine, state.ref, state.critic, state.critic_engine, state.device
+    )
+
+
+def ppo_spec(cfg: VerlFlowConfig, iteration: int) -> PPOSpec:
+    """The settings of iteration ``iteration``'s update (the actor waits out ``trainer.critic_warmup``)."""
+    a, c, alg = cfg.actor, cfg.critic, cfg.algorithm
+    temperature = cfg.rollout.temperature or 1.0
+    return PPOSpec(
+        actor=ActorLossSpec(
+            policy_loss=a.policy_loss,
+            loss_agg_mode=a.loss_agg_mode,
+            clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
+            clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high,
+            clip_ratio_c=a.clip_ratio_c,
+            entropy_coeff=a.entropy_coeff,
+            use_kl_loss=a.use_kl_loss,
+            kl_loss_coef=a.kl_loss_coef,
+            kl_loss_type=a.kl_loss_type,
+            temperature=temperature,
+        ),
+        adv_estimator=alg.adv_estimator,
+        gamma=alg.gamma,
+        lam=alg.lam,
+        norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+        use_kl_in_reward=alg.use_kl_in_reward,
+        kl_penalty=alg.kl_penalty,
+        actor_epochs=a.ppo_epochs,
+        actor_mini_batch_groups=a.ppo_mini_batch_size,
+        critic_epochs=c.ppo_epochs,
+        critic_mini_batch_groups=c.ppo_mini_batch_size,
+        micro_batch_size=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
+        actor_token_budget=a.ppo_max_token_len_per_gpu,
+        critic_token_budget=c.ppo_max_token_len_per_gpu,
+        log_prob_token_budget=cfg.rollout.log_prob_max_token_len_per_gpu,
+        ref_token_budget=cfg.ref.log_prob_max_token_len_per_gpu,
+        cliprange_value=c.cliprange_value,
+        critic_loss_agg_mode=c.loss_agg_mode,
+        horizon=float(cfg.data.max_response_length),
+        update_actor=iteration >= cfg.trainer.critic_warmup,
+        use_rollout_logprobs=a.use_rollout_logprobs,
+    )

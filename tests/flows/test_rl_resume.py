@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import flows.rl as rl_flow
-import stages.ppo_update as ppo_update_module
+import verl_core.training.ppo as ppo_module
 from flows.rl import rl_loop
 from stages.preprocess import preprocess
 from stages.rl_state import list_checkpoints
@@ -164,8 +164,8 @@ def test_non_finite_scores_stop_the_update_before_commit(
     # scores that reach the update stage non-finite (e.g. from a reward artifact written elsewhere):
     # the update names the tensor before any optimizer step
     root, tp = prompts
-    real = ppo_update_module.token_rewards
-    monkeypatch.setattr(ppo_update_module, "token_rewards", lambda s, m: real(s * float("inf"), m))
+    real = ppo_module.scores_to_token_rewards
+    monkeypatch.setattr(ppo_module, "scores_to_token_rewards", lambda s, m: real(s * float("inf"), m))
     ctx = _ctx(root, "nonfinite-update")
     with pytest.raises(
         NonFiniteError, match=r"ppo_update: .* contains NaN/Inf \(before any optimizer step\)"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import flows.rl as rl_flow
-import stages.ppo_update as ppo_update_module
+import verl_core.training.ppo as ppo_module
 from flows.rl import rl_loop
 from stages.preprocess import preprocess
 from stages.rl_state import RLState, drop_state, get_state, init_state, list_checkpoints
@@ -85,17 +85,17 @@ def _logits(value: float, with_grad: bool, state: RLState) -> Iterator[None]:
 
 @contextmanager
 def _loss(value: float, state: RLState) -> Iterator[None]:
-    real = ppo_update_module.actor_loss
+    real = ppo_module.actor_loss
 
     def actor_loss(*args: Any, **kw: Any) -> Any:
         loss, metrics = real(*args, **kw)
         return loss * value, metrics
 
-    ppo_update_module.actor_loss = actor_loss  # type: ignore[assignment]
+    ppo_module.actor_loss = actor_loss  # type: ignore[assignment]
     try:
         yield
     finally:
-        ppo_update_module.actor_loss = real
+        ppo_module.actor_loss = real
 
 
 @contextmanager

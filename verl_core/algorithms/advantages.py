@@ -91,13 +91,14 @@ def scores_to_token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
         response_mask: ``(B, T)``.
 
     Returns:
-        ``(B, T)`` zeros except ``scores[i]`` at the last position where ``response_mask[i]`` is set
-        (rows with an empty mask stay all zero).
+        ``(B, T)`` on the mask's device, zeros except ``scores[i]`` at the last position where
+        ``response_mask[i]`` is set (rows with an empty mask stay all zero).
     """
     mask = response_mask.to(torch.bool)
+    scores = scores.to(mask.device)
     positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)  # (B, T)
     last = torch.where(mask, positions, -1).max(dim=-1).values  # (B,), -1 for empty rows
-    rewards = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
+    rewards = torch.zeros(mask.shape, dtype=scores.dtype, device=mask.device)
     rows = torch.nonzero(last >= 0).squeeze(-1)
     rewards[rows, last[rows]] = scores[rows]
     return rewards

@@ -1,196 +1,511 @@
-"""PPO/GRPO update kernels on packed rollouts.
+"""One PPO/GRPO iteration, :func:`ppo_iteration`, over a typed :class:`RolloutBatch`; it reads like
+cleanrl's ``ppo.py``: old/ref log-probs and values, token rewards and advantages, then epochs ×
+shuffled mini-batches of whole prompt groups × micro-batches (kernels in
+:mod:`verl_core.training.ppo_kernels`).
 
-Samples (prompt + response) are packed without padding for the forward pass; everything the
-algorithms need (log-probs, values, advantages, masks) is laid out per response token as padded
-``(S, R)`` tensors, R the longest response in the batch. ``gather_index[s, j]`` is the packed position
-whose next-token prediction is response token j of sample s (``cu_seqlens[s] + P_s − 1 + j``), so
-
-    response_log_probs[s, j] = log π(y_{s,j} | prompt_s, y_{s,<j}) = packed_log_probs[gather_index[s, j]]
-
-and the critic's value of the state before token j is ``values[gather_index[s, j]]`` (verl's
-``values[:, -R-1:-1]``).
-
-Losses follow :mod:`verl_core.algorithms`: the stage builds one :class:`AggNorm` per mini-batch and
-every micro-batch loss is its share of the mini-batch loss.
+Losses follow :mod:`verl_core.algorithms`: one :class:`AggNorm` per mini-batch (summed over the
+data-parallel group when there is one), and every micro-batch loss is its share of the mini-batch
+loss, so gradients and the logged metrics do not depend on micro-batching.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property, partial
 from typing import NamedTuple
 
+import pyarrow as pa
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from verl_core.algorithms import (
     AggNorm,
-    compute_kl_loss,
-    compute_value_loss,
-    entropy_bonus,
-    get_policy_loss,
+    KLController,
+    apply_kl_penalty,
+    explained_variance,
+    get_adv_estimator,
     masked_mean,
+    scores_to_token_rewards,
 )
+from verl_core.data.packing import dynamic_micro_batches
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
+from verl_core.training.engine import NonFiniteError, TrainEngine
+from verl_core.training.ppo_kernels import (
+    ActorLossSpec,
+    AdapterDisabledPolicy,
+    LogProbModel,
+    PPOBatch,
+    actor_loss,
+    critic_loss,
+    make_ppo_batch,
+    response_log_probs,
+    response_values,
+)
 
-
-class PPOBatch(NamedTuple):
-    """S packed samples.
-
-    input_ids     (N,)    prompt_s ⧺ response_s for every s, concatenated
-    cu_seqlens    (S+1,)  int32 offsets of the samples
-    gather_index  (S, R)  packed position predicting response token j of sample s (0 where padded)
-    response_mask (S, R)  1.0 on real response tokens
-    """
-
-    input_ids: Tensor
-    cu_seqlens: Tensor
-    gather_index: Tensor
-    response_mask: Tensor
-
-    def to(self, device: torch.device | str) -> PPOBatch:
-        return PPOBatch(*(t.to(device) for t in self))
-
-
-def make_ppo_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> PPOBatch:
-    """Pack ``prompts[s] + responses[s]``. Every prompt needs ≥ 1 token (something predicts the first
-    response token); an empty response gives an all-zero mask row."""
-    if len(prompts) != len(responses):
-        raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
-    r_max = max((len(r) for r in responses), default=0)
-    ids: list[int] = []
-    starts = [0]
-    gather = torch.zeros(len(prompts), max(r_max, 1), dtype=torch.long)
-    mask = torch.zeros(len(prompts), max(r_max, 1))
-    for s, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-        if not p:
-            raise ValueError(f"sample {s} has an empty prompt")
-        first = starts[-1] + len(p) - 1  # position predicting response token 0
-        gather[s, : len(r)] = torch.arange(first, first + len(r))
-        mask[s, : len(r)] = 1.0
-        ids.extend(p)
-        ids.extend(r)
-        starts.append(len(ids))
-    return PPOBatch(
-        torch.tensor(ids, dtype=torch.long), torch.tensor(starts, dtype=torch.int32), gather, mask
-    )
-
-
-def response_log_probs(
-    model: PackedCausalLM, batch: PPOBatch, *, temperature: float = 1.0, with_entropy: bool = False
-) -> tuple[Tensor, Tensor | None]:
-    """``(S, R)`` log-probs of the response tokens (and entropies) under ``model``, 0 where masked."""
-    out, _ = model(batch.input_ids, batch.cu_seqlens, temperature=temperature, with_entropy=with_entropy)
-    logp = out.log_probs[batch.gather_index] * batch.response_mask
-    ent = None if out.entropy is None else out.entropy[batch.gather_index] * batch.response_mask
-    return logp, ent
-
-
-def response_values(critic: PackedScoreModel, batch: PPOBatch) -> Tensor:
-    """``(S, R)`` values V(state before response token j), 0 where masked."""
-    values = critic(batch.input_ids, batch.cu_seqlens)  # (N,)
-    return values[batch.gather_index] * batch.response_mask
+__all__ = [
+    "ActorLossSpec",
+    "AdapterDisabledPolicy",
+    "PPOIterationResult",
+    "PPOModels",
+    "PPOSpec",
+    "RolloutBatch",
+    "micro_batches",
+    "minibatches",
+    "ppo_iteration",
+]
 
 
 @dataclass(frozen=True)
-class ActorLossSpec:
-    policy_loss: str
-    loss_agg_mode: str
-    clip_ratio_low: float
-    clip_ratio_high: float
-    clip_ratio_c: float
-    entropy_coeff: float
-    use_kl_loss: bool
-    kl_loss_coef: float
-    kl_loss_type: str
-    temperature: float
+class RolloutBatch:
+    """The S training samples of one iteration, built once from the rollouts and rewards tables.
 
+    prompt_ids          S lists of prompt token ids (each ≥ 1 token)
+    response_ids        S lists of sampled response token ids (exactly as the engine sampled them)
+    group_ids           (S,) int64: the prompt group of each sample (GRPO/RLOO baselines; a mini-batch
+                        holds whole groups)
+    sample_index        (S,) int64: the sample's index within its group
+    scores              (S,) float32: outcome score of each sample
+    behaviour_log_probs (S, R) float32 or None: log-probs the rollout engine sampled with
+    loss_mask           (S, R) float32 or None: 1 on tokens the policy generated, 0 on tokens it did
+                        not (tool output in a multi-turn response); None: every response token
+    baseline_scores     (S,) float32 or None: score of the greedy response to the sample's prompt (ReMax)
+    """
 
-def actor_loss(
-    model: PackedCausalLM,
-    batch: PPOBatch,
-    old_log_probs: Tensor,
-    advantages: Tensor,
-    ref_log_probs: Tensor | None,
-    spec: ActorLossSpec,
-    norm: AggNorm,
-) -> tuple[Tensor, dict[str, float]]:
-    """L = L_pg − c_H·H̄ + β·KL(π‖π_ref) for one micro-batch; per-token inputs ``(S, R)``."""
-    mask = batch.response_mask
-    log_prob, entropy = response_log_probs(model, batch, temperature=spec.temperature, with_entropy=True)
-    pg = get_policy_loss(spec.policy_loss)(
-        log_prob=log_prob,
-        old_log_prob=old_log_probs,
-        advantages=advantages,
-        response_mask=mask,
-        loss_agg_mode=spec.loss_agg_mode,
-        clip_ratio_low=spec.clip_ratio_low,
-        clip_ratio_high=spec.clip_ratio_high,
-        clip_ratio_c=spec.clip_ratio_c,
-        norm=norm,
-    )
-    loss = pg.loss
-    metrics = {
-        "actor/pg_loss": float(pg.loss.detach()),
-        "actor/pg_clipfrac": float(pg.stats.pg_clipfrac),
-        "actor/pg_clipfrac_lower": float(pg.stats.pg_clipfrac_lower),
-        "actor/ppo_kl": float(pg.stats.ppo_kl),
-    }
-    assert entropy is not None
-    bonus = entropy_bonus(entropy, mask, spec.entropy_coeff, spec.loss_agg_mode, norm)
-    loss = loss + bonus.loss
-    metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
-    if spec.use_kl_loss:
-        if ref_log_probs is None:
-            raise ValueError("actor.use_kl_loss needs reference log-probs")
-        kl = compute_kl_loss(
-            log_prob=log_prob,
-            ref_log_prob=ref_log_probs,
-            response_mask=mask,
-            kl_loss_coef=spec.kl_loss_coef,
-            kl_loss_type=spec.kl_loss_type,
-            loss_agg_mode=spec.loss_agg_mode,
-            norm=norm,
+    prompt_ids: Sequence[Sequence[int]]
+    response_ids: Sequence[Sequence[int]]
+    group_ids: Tensor
+    sample_index: Tensor
+    scores: Tensor
+    behaviour_log_probs: Tensor | None = None
+    loss_mask: Tensor | None = None
+    baseline_scores: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        s = len(self.prompt_ids)
+        for name in ("response_ids", "group_ids", "sample_index", "scores", "baseline_scores"):
+            value = getattr(self, name)
+            if value is not None and len(value) != s:
+                raise ValueError(f"RolloutBatch: {name} has {len(value)} rows for {s} prompts")
+        for name in ("behaviour_log_probs", "loss_mask"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != tuple(self.response_mask.shape):
+                raise ValueError(
+                    f"RolloutBatch: {name} has shape {tuple(value.shape)}, "
+                    f"expected {tuple(self.response_mask.shape)} (samples, longest response)"
+                )
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    @cached_property
+    def lengths(self) -> list[int]:
+        """Tokens per sample, prompt + response (what a micro-batch's token budget counts)."""
+        return [len(p) + len(r) for p, r in zip(self.prompt_ids, self.response_ids, strict=True)]
+
+    @cached_property
+    def response_mask(self) -> Tensor:
+        """``(S, R)`` 1.0 on response tokens that count (real, and generated by the policy)."""
+        return self.micro(range(len(self))).response_mask
+
+    def micro(self, rows: Sequence[int]) -> PPOBatch:
+        """The packed :class:`PPOBatch` of ``rows`` (on the CPU)."""
+        masks = None if self.loss_mask is None else [self.loss_mask[r] for r in rows]
+        return make_ppo_batch(
+            [self.prompt_ids[r] for r in rows], [self.response_ids[r] for r in rows], loss_masks=masks
         )
-        loss = loss + kl.loss
-        metrics["actor/kl_loss"] = float(kl.kl_loss)
-    return loss, metrics
+
+    @classmethod
+    def from_tables(cls, rollouts: pa.Table, rewards: pa.Table) -> RolloutBatch:
+        """The training samples of a ``rollouts`` table (kind "rollouts") and its ``rewards`` table
+        (kind "rewards", row-aligned). Rows marked ``is_baseline`` (ReMax's greedy responses) are not
+        training samples: their scores become ``baseline_scores`` of their group's samples."""
+        if rollouts.num_rows != rewards.num_rows:
+            raise ValueError(f"{rollouts.num_rows} rollouts for {rewards.num_rows} rewards")
+        for key in ("group_id", "sample_index"):
+            if key in rewards.column_names and not rollouts.column(key).equals(rewards.column(key)):
+                raise ValueError(f"rewards are not aligned with the rollouts (column {key!r} differs)")
+        col = {name: rollouts.column(name).to_pylist() for name in _BATCH_COLUMNS}
+        names = rollouts.column_names
+        baseline = rollouts.column("is_baseline").to_pylist() if "is_baseline" in names else None
+        groups, scores = col["group_id"], rewards.column("score").to_pylist()
+        rows = [i for i in range(rollouts.num_rows) if not (baseline and baseline[i])]
+        baseline_scores = None
+        if baseline is not None and any(baseline):
+            by_group = {groups[i]: scores[i] for i in range(rollouts.num_rows) if baseline[i]}
+            missing = sorted({groups[i] for i in rows} - by_group.keys())
+            if missing:
+                raise ValueError(f"no baseline (is_baseline) row for prompt group(s) {missing[:5]}")
+            baseline_scores = torch.tensor([by_group[groups[i]] for i in rows], dtype=torch.float32)
+        r_max = max((len(col["response_ids"][i]) for i in rows), default=0)
+        behaviour = torch.zeros(len(rows), max(r_max, 1))  # (S, R)
+        for s, i in enumerate(rows):
+            lp = col["logprobs"][i]
+            if len(lp) != len(col["response_ids"][i]):
+                raise ValueError(
+                    f"rollout row {i}: {len(lp)} logprobs for {len(col['response_ids'][i])} response tokens"
+                )
+            behaviour[s, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        return cls(
+            prompt_ids=[col["prompt_ids"][i] for i in rows],
+            response_ids=[col["response_ids"][i] for i in rows],
+            group_ids=torch.tensor([groups[i] for i in rows], dtype=torch.long),
+            sample_index=torch.tensor([col["sample_index"][i] for i in rows], dtype=torch.long),
+            scores=torch.tensor([scores[i] for i in rows], dtype=torch.float32),
+            behaviour_log_probs=behaviour,
+            baseline_scores=baseline_scores,
+        )
 
 
-def critic_loss(
+_BATCH_COLUMNS = ("group_id", "sample_index", "prompt_ids", "response_ids", "logprobs")
+
+
+@dataclass(frozen=True)
+class PPOModels:
+    """What one iteration trains and reads. ``ref`` None: no reference (no KL anywhere)."""
+
+    actor: PackedCausalLM
+    actor_engine: TrainEngine
+    ref: LogProbModel | None = None
+    critic: PackedScoreModel | None = None
+    critic_engine: TrainEngine | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+
+@dataclass(frozen=True)
+class PPOSpec:
+    """Every setting of one iteration (the stage builds it from the config)."""
+
+    actor: ActorLossSpec
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    actor_epochs: int = 1
+    actor_mini_batch_groups: int = 1  # prompt groups per actor optimizer step
+    critic_epochs: int = 1
+    critic_mini_batch_groups: int = 1
+    micro_batch_size: int | None = None  # samples per micro-batch; None: token budgets below
+    actor_token_budget: int = 16384  # tokens per actor micro-batch
+    critic_token_budget: int = 16384  # tokens per critic micro-batch (also the values forward)
+    log_prob_token_budget: int = 16384  # old log-prob forward
+    ref_token_budget: int = 16384  # reference log-prob forward
+    cliprange_value: float = 0.5
+    critic_loss_agg_mode: str = "token-mean"
+    horizon: float = 1.0  # H of seq-mean-token-sum-norm: the maximum response length
+    update_actor: bool = True  # False during critic warm-up
+    use_rollout_logprobs: bool = False  # old log-probs = the engine's behaviour log-probs
+
+
+class PPOIterationResult(NamedTuple):
+    """advantages, returns, kl: ``(S, R)`` per response token (kl None without KL in reward);
+    metrics: means over the iteration, independent of micro-batching."""
+
+    advantages: Tensor
+    returns: Tensor
+    kl: Tensor | None
+    metrics: dict[str, float]
+
+
+# the loss metrics are summed over the micro-batches of a mini-batch (each is its share of the
+# mini-batch loss), then averaged over mini-batches; every other micro-batch metric is a token mean,
+# combined weighted by the micro-batch's tokens
+_LOSS_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "critic/vf_loss"})
+
+
+def ppo_iteration(
+    models: PPOModels,
+    batch: RolloutBatch,
+    spec: PPOSpec,
+    *,
+    kl_ctrl: KLController,
+    seed: int,
+    group: dist.ProcessGroup | None = None,
+    where: str = "ppo_iteration",
+) -> PPOIterationResult:
+    """One PPO iteration (Schulman et al. 2017, Algorithm 1, as in cleanrl's ``ppo.py``):
+
+    1. old log-probs π_old, reference log-probs π_ref, values V (no grad);
+    2. token rewards r_t (outcome score on the last token, minus β·KL_t with KL in reward) and
+       advantages Â_t, returns R_t (``spec.adv_estimator``);
+    3. for each epoch, for each shuffled mini-batch of whole prompt groups: one critic step, then
+       (after critic warm-up) one actor step, each accumulating gradients over micro-batches.
+
+    ``group``: the data-parallel process group when ``batch`` is this rank's shard; the loss
+    denominators (tokens, sequences) are summed over it. ``seed`` fixes the mini-batch order.
+    Raises :class:`NonFiniteError` (naming ``where``) before any optimizer step when an input is NaN/Inf.
+    """
+    timing: dict[str, float] = defaultdict(float)
+    mask = batch.response_mask.to(models.device)  # (S, R)
+    temperature = spec.actor.temperature
+
+    # 1. Old log-probs, reference log-probs, values (no grad)
+    with _timed(timing, "old_log_prob"):
+        if spec.use_rollout_logprobs:
+            if batch.behaviour_log_probs is None:
+                raise ValueError("use_rollout_logprobs needs the batch's behaviour log-probs")
+            old_logp = batch.behaviour_log_probs.to(models.device) * mask
+        else:
+            actor = models.actor
+            old_logp = _forward(
+                batch, models.device, spec.log_prob_token_budget, mask,
+                lambda b: response_log_probs(actor, b, temperature=temperature)[0],
+            )  # fmt: skip
+    ref_logp = None
+    if spec.actor.use_kl_loss or spec.use_kl_in_reward:
+        ref = models.ref
+        if ref is None:
+            raise ValueError("KL (actor.use_kl_loss or use_kl_in_reward) needs a reference policy")
+        with _timed(timing, "ref"):
+            ref_logp = _forward(
+                batch, models.device, spec.ref_token_budget, mask,
+                lambda b: response_log_probs(ref, b, temperature=temperature)[0],
+            )  # fmt: skip
+    values = None
+    if models.critic is not None:
+        critic = models.critic
+        with _timed(timing, "values"):
+            values = _forward(
+                batch, models.device, spec.critic_token_budget, mask, lambda b: response_values(critic, b)
+            )
+
+    # 2. Token rewards r_t = score·[t = last] − β·KL_t, then advantages and returns
+    metrics: dict[str, float] = {}
+    with _timed(timing, "adv"):
+        scores = batch.scores.to(models.device)  # (S,)
+        token_scores = scores_to_token_rewards(scores, mask)  # (S, R)
+        kl_tokens = None
+        if spec.use_kl_in_reward:
+            assert ref_logp is not None
+            pen = apply_kl_penalty(
+                token_level_scores=token_scores,
+                old_log_prob=old_logp,
+                ref_log_prob=ref_logp,
+                response_mask=mask,
+                kl_coef=kl_ctrl.value,
+                kl_penalty=spec.kl_penalty,
+            )
+            token_scores, kl_tokens = pen.token_level_rewards, pen.kl
+            metrics["actor/reward_kl_penalty"] = float(pen.stats.kl)
+            metrics["actor/reward_kl_penalty_coeff"] = pen.stats.kl_coef
+            kl_ctrl.update(float(pen.stats.kl), n_steps=len(batch))
+        if spec.adv_estimator == "remax" and batch.baseline_scores is None:
+            raise ValueError("adv_estimator remax needs baseline scores (the greedy is_baseline rollouts)")
+        adv = get_adv_estimator(spec.adv_estimator)(
+            token_level_rewards=token_scores,
+            response_mask=mask,
+            index=batch.group_ids.to(models.device),
+            values=values,
+            greedy_rewards=None if batch.baseline_scores is None else batch.baseline_scores.to(models.device),
+            gamma=spec.gamma,
+            lam=spec.lam,
+            norm_adv_by_std_in_grpo=spec.norm_adv_by_std_in_grpo,
+        )
+        _check_finite(
+            {
+                "scores": scores,
+                "advantages": adv.advantages,
+                "returns": adv.returns,
+                "old_log_probs": old_logp,
+            },
+            where,
+        )
+
+    # 3. Critic, then actor: epochs × shuffled mini-batches of whole groups × micro-batches
+    log = _MetricLog()
+    if models.critic is not None and models.critic_engine is not None and values is not None:
+        with _timed(timing, "update_critic"):
+            for rows in minibatches(batch.group_ids, spec.critic_mini_batch_groups, spec.critic_epochs, seed):
+                loss_fn = partial(
+                    _critic_micro_loss, models.critic, batch, spec, values, adv.returns, log,
+                    _agg_norm(mask[rows], spec.horizon, group), models.device,
+                )  # fmt: skip
+                budget = spec.critic_token_budget
+                mbs = micro_batches(rows, batch.lengths, budget, spec.micro_batch_size)
+                stats = models.critic_engine.step(mbs, loss_fn, where=f"{where} critic")
+                log.step({"critic/grad_norm": stats.grad_norm})
+        # 1 − Var(R − V)/Var(R) for the values the advantages used, once over the whole batch
+        metrics["critic/vf_explained_var"] = float(explained_variance(values, adv.returns, mask))
+    if spec.update_actor:
+        with _timed(timing, "update_actor"):
+            for rows in minibatches(batch.group_ids, spec.actor_mini_batch_groups, spec.actor_epochs, seed):
+                loss_fn = partial(
+                    _actor_micro_loss, models.actor, batch, spec, old_logp, adv.advantages, ref_logp, log,
+                    _agg_norm(mask[rows], spec.horizon, group), models.device,
+                )  # fmt: skip
+                budget = spec.actor_token_budget
+                mbs = micro_batches(rows, batch.lengths, budget, spec.micro_batch_size)
+                stats = models.actor_engine.step(mbs, loss_fn, where=f"{where} actor")
+                log.step({"actor/grad_norm": stats.grad_norm, "actor/lr": stats.lr})
+
+    metrics.update(log.means())
+    metrics.update(_batch_metrics(scores, token_scores, adv.advantages, adv.returns, values, mask))
+    metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+    metrics["perf/throughput"] = sum(batch.lengths) * spec.actor_epochs / max(sum(timing.values()), 1e-9)
+    return PPOIterationResult(adv.advantages, adv.returns, kl_tokens, metrics)
+
+
+def _actor_micro_loss(
+    actor: PackedCausalLM,
+    batch: RolloutBatch,
+    spec: PPOSpec,
+    old_logp: Tensor,
+    advantages: Tensor,
+    ref_logp: Tensor | None,
+    log: _MetricLog,
+    norm: AggNorm,
+    device: torch.device,
+    rows: list[int],
+) -> Tensor:
+    """The actor loss share of micro-batch ``rows``; per-token inputs ``(S, R)`` of the whole batch."""
+    b = batch.micro(rows).to(device)
+    r = b.response_mask.shape[1]
+    ref = None if ref_logp is None else ref_logp[rows, :r]
+    loss, metrics = actor_loss(actor, b, old_logp[rows, :r], advantages[rows, :r], ref, spec.actor, norm)
+    log.micro(metrics, float(b.response_mask.sum()))
+    return loss
+
+
+def _critic_micro_loss(
     critic: PackedScoreModel,
-    batch: PPOBatch,
+    batch: RolloutBatch,
+    spec: PPOSpec,
     old_values: Tensor,
     returns: Tensor,
-    *,
-    cliprange_value: float,
-    loss_agg_mode: str,
+    log: _MetricLog,
     norm: AggNorm,
-) -> tuple[Tensor, dict[str, float]]:
-    """Clipped value loss for one micro-batch; inputs ``(S, R)``."""
-    values = response_values(critic, batch)
-    out = compute_value_loss(
-        values=values,
-        old_values=old_values,
-        returns=returns,
-        response_mask=batch.response_mask,
-        cliprange_value=cliprange_value,
-        loss_agg_mode=loss_agg_mode,
+    device: torch.device,
+    rows: list[int],
+) -> Tensor:
+    """The critic loss share of micro-batch ``rows``; per-token inputs ``(S, R)`` of the whole batch."""
+    b = batch.micro(rows).to(device)
+    r = b.response_mask.shape[1]
+    loss, metrics = critic_loss(
+        critic,
+        b,
+        old_values[rows, :r],
+        returns[rows, :r],
+        cliprange_value=spec.cliprange_value,
+        loss_agg_mode=spec.critic_loss_agg_mode,
         norm=norm,
     )
-    return out.loss, {
-        "critic/vf_loss": float(out.loss.detach()),
-        "critic/vf_clipfrac": float(out.stats.vf_clipfrac),
-        "critic/vf_explained_var": float(out.stats.vf_explained_var),
-        "critic/vpred_mean": float(masked_mean(values.detach(), batch.response_mask)),
-    }
+    log.micro(metrics, float(b.response_mask.sum()))
+    return loss
 
 
-def token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
-    """Outcome scores ``(S,)`` placed on each sample's last response token: ``(S, R)``."""
-    lengths = response_mask.sum(-1).long()  # (S,)
-    out = torch.zeros_like(response_mask)
-    has = lengths > 0
-    rows = torch.arange(len(scores), device=out.device)[has]  # same device as the mask (CUDA in the stage)
-    out[rows, lengths[has] - 1] = scores.to(out)[has]
+class _MetricLog:
+    """Micro-batch metrics → iteration means that do not depend on how mini-batches are split."""
+
+    def __init__(self) -> None:
+        self.losses: dict[str, float] = defaultdict(float)  # current mini-batch's loss sums
+        self.per_step: dict[str, list[float]] = defaultdict(list)
+        self.weighted: dict[str, float] = defaultdict(float)  # Σ value·tokens
+        self.tokens: dict[str, float] = defaultdict(float)  # Σ tokens
+
+    def micro(self, metrics: dict[str, float], tokens: float) -> None:
+        for k, v in metrics.items():
+            if k in _LOSS_METRICS:
+                self.losses[k] += v
+            else:
+                self.weighted[k] += v * tokens
+                self.tokens[k] += tokens
+
+    def step(self, metrics: dict[str, float]) -> None:
+        """End of a mini-batch (one optimizer step): its loss sums become one value each."""
+        for k, v in {**self.losses, **metrics}.items():
+            self.per_step[k].append(v)
+        self.losses.clear()
+
+    def means(self) -> dict[str, float]:
+        out = {k: sum(v) / len(v) for k, v in self.per_step.items() if v}
+        out.update({k: self.weighted[k] / self.tokens[k] for k in self.weighted if self.tokens[k] > 0})
+        return out
+
+
+def minibatches(group_ids: Tensor, groups_per_minibatch: int, epochs: int, seed: int) -> list[list[int]]:
+    """Sample rows of each mini-batch, in order: whole prompt groups, the group order reshuffled every
+    epoch (epoch e draws from a generator seeded ``seed·7919 + e``)."""
+    by_group: dict[int, list[int]] = defaultdict(list)
+    for row, g in enumerate(group_ids.tolist()):
+        by_group[g].append(row)
+    groups = sorted(by_group)
+    out = []
+    for epoch in range(epochs):
+        g = torch.Generator().manual_seed(seed * 7919 + epoch)
+        order = torch.randperm(len(groups), generator=g).tolist()
+        for k in range(0, len(order), groups_per_minibatch):
+            out.append([row for i in order[k : k + groups_per_minibatch] for row in by_group[groups[i]]])
     return out
+
+
+def micro_batches(
+    rows: Sequence[int], lengths: Sequence[int], budget: int, fixed: int | None = None
+) -> list[list[int]]:
+    """Micro-batches (lists of sample rows) of one mini-batch: ``fixed`` samples each, or balanced
+    token-budget ones (verl's ``use_dynamic_bsz``; a sample longer than ``budget`` gets its own)."""
+    if fixed is not None:
+        return [list(rows[i : i + fixed]) for i in range(0, len(rows), fixed)]
+    parts = dynamic_micro_batches([lengths[r] for r in rows], max(budget, max(lengths[r] for r in rows)))
+    return [[rows[i] for i in p] for p in parts]
+
+
+@torch.no_grad()
+def _forward(
+    batch: RolloutBatch,
+    device: torch.device,
+    budget: int,
+    mask: Tensor,
+    fn: Callable[[PPOBatch], Tensor],
+) -> Tensor:
+    """``fn`` over token-budget micro-batches of every sample, gathered into ``(S, R)``."""
+    out = torch.zeros_like(mask)
+    for rows in micro_batches(range(len(batch)), batch.lengths, budget):
+        value = fn(batch.micro(rows).to(device))
+        out[rows, : value.shape[1]] = value.float()
+    return out
+
+
+def _agg_norm(mask: Tensor, horizon: float, group: dist.ProcessGroup | None) -> AggNorm:
+    """Loss denominators of a mini-batch ``mask (B, R)``, summed over the data-parallel group."""
+    counts = torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64)
+    if group is not None:
+        dist.all_reduce(counts, group=group)
+    return AggNorm(num_tokens=float(counts[0]), num_seqs=float(counts[1]), horizon=horizon)
+
+
+def _check_finite(tensors: dict[str, Tensor], where: str) -> None:
+    for name, t in tensors.items():
+        if not torch.isfinite(t).all():
+            raise NonFiniteError(f"{where}: {name} contains NaN/Inf (before any optimizer step)")
+
+
+def _batch_metrics(
+    scores: Tensor, token_scores: Tensor, adv: Tensor, returns: Tensor, values: Tensor | None, mask: Tensor
+) -> dict[str, float]:
+    seq_rewards = (token_scores * mask).sum(-1)  # (S,)
+    out = {
+        "critic/score/mean": float(scores.mean()),
+        "critic/rewards/mean": float(seq_rewards.mean()),
+        "critic/advantages/mean": float(masked_mean(adv, mask)),
+        "critic/advantages/max": float(adv[mask.bool()].max()) if mask.any() else 0.0,
+        "critic/returns/mean": float(masked_mean(returns, mask)),
+        "response_length/mean": float(mask.sum(-1).mean()),
+    }
+    if values is not None:
+        out["critic/values/mean"] = float(masked_mean(values, mask))
+    return out
+
+
+@contextmanager
+def _timed(into: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        into[name] += time.perf_counter() - t0

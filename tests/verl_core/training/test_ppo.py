@@ -7,18 +7,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from verl_core.algorithms import agg_norm_for
+from verl_core.algorithms import agg_norm_for, scores_to_token_rewards
 from verl_core.models.heads import value_model_from_policy
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
-from verl_core.training.ppo import (
+from verl_core.training.ppo_kernels import (
     ActorLossSpec,
     actor_loss,
     critic_loss,
     make_ppo_batch,
     response_log_probs,
     response_values,
-    token_rewards,
 )
 
 VOCAB = 61
@@ -139,14 +138,14 @@ def test_token_rewards_by_hand() -> None:
     scores = torch.tensor([1.0, -0.5, 2.0, 0.25])
     # each score on its sample's last response token; the empty response has nowhere to put it
     expected = [[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.25, 0.0]]
-    assert token_rewards(scores, mask).tolist() == expected
+    assert scores_to_token_rewards(scores, mask).tolist() == expected
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_token_rewards_on_cuda() -> None:
     mask = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]], device="cuda")
-    out = token_rewards(torch.tensor([1.0, 2.0, 3.0], device="cuda"), mask)
+    out = scores_to_token_rewards(torch.tensor([1.0, 2.0, 3.0]), mask)  # CPU scores, CUDA mask
     assert out.device.type == "cuda"
     assert out.tolist() == [[0.0, 1.0], [0.0, 0.0], [3.0, 0.0]]
 
