@@ -72,8 +72,11 @@ def compute_value_loss(
     losses_unclipped = (values - returns) ** 2
     losses_clipped = (clipped_values - returns) ** 2
     losses = 0.5 * torch.maximum(losses_unclipped, losses_clipped)
+    # the clip is active where V left the trust region and the clipped loss is the larger one; inside
+    # the region V_clip = V_old + (V − V_old) can differ from V by an ulp, which must not count
+    clipped = ((values - old_values).abs() > cliprange_value) & (losses_clipped > losses_unclipped)
     stats = ValueLossStats(
-        vf_clipfrac=masked_mean((losses_clipped > losses_unclipped).to(losses.dtype), response_mask).detach(),
+        vf_clipfrac=masked_mean(clipped.to(losses.dtype), response_mask).detach(),
         vf_explained_var=explained_variance(values.detach(), returns, response_mask),
     )
     return ValueLossOutput(loss=aggregate_loss(losses, response_mask, loss_agg_mode, norm), stats=stats)

@@ -1,0 +1,403 @@
+"""ppo_iteration: against a readable per-sample reference loop, determinism per seed, micro-batch
+invariance of the weights *and* of every logged metric, ReMax baselines, and the batch built from the
+rollouts/rewards tables."""
+
+from __future__ import annotations
+
+import copy
+
+import pyarrow as pa
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from verl_core.algorithms import make_kl_controller
+from verl_core.models.heads import value_model_from_policy
+from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
+from verl_core.models.packed import PackedCausalLM, PackedScoreModel
+from verl_core.training.engine import NonFiniteError, OptimSpec, TrainEngine
+from verl_core.training.ppo import (
+    ActorLossSpec,
+    PPOIterationResult,
+    PPOModels,
+    PPOSpec,
+    RolloutBatch,
+    minibatches,
+    ppo_iteration,
+)
+from verl_core.training.ppo_kernels import response_log_probs
+
+VOCAB = 61
+# 3 prompt groups × 2 samples, ragged prompts (1-3 tokens) and responses (1-4 tokens)
+PROMPTS = [[1, 2], [1, 2], [7, 8, 9], [7, 8, 9], [11], [11]]
+RESPONSES = [[3, 4, 5], [6], [10, 12], [13, 14, 15, 16], [17], [18, 19]]
+GROUPS = [0, 0, 1, 1, 2, 2]
+SCORES = [1.0, 0.0, 0.0, 1.0, 0.5, 0.0]
+LR = 1e-2
+
+
+def tiny_lm(seed: int = 0) -> torch.nn.Module:
+    spec = ScratchSpec("qwen2", 32, 2, 4, 2, 64, 64)
+    return init_causal_lm(scratch_config(spec, VOCAB, eos_token_id=0, pad_token_id=0), seed=seed)
+
+
+def plain_optim() -> OptimSpec:
+    # constant LR, no decay, no clipping: the reference loop's bare AdamW takes the same steps
+    return OptimSpec(
+        lr=LR, weight_decay=0.0, warmup_steps=0, total_steps=100, scheduler="constant", grad_clip=1e9
+    )
+
+
+def make_batch(**kw: object) -> RolloutBatch:
+    fields: dict[str, object] = {
+        "prompt_ids": PROMPTS,
+        "response_ids": RESPONSES,
+        "group_ids": torch.tensor(GROUPS),
+        "sample_index": torch.tensor([0, 1] * 3),
+        "scores": torch.tensor(SCORES),
+    }
+    fields.update(kw)
+    return RolloutBatch(**fields)  # type: ignore[arg-type]
+
+
+def make_spec(**kw: object) -> PPOSpec:
+    actor = ActorLossSpec(
+        policy_loss="vanilla",
+        loss_agg_mode=str(kw.pop("loss_agg_mode", "token-mean")),
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.2,
+        clip_ratio_c=3.0,
+        entropy_coeff=float(kw.pop("entropy_coeff", 0.0)),  # type: ignore[arg-type]
+        use_kl_loss=bool(kw.pop("use_kl_loss", False)),
+        kl_loss_coef=0.1,
+        kl_loss_type="low_var_kl",
+        temperature=1.0,
+    )
+    base: dict[str, object] = {
+        "actor": actor,
+        "adv_estimator": "grpo",
+        "actor_epochs": 2,
+        "actor_mini_batch_groups": 2,  # 3 groups → mini-batches of 2 and 1 groups per epoch
+        "critic_epochs": 2,
+        "critic_mini_batch_groups": 2,
+        "horizon": 4.0,
+    }
+    base.update(kw)
+    return PPOSpec(**base)  # type: ignore[arg-type]
+
+
+def make_models(*, critic: bool = False, ref: bool = False) -> PPOModels:
+    lm = tiny_lm()
+    actor = PackedCausalLM(lm)
+    models = PPOModels(actor, TrainEngine(actor, plain_optim()))
+    if ref:
+        frozen = PackedCausalLM(tiny_lm(seed=5).eval().requires_grad_(False))
+        models = PPOModels(models.actor, models.actor_engine, ref=frozen)
+    if critic:
+        value = PackedScoreModel(value_model_from_policy(lm, seed=1))
+        models = PPOModels(
+            models.actor, models.actor_engine, models.ref, value, TrainEngine(value, plain_optim())
+        )
+    return models
+
+
+def run(
+    models: PPOModels, spec: PPOSpec, batch: RolloutBatch | None = None, seed: int = 3
+) -> PPOIterationResult:
+    kl = make_kl_controller("fixed", kl_coef=0.05, target_kl=0.1, horizon=1000)
+    return ppo_iteration(models, batch or make_batch(), spec, kl_ctrl=kl, seed=seed)
+
+
+def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# --- a readable reference loop ---------------------------------------------------------------------------
+
+
+def reference_grpo(lm: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """GRPO + PPO clip, token-mean, written sample by sample with plain HF forwards and AdamW."""
+    lm = copy.deepcopy(lm)
+
+    def logp(model: torch.nn.Module, s: int) -> torch.Tensor:
+        ids = torch.tensor([PROMPTS[s] + RESPONSES[s]])
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()  # (P+R, V)
+        p = len(PROMPTS[s])
+        # position p−1+j predicts response token j
+        pred = logits[p - 1 : p - 1 + len(RESPONSES[s])]
+        return F.log_softmax(pred, -1).gather(-1, torch.tensor(RESPONSES[s])[:, None])[:, 0]  # (R_s,)
+
+    with torch.no_grad():
+        old = [logp(lm, s) for s in range(len(PROMPTS))]
+    # GRPO: A_s = (r_s − mean_g) / (std_g + 1e-6), std unbiased over the group (2 samples)
+    scores = torch.tensor(SCORES)
+    adv = []
+    for s, g in enumerate(GROUPS):
+        members = scores[[i for i, h in enumerate(GROUPS) if h == g]]
+        adv.append(float((scores[s] - members.mean()) / (members.std() + 1e-6)))
+    optim = torch.optim.AdamW(lm.parameters(), lr=LR, weight_decay=0.0)
+    lm.train()
+    for rows in minibatches(torch.tensor(GROUPS), 2, 2, seed):
+        optim.zero_grad()
+        terms, n_tokens = [], 0
+        for s in rows:
+            ratio = torch.exp(logp(lm, s) - old[s])  # (R_s,)
+            pg1 = -adv[s] * ratio
+            pg2 = -adv[s] * ratio.clamp(0.8, 1.2)
+            terms.append(torch.maximum(pg1, pg2).sum())
+            n_tokens += len(RESPONSES[s])
+        (torch.stack(terms).sum() / n_tokens).backward()  # token-mean over the mini-batch
+        optim.step()
+    return lm
+
+
+def test_matches_the_reference_loop() -> None:
+    models = make_models()
+    start = copy.deepcopy(models.actor.lm)
+    run(models, make_spec(), seed=3)
+    expected = reference_grpo(start, seed=3)
+    got = models.actor.lm.state_dict()
+    for name, value in expected.state_dict().items():
+        torch.testing.assert_close(got[name], value, atol=2e-5, rtol=1e-4, msg=name)
+
+
+def test_minibatches_keep_groups_whole_and_reshuffle_per_epoch() -> None:
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    mbs = minibatches(groups, 3, 2, seed=7)
+    # 4 groups in mini-batches of 3 groups: [3 groups, 1 group] per epoch → 6, 2, 6, 2 rows
+    assert [len(m) for m in mbs] == [6, 2, 6, 2]
+    for m in mbs:
+        assert {r // 2 for r in m} == {int(groups[r]) for r in m}
+        assert all(r ^ 1 in m for r in m)  # both samples of every group together
+    assert sorted(mbs[0] + mbs[1]) == list(range(8)) == sorted(mbs[2] + mbs[3])
+    assert mbs == minibatches(groups, 3, 2, seed=7)
+
+
+# --- determinism ---------------------------------------------------------------------------------------
+
+
+def test_same_seed_same_result_other_seed_other_order() -> None:
+    a, b, c = make_models(), make_models(), make_models()
+    ra, rb, rc = run(a, make_spec(), seed=3), run(b, make_spec(), seed=3), run(c, make_spec(), seed=4)
+    wa, wb, wc = weights(a.actor), weights(b.actor), weights(c.actor)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert {k: v for k, v in ra.metrics.items() if not k.startswith(("timing", "perf"))} == {
+        k: v for k, v in rb.metrics.items() if not k.startswith(("timing", "perf"))
+    }
+    # another seed draws another mini-batch order, so the weights differ
+    assert minibatches(torch.tensor(GROUPS), 2, 2, 3) != minibatches(torch.tensor(GROUPS), 2, 2, 4)
+    assert any(not torch.equal(wa[k], wc[k]) for k in wa)
+    assert rc.metrics["critic/score/mean"] == ra.metrics["critic/score/mean"]
+
+
+# --- micro-batch invariance ------------------------------------------------------------------------------
+
+INVARIANT = (
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/entropy",
+    "actor/grad_norm",
+    "critic/vf_loss",
+    "critic/vf_clipfrac",
+    "critic/vf_explained_var",
+    "critic/vpred_mean",
+    "critic/grad_norm",
+    "critic/advantages/mean",
+)
+
+
+def record_gradients(engine: TrainEngine) -> list[list[torch.Tensor]]:
+    """The gradients each optimizer step of ``engine`` applies, recorded as it takes them."""
+    steps: list[list[torch.Tensor]] = []
+
+    def record(*_: object) -> None:
+        steps.append([p.grad.detach().clone() for p in engine.params if p.grad is not None])
+
+    engine.optimizer.register_step_pre_hook(record)
+    return steps
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_weights_and_metrics_do_not_depend_on_micro_batching(loss_agg_mode: str) -> None:
+    results, grads, finals = [], [], []
+    for micro in (None, 1, 2):  # one micro-batch per mini-batch (token budget), 1 and 2 samples each
+        models = make_models(critic=True, ref=True)
+        assert models.critic_engine is not None and models.critic is not None
+        actor_grads, critic_grads = (
+            record_gradients(models.actor_engine),
+            record_gradients(models.critic_engine),
+        )
+        spec = make_spec(
+            adv_estimator="gae",
+            use_kl_loss=True,
+            entropy_coeff=0.01,
+            loss_agg_mode=loss_agg_mode,
+            micro_batch_size=micro,
+            critic_loss_agg_mode=loss_agg_mode,
+        )
+        results.append(run(models, spec))
+        grads.append([actor_grads[0], critic_grads[0]])
+        finals.append({**weights(models.actor), **weights(models.critic)})
+    for name in INVARIANT:
+        values = [r.metrics[name] for r in results]
+        assert values == pytest.approx([values[0]] * 3, rel=1e-4, abs=1e-6), name
+    # the first actor and critic steps start from the same weights: the gradients accumulated over
+    # micro-batches equal the mini-batch gradient
+    for other in grads[1:]:
+        for which, (got, want) in zip(("actor", "critic"), zip(other, grads[0], strict=True), strict=True):
+            for g, w in zip(got, want, strict=True):
+                torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4, msg=which)
+    # weights: AdamW divides by √v, so a weight whose true gradient is ~0 can move by up to lr per
+    # step on float noise alone; 1e-3 is a tenth of one step (lr 1e-2) and catches any real difference
+    for other in finals[1:]:
+        for k, v in finals[0].items():
+            torch.testing.assert_close(other[k], v, atol=1e-3, rtol=1e-3, msg=k)
+
+
+def test_logged_losses_are_mini_batch_losses() -> None:
+    # the pg loss of the first step at ratio 1 is −(token-mean advantage) of its mini-batch: with one
+    # epoch and all 3 groups in one mini-batch it is −Σ_s A_s·R_s / Σ_s R_s. GRPO: A = (r − mean)/(std +
+    # 1e-6) per pair; (1, 0): ±0.5/0.70711, (0.5, 0): ±0.25/0.35355, so every |A| = c = 0.70711:
+    # A = [+c, −c, −c, +c, +c, −c], token counts R = [3, 1, 2, 4, 1, 2] (13 tokens)
+    c = 0.5 / (0.70710678 + 1e-6)
+    expected = -(3 * c - 1 * c - 2 * c + 4 * c + 1 * c - 2 * c) / 13  # = −3c/13 ≈ −0.16318
+    for micro in (None, 1, 3):
+        spec = make_spec(actor_epochs=1, actor_mini_batch_groups=3, micro_batch_size=micro)
+        result = run(make_models(), spec)
+        assert result.metrics["actor/pg_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+# --- advantages, KL in reward, baselines, errors ---------------------------------------------------------
+
+
+def test_remax_uses_the_baseline_scores() -> None:
+    # A_t = score − baseline on every response token (undiscounted return of an outcome reward)
+    baseline = torch.tensor([0.5, 0.5, 1.0, 1.0, 0.0, 0.0])
+    result = run(make_models(), make_spec(adv_estimator="remax"), make_batch(baseline_scores=baseline))
+    for s, r in enumerate(RESPONSES):
+        assert result.advantages[s, : len(r)].tolist() == pytest.approx(
+            [SCORES[s] - float(baseline[s])] * len(r)
+        )
+    with pytest.raises(ValueError, match="remax needs baseline scores"):
+        run(make_models(), make_spec(adv_estimator="remax"))
+
+
+def test_kl_in_reward_lowers_rewards_and_is_returned() -> None:
+    models = make_models(ref=True)
+    result = run(models, make_spec(use_kl_in_reward=True, kl_penalty="kl"))
+    assert result.kl is not None and result.kl.shape == (6, 4)
+    assert result.metrics["actor/reward_kl_penalty_coeff"] == 0.05
+    assert "actor/reward_kl_penalty" in result.metrics
+    with pytest.raises(ValueError, match="needs a reference policy"):
+        run(make_models(), make_spec(use_kl_in_reward=True))
+
+
+def test_loss_mask_removes_tokens_from_the_update() -> None:
+    # masking a sample's every token is the same as the sample having no influence on the loss
+    mask = torch.ones(6, 4)
+    mask[3] = 0.0
+    result = run(make_models(), make_spec(actor_epochs=1), make_batch(loss_mask=mask))
+    assert (result.advantages[3] == 0).all()
+    assert result.metrics["response_length/mean"] == pytest.approx((3 + 1 + 2 + 0 + 1 + 2) / 6)
+
+
+def test_non_finite_scores_stop_before_any_step() -> None:
+    models = make_models()
+    before = weights(models.actor)
+    scores = torch.tensor([1.0, float("nan"), 0.0, 1.0, 0.5, 0.0])
+    with pytest.raises(NonFiniteError, match=r"it 7: scores contains NaN/Inf \(before any optimizer step\)"):
+        ppo_iteration(
+            models,
+            make_batch(scores=scores),
+            make_spec(),
+            kl_ctrl=make_kl_controller("fixed", kl_coef=0.0, target_kl=0.1, horizon=1),
+            seed=0,
+            where="it 7",
+        )
+    assert all(torch.equal(v, weights(models.actor)[k]) for k, v in before.items())
+
+
+def test_rollout_logprobs_serve_as_old_logprobs() -> None:
+    # behaviour log-probs equal to the recomputed ones give the same update
+    a, b = make_models(), make_models()
+    ra = run(a, make_spec())
+    with torch.no_grad():
+        behaviour = response_log_probs(make_models().actor, make_batch().micro(range(6)))[0]
+    run(b, make_spec(use_rollout_logprobs=True), make_batch(behaviour_log_probs=behaviour))
+    wa, wb = weights(a.actor), weights(b.actor)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-6, rtol=1e-5)
+    assert ra.metrics["critic/score/mean"] == pytest.approx(sum(SCORES) / 6)
+
+
+def test_data_parallel_group_of_one_changes_nothing() -> None:
+    a, b = make_models(), make_models()
+    run(a, make_spec())
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        kl = make_kl_controller("fixed", kl_coef=0.0, target_kl=0.1, horizon=1)
+        ppo_iteration(b, make_batch(), make_spec(), kl_ctrl=kl, seed=3, group=dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+    wa, wb = weights(a.actor), weights(b.actor)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# --- RolloutBatch ------------------------------------------------------------------------------------------
+
+
+def tables(baseline: list[bool] | None = None) -> tuple[pa.Table, pa.Table]:
+    n = len(PROMPTS)
+    rollouts = {
+        "group_id": pa.array(GROUPS, pa.int64()),
+        "sample_index": pa.array([0, 1] * 3, pa.int32()),
+        "prompt_ids": PROMPTS,
+        "response_ids": RESPONSES,
+        "logprobs": [[-0.5] * len(r) for r in RESPONSES],
+    }
+    if baseline is not None:
+        rollouts["is_baseline"] = baseline
+    rewards = {
+        "group_id": pa.array(GROUPS, pa.int64()),
+        "sample_index": pa.array([0, 1] * 3, pa.int32()),
+        "score": pa.array(SCORES[:n], pa.float32()),
+    }
+    return pa.table(rollouts), pa.table(rewards)
+
+
+def test_rollout_batch_from_tables() -> None:
+    batch = RolloutBatch.from_tables(*tables())
+    assert len(batch) == 6 and batch.baseline_scores is None
+    assert batch.group_ids.tolist() == GROUPS and batch.scores.tolist() == SCORES
+    assert batch.lengths == [5, 3, 5, 7, 2, 3]
+    assert batch.behaviour_log_probs is not None
+    assert batch.behaviour_log_probs[0].tolist() == [-0.5, -0.5, -0.5, 0.0]
+    assert batch.response_mask[1].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_rollout_batch_sets_baseline_rows_apart() -> None:
+    # rows 1, 3, 5 are each group's greedy baseline: scores 0.0, 1.0, 0.0
+    batch = RolloutBatch.from_tables(*tables([False, True] * 3))
+    assert len(batch) == 3
+    assert batch.response_ids == [RESPONSES[0], RESPONSES[2], RESPONSES[4]]
+    assert batch.scores.tolist() == [1.0, 0.0, 0.5]
+    assert batch.baseline_scores is not None and batch.baseline_scores.tolist() == [0.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match=r"no baseline \(is_baseline\) row for prompt group\(s\) \[2\]"):
+        RolloutBatch.from_tables(*tables([False, True, False, True, False, False]))
+
+
+def test_rollout_batch_refuses_misaligned_or_malformed_tables() -> None:
+    rollouts, rewards = tables()
+    swapped = rewards.set_column(0, "group_id", pa.array([1, 0, 0, 1, 2, 2], pa.int64()))
+    with pytest.raises(ValueError, match="column 'group_id' differs"):
+        RolloutBatch.from_tables(rollouts, swapped)
+    with pytest.raises(ValueError, match="6 rollouts for 5 rewards"):
+        RolloutBatch.from_tables(rollouts, rewards.slice(0, 5))
+    short = rollouts.set_column(4, "logprobs", pa.array([[-0.5]] * 6))
+    with pytest.raises(ValueError, match="rollout row 0: 1 logprobs for 3 response tokens"):
+        RolloutBatch.from_tables(short, rewards)
+    with pytest.raises(ValueError, match="scores has 2 rows for 6 prompts"):
+        make_batch(scores=torch.tensor([1.0, 0.0]))
