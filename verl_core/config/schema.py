@@ -401,8 +401,6 @@ class ExecutionConfig(Section):
     mode: Literal["local", "deployments"] = _f(
         "local", "local: one process, no server; deployments: GPU stages on the gpu work pool"
     )
-    cpu_pool: str = _f("cpu", "Prefect work pool of the pipeline and CPU stages")
-    gpu_pool: str = _f("gpu", "Prefect work pool of the GPU stages")
     shared_filesystem: bool = _f(
         False,
         "deployments: local paths (a file:// store, a sqlite tracking URI) are on a filesystem every "
