@@ -17,6 +17,7 @@ Example::
 
     fn = ADV_ESTIMATOR_REGISTRY.get("gae")
 """
+
 from __future__ import annotations
 
 import difflib
