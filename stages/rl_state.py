@@ -334,7 +334,7 @@ def ppo_spec(cfg: VerlFlowConfig, iteration: int) -> PPOSpec:
     return PPOSpec(
         actor=ActorLossSpec(
             policy_loss=a.policy_loss,
-            loss_agg_mode=a.loss_agg_mode,
+            loss_agg_mode=a.resolved_loss_agg_mode,
             clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
             clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high,
             clip_ratio_c=a.clip_ratio_c,

@@ -12,8 +12,9 @@ import pytest
 from stages.preprocess import preprocess
 from stages.template_pack import load_tokenizer, template_pack
 from verl_core.config import DataConfig, ModelConfig
-from verl_core.data.tokenizer import save_tokenizer_files, train_tokenizer, write_tokenizer_files
+from verl_core.data.tokenizer import save_tokenizer_files, train_tokenizer
 from verl_core.errors import DataError
+from verl_core.files import write_files
 from verl_core.run import RunContext
 
 SMALL = {"arithmetic_train_size": 60, "arithmetic_val_size": 10, "pack_token_budget": 512}
@@ -87,7 +88,7 @@ def test_length_limits(tmp_path: Path) -> None:
 
 def test_pretrained_tokenizer_without_template_uses_named_builtin(tmp_path: Path) -> None:
     base = train_tokenizer(["Start with 12. Add 3.", "12 + 3 = 15\n#### 15"] * 10, 300)
-    model_dir = write_tokenizer_files(save_tokenizer_files(base), tmp_path / "base")
+    model_dir = write_files(save_tokenizer_files(base), tmp_path / "base")
     model = ModelConfig(init="pretrained", path=str(model_dir))
     data = DataConfig(**SMALL, chat_template="plain", max_prompt_length=256, max_response_length=128)
     store, m = _run(tmp_path / "store", data, model)

@@ -96,7 +96,6 @@ from verl_core.algorithms.policy_loss import (
     PolicyLossStats,
     get_policy_loss,
 )
-from verl_core.algorithms.registry import Registry, UnknownNameError
 from verl_core.algorithms.stats import (
     PaddedBatch,
     cu_seqlens_from_mask,
@@ -114,6 +113,7 @@ from verl_core.algorithms.value_loss import (
     compute_value_loss,
     explained_variance,
 )
+from verl_core.registry import Registry, UnknownNameError
 
 __all__ = [
     "ADV_ESTIMATORS",

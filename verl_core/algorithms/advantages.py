@@ -17,8 +17,8 @@ from typing import Literal, NamedTuple, Protocol, TypeAlias
 import torch
 from torch import Tensor
 
-from verl_core.algorithms.registry import Registry
 from verl_core.algorithms.stats import masked_sum, masked_whiten
+from verl_core.registry import Registry
 
 GroupIndex: TypeAlias = "Tensor | Sequence[Hashable]"
 """Prompt id of each response ``(B,)``: an int tensor, or any sequence of hashables (e.g. uid strings)."""

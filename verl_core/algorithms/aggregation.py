@@ -40,8 +40,8 @@ from typing import Literal, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from verl_core.algorithms.registry import Registry
 from verl_core.algorithms.stats import masked_sum
+from verl_core.registry import Registry
 
 
 class AggNorm(NamedTuple):

@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from verl_core.algorithms.aggregation import AggNorm, aggregate_loss
-from verl_core.algorithms.registry import Registry
 from verl_core.algorithms.stats import masked_mean
+from verl_core.registry import Registry
 
 
 class KLEstimator(Protocol):

@@ -59,7 +59,6 @@ from verl_core.data.tokenizer import (
     load_tokenizer_from_files,
     save_tokenizer_files,
     train_tokenizer,
-    write_tokenizer_files,
 )
 
 __all__ = [
@@ -116,5 +115,4 @@ __all__ = [
     "train_tokenizer",
     "turn_format",
     "unpack",
-    "write_tokenizer_files",
 ]

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from verl_core.data import arithmetic
 from verl_core.data.cleaning import FieldMapping, gsm8k_mapping
 from verl_core.errors import DataError
+from verl_core.registry import Registry, UnknownNameError
 
 GSM8K_HF_ID = "openai/gsm8k"
 
@@ -86,27 +87,25 @@ class Adapter(NamedTuple):
     split_labels: tuple[str, str]
 
 
-_ADAPTERS: dict[str, Adapter] = {}
+ADAPTERS: Registry[Adapter] = Registry("dataset adapter")
 
 
 def register_adapter(adapter: Adapter) -> Adapter:
-    if adapter.name in _ADAPTERS:
-        raise ValueError(f"dataset adapter {adapter.name!r} is already registered")
-    _ADAPTERS[adapter.name] = adapter
-    return adapter
+    """Register ``adapter`` under its name (a name registered twice is an error)."""
+    return ADAPTERS.register(adapter.name)(adapter)
 
 
 def get_adapter(name: str) -> Adapter:
     """The adapter registered under ``name``; the error lists the valid names."""
     try:
-        return _ADAPTERS[name]
-    except KeyError:
-        valid = ", ".join(sorted(_ADAPTERS))
-        raise DataError(f"unknown data source {name!r}; valid sources: {valid}") from None
+        return ADAPTERS.get(name)
+    except UnknownNameError as e:
+        raise DataError(f"data.source: {e}") from None
 
 
 def adapter_names() -> list[str]:
-    return sorted(_ADAPTERS)
+    """The registered adapter names, sorted."""
+    return list(ADAPTERS.names())
 
 
 # --------------------------------------------------------------------------------------------------

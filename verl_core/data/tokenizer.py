@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from verl_core.files import read_files, write_files
+
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -81,18 +83,7 @@ def save_tokenizer_files(tokenizer: Any) -> dict[str, bytes]:
     """The files of ``tokenizer`` (``save_pretrained``) as ``{file name: bytes}``."""
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
-        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
-
-
-def write_tokenizer_files(files: Mapping[str, bytes], directory: str | os.PathLike[str]) -> Path:
-    """Write ``{name: bytes}`` (as from :func:`save_tokenizer_files`) into ``directory``."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        if "/" in name or name.startswith("."):
-            raise ValueError(f"unexpected tokenizer file name {name!r}")
-        (out / name).write_bytes(data)
-    return out
+        return read_files(tmp)
 
 
 def load_tokenizer_from_files(directory: str | os.PathLike[str]) -> Any:
@@ -122,5 +113,5 @@ def load_pretrained_tokenizer(path: str, *, trust_remote_code: bool = False) -> 
 def load_tokenizer_from_bytes(files: Mapping[str, bytes]) -> Any:
     """:func:`load_tokenizer_from_files` for ``{file name: bytes}`` (e.g. read from a manifest)."""
     with tempfile.TemporaryDirectory() as tmp:
-        write_tokenizer_files(files, tmp)
+        write_files(files, tmp)
         return load_tokenizer_from_files(tmp)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import io
 import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from verl_core.errors import ArtifactCorruptError
+from verl_core.files import read_files
+from verl_core.files import write_files as write_files  # stages import it from here
 
 
 def model_files(model: nn.Module, tokenizer: Any | None = None) -> dict[str, bytes]:
@@ -38,18 +39,7 @@ def model_files(model: nn.Module, tokenizer: Any | None = None) -> dict[str, byt
                 config.use_cache = use_cache
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
-
-
-def write_files(files: Mapping[str, bytes], directory: str | Path) -> Path:
-    """Write ``{name: bytes}`` into ``directory`` (created) and return it."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        if "/" in name or name.startswith("."):
-            raise ValueError(f"unexpected checkpoint file name {name!r}")
-        (out / name).write_bytes(data)
-    return out
+        return read_files(tmp)
 
 
 def state_bytes(state: Mapping[str, Any]) -> bytes:

@@ -34,7 +34,7 @@ import re
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
-from verl_core.algorithms.registry import Registry
+from verl_core.registry import Registry
 
 GSM8KMethod = Literal["strict", "flexible"]
 

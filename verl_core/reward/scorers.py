@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, NamedTuple, Protocol
 
-from verl_core.algorithms.registry import UnknownNameError
 from verl_core.errors import DataError
+from verl_core.registry import UnknownNameError
 from verl_core.reward.functions import FunctionInputs, FunctionMode, run_reward_function
 from verl_core.reward.rules import RuleOptions, get_rule_scorer
 

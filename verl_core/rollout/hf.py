@@ -27,11 +27,10 @@ from typing import Any, NamedTuple, cast
 import torch
 from torch import Tensor, nn
 
+from verl_core.data.tokenizer import IM_END
 from verl_core.errors import ConfigError
 from verl_core.models.loading import load_causal_lm, resolve_device, unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
-
-IM_END = "<|im_end|>"
 
 
 class _Request(NamedTuple):

@@ -8,18 +8,16 @@ from typing import Any
 from torch import nn
 
 from verl_core.errors import ConfigError
+from verl_core.registry import Registry, UnknownNameError
 from verl_core.rollout.base import RolloutEngine
 
 EngineFactory = Callable[..., RolloutEngine]
-ENGINES: dict[str, EngineFactory] = {}
+ENGINES: Registry[EngineFactory] = Registry("rollout engine")
 
 
 def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
-    def add(factory: EngineFactory) -> EngineFactory:
-        ENGINES[name] = factory
-        return factory
-
-    return add
+    """Decorator registering an engine factory ``(model, tokenizer, **kwargs) -> RolloutEngine``."""
+    return ENGINES.register(name)
 
 
 @register_engine("hf")
@@ -38,6 +36,8 @@ def _vllm(model: str | nn.Module, tokenizer: Any, **kwargs: Any) -> RolloutEngin
 
 def make_engine(name: str, model: str | nn.Module, tokenizer: Any = None, **kwargs: Any) -> RolloutEngine:
     """The engine registered as ``name``, built from ``model`` (path / hub id or live module)."""
-    if name not in ENGINES:
-        raise ConfigError(f"rollout.name: got {name!r}, expected one of {', '.join(sorted(ENGINES))}")
-    return ENGINES[name](model, tokenizer, **kwargs)
+    try:
+        factory = ENGINES.get(name)
+    except UnknownNameError as e:
+        raise ConfigError(f"rollout.name: {e}") from None
+    return factory(model, tokenizer, **kwargs)

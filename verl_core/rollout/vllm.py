@@ -38,10 +38,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from verl_core.data.tokenizer import IM_END
 from verl_core.errors import ConfigError
 from verl_core.models.loading import unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
-from verl_core.rollout.hf import IM_END, encode_prompts
+from verl_core.rollout.hf import encode_prompts
 
 NEEDS_VLLM = (
     "rollout.name: 'vllm' needs the vllm package and a CUDA GPU "

@@ -1,4 +1,4 @@
-"""Registry behaviour and the exact name lists the config schema relies on."""
+"""The algorithm registries: their getters' errors and the exact name lists the config schema relies on."""
 
 from collections.abc import Callable
 from typing import get_args
@@ -17,51 +17,12 @@ from verl_core.algorithms import (
     KLEstimatorName,
     LossAggMode,
     PolicyLossName,
-    Registry,
-    UnknownNameError,
     aggregate_loss,
     get_adv_estimator,
     get_kl_controller,
     get_kl_estimator,
     get_policy_loss,
 )
-
-
-def _double(x: int) -> int:
-    return 2 * x
-
-
-def test_register_and_get() -> None:
-    registry: Registry[object] = Registry("thing")
-    registry.register("double")(_double)
-    assert registry.get("double") is _double
-    assert "double" in registry
-    assert registry.names() == ("double",)
-
-
-def test_duplicate_name_is_rejected() -> None:
-    registry: Registry[object] = Registry("thing")
-    registry.register("double")(_double)
-    with pytest.raises(ValueError, match="already registered"):
-        registry.register("double")(_double)
-
-
-def test_unknown_name_lists_sorted_names_and_suggests() -> None:
-    registry: Registry[object] = Registry("thing")
-    for name in ("zeta", "alpha", "gamma"):
-        registry.register(name)(_double)
-    with pytest.raises(UnknownNameError) as err:
-        registry.get("gama")
-    # Plain message (not KeyError's quoted repr), names sorted, closest suggested.
-    assert str(err.value) == "Unknown thing 'gama'. Valid names: alpha, gamma, zeta. Did you mean 'gamma'?"
-    assert isinstance(err.value, KeyError) and isinstance(err.value, ValueError)
-
-
-def test_unknown_name_without_close_match_has_no_suggestion() -> None:
-    registry: Registry[object] = Registry("thing")
-    registry.register("alpha")(_double)
-    with pytest.raises(UnknownNameError, match=r"^Unknown thing 'zzzzzz'. Valid names: alpha.$"):
-        registry.get("zzzzzz")
 
 
 @pytest.mark.parametrize(

@@ -219,7 +219,8 @@ def test_arithmetic_adapter_keeps_exact_ground_truth_under_an_incomplete_teacher
 
 
 def test_registry_lists_valid_names() -> None:
-    with pytest.raises(DataError, match="valid sources: arithmetic, gsm8k, hf, jsonl, parquet"):
+    valid = "Valid names: arithmetic, gsm8k, hf, jsonl, parquet."
+    with pytest.raises(DataError, match=rf"^data.source: Unknown dataset adapter 'csv'. {valid}$"):
         get_adapter("csv")
 
 

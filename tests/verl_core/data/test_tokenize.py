@@ -22,9 +22,9 @@ from verl_core.data.tokenizer import (
     load_tokenizer_from_files,
     save_tokenizer_files,
     train_tokenizer,
-    write_tokenizer_files,
 )
 from verl_core.errors import DataError
+from verl_core.files import write_files
 
 CORPUS = [
     "Natalia sold 48/2 = 24 clips in May. How many clips did she sell altogether?",
@@ -64,7 +64,7 @@ def test_reloaded_ids_equal_trained_ids(tok: Any, tmp_path: Path) -> None:
     assert [reloaded.encode(s, add_special_tokens=False) for s in SAMPLES] == trained
     assert reloaded.chat_template == CHATML and reloaded.padding_side == "right"
     # the STACK_NOTES trap: a directory whose config says qwen2 loads as Qwen2Tokenizer
-    d = write_tokenizer_files(files, tmp_path / "tok")
+    d = write_files(files, tmp_path / "tok")
     (d / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": 300}))
     auto = AutoTokenizer.from_pretrained(str(d))
     assert type(auto).__name__ == "Qwen2Tokenizer"

@@ -27,7 +27,9 @@ def test_make_engine_hf(model: Any, tok: Any) -> None:
 
 
 def test_unknown_engine_name_lists_valid_names(model: Any, tok: Any) -> None:
-    with pytest.raises(ConfigError, match=r"rollout.name: got 'sglang', expected one of hf, vllm"):
+    with pytest.raises(
+        ConfigError, match=r"^rollout.name: Unknown rollout engine 'sglang'. Valid names: hf, vllm\."
+    ):
         make_engine("sglang", model, tok)
 
 

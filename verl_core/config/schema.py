@@ -1,4 +1,4 @@
-"""The one typed configuration of a verl-flow run.
+"""The schema of a verl-flow run: sections, defaults, one-line descriptions, cross-field checks.
 
 Every default lives here and nowhere else; every field carries a one-line description (shown by
 ``verl-flow config show`` and rendered by the Prefect UI as the flow's parameters). Section and field
@@ -6,34 +6,30 @@ names follow verl where verl has one (``data.train_batch_size``, ``actor.ppo_min
 ``algorithm.adv_estimator``, ``rollout.n`` ...). The defaults are the embedded quickstart: a tiny
 model built from scratch on CPU, synthetic arithmetic data, a local artifact store and local MLflow.
 
-Loading: :func:`load_config` reads a YAML file, applies dotted overrides (``actor.lr=1e-6``) with
-type coercion, and validates. Any problem raises :class:`ConfigError` whose message names the field
-path, the value given and what was expected, before any work starts.
+Names of algorithm variants (advantage estimators, policy losses, KL estimators and controllers, loss
+aggregation modes) are the ``Literal`` types of :mod:`verl_core.algorithms`, defined next to their
+registries, so the config accepts exactly the registered names.
 """
 
 from __future__ import annotations
 
-import difflib
-import hashlib
-import json
 import re
-import types
-import typing
-from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from verl_core.errors import ConfigError
+from verl_core.algorithms import (
+    AdvEstimatorName,
+    KLControllerName,
+    KLEstimatorName,
+    LossAggMode,
+    PolicyLossName,
+)
 
-# Names of the algorithm variants (the registries in verl_core.algorithms hold the same names; a
-# test checks that both lists agree).
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
-PolicyLoss = Literal["vanilla", "gspo"]
-KLEstimator = Literal["kl", "abs", "mse", "low_var_kl", "kl+", "abs+", "mse+", "low_var_kl+"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+# The config's names for them (kept: other code imports these from verl_core.config).
+AdvEstimator = AdvEstimatorName
+PolicyLoss = PolicyLossName
+KLEstimator = KLEstimatorName
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -204,13 +200,25 @@ class ActorConfig(Section):
     clip_ratio_low: NonNegFloat | None = _f(None, "Lower clip ε (None: clip_ratio)")
     clip_ratio_high: NonNegFloat | None = _f(None, "Upper clip ε, clip-higher (None: clip_ratio)")
     clip_ratio_c: float = _f(3.0, "Dual-clip bound c > 1 applied where the advantage is negative", gt=1.0)
-    loss_agg_mode: LossAggMode = _f("token-mean", "How token losses become one number")
+    loss_agg_mode: LossAggMode | None = _f(
+        None,
+        "How token losses (policy, entropy, KL) become one number (None: token-mean, or "
+        "seq-mean-token-mean under policy_loss=gspo, as verl)",
+    )
     entropy_coeff: NonNegFloat = _f(0.0, "Entropy bonus coefficient")
     use_kl_loss: bool = _f(False, "Add a KL(actor || ref) loss term (GRPO style)")
     kl_loss_coef: NonNegFloat = _f(0.001, "Coefficient of the KL loss")
     kl_loss_type: KLEstimator = _f("low_var_kl", "KL estimator of the loss term")
     use_rollout_logprobs: bool = _f(False, "Use the rollout engine's log-probs as old log-probs")
     zero_stage: Literal[1, 2, 3] = _f(2, "DeepSpeed ZeRO stage (strategy=deepspeed)")
+
+    @property
+    def resolved_loss_agg_mode(self) -> LossAggMode:
+        """``loss_agg_mode`` if given, else verl's choice: seq-mean-token-mean for GSPO (a sequence-level
+        ratio, averaged per sequence), token-mean otherwise."""
+        if self.loss_agg_mode is not None:
+            return self.loss_agg_mode
+        return "seq-mean-token-mean" if self.policy_loss == "gspo" else "token-mean"
 
 
 class CriticConfig(Section):
@@ -227,7 +235,11 @@ class CriticConfig(Section):
 
 
 class RefConfig(Section):
-    path: str | None = _f(None, "Reference policy (None: the SFT policy; base without adapters for LoRA)")
+    path: str | None = _f(
+        None,
+        "A reference policy other than the starting policy (HF id or local dir); None: the SFT/start "
+        "policy (for LoRA, the base without adapters)",
+    )
     log_prob_max_token_len_per_gpu: PositiveInt = _f(8192, "Token budget of one reference forward")
 
 
@@ -311,7 +323,7 @@ class RewardConfig(Section):
 
 
 class KLControlConfig(Section):
-    type: Literal["fixed", "adaptive"] = _f("fixed", "KL coefficient controller")
+    type: KLControllerName = _f("fixed", "KL coefficient controller")
     kl_coef: NonNegFloat = _f(0.001, "Initial β of the KL-in-reward penalty")
     target_kl: PositiveFloat = _f(0.1, "Target KL of the adaptive controller")
     horizon: PositiveInt = _f(10000, "Horizon of the adaptive controller")
@@ -389,8 +401,6 @@ class ExecutionConfig(Section):
     mode: Literal["local", "deployments"] = _f(
         "local", "local: one process, no server; deployments: GPU stages on the gpu work pool"
     )
-    cpu_pool: str = _f("cpu", "Prefect work pool of the pipeline and CPU stages")
-    gpu_pool: str = _f("gpu", "Prefect work pool of the GPU stages")
     shared_filesystem: bool = _f(
         False,
         "deployments: local paths (a file:// store, a sqlite tracking URI) are on a filesystem every "
@@ -437,6 +447,16 @@ class VerlFlowConfig(Section):
                 f"actor.ppo_mini_batch_size: {self.actor.ppo_mini_batch_size} must divide "
                 f"data.train_batch_size ({self.data.train_batch_size})"
             )
+        if self.algorithm.adv_estimator == "gae" and self.critic.enable is False:
+            raise ValueError(
+                "critic.enable: got false, expected true or unset when algorithm.adv_estimator is 'gae' "
+                "(GAE needs the critic's values)"
+            )
+        if self.use_critic and self.data.train_batch_size % self.critic.ppo_mini_batch_size:
+            raise ValueError(
+                f"critic.ppo_mini_batch_size: {self.critic.ppo_mini_batch_size} must divide "
+                f"data.train_batch_size ({self.data.train_batch_size})"
+            )
         if self.execution.mode == "deployments":
             _check_shared_locations(self)
         return self
@@ -449,8 +469,10 @@ class VerlFlowConfig(Section):
         return self.algorithm.adv_estimator == "gae"
 
     def config_hash(self) -> str:
-        """sha256 of the canonical JSON of the resolved config."""
-        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
+        """sha256 of the canonical JSON of the resolved config (see :func:`.loader.config_hash`)."""
+        from verl_core.config.loader import config_hash
+
+        return config_hash(self)
 
 
 def _check_shared_locations(cfg: VerlFlowConfig) -> None:
@@ -482,204 +504,3 @@ def _check_shared_locations(cfg: VerlFlowConfig) -> None:
             "server every worker can reach (http://...), or execution.shared_filesystem=true if it is a "
             "shared mount"
         )
-
-
-def canonical_json(obj: Any) -> str:
-    """JSON with sorted keys and no whitespace: the input of every hash."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-
-
-# --------------------------------------------------------------------------------------------------
-# Loading and overrides
-
-
-def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> VerlFlowConfig:
-    """Read YAML at ``path`` (None: the defaults), apply ``key.sub=value`` overrides, validate."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(
-                f"{path}: expected a mapping of sections at the top, got {type(loaded).__name__}"
-            )
-        raw = loaded
-    for item in overrides:
-        apply_override(raw, item)
-    return validate_config(raw)
-
-
-def validate_config(raw: Mapping[str, Any]) -> VerlFlowConfig:
-    """Validate a nested dict into the schema, turning pydantic errors into one :class:`ConfigError`."""
-    try:
-        return VerlFlowConfig.model_validate(dict(raw))
-    except ValidationError as e:
-        raise ConfigError("; ".join(_describe(err) for err in e.errors())) from None
-
-
-def with_overrides(cfg: VerlFlowConfig, overrides: Iterable[str]) -> VerlFlowConfig:
-    """``cfg`` with dotted overrides applied and validated again."""
-    raw = cfg.model_dump(mode="json")
-    for item in overrides:
-        apply_override(raw, item)
-    return validate_config(raw)
-
-
-def apply_override(raw: dict[str, Any], item: str) -> None:
-    """Set ``a.b.c=value`` into the nested dict ``raw``; the value is parsed as YAML scalar/list,
-    except for fields typed as strings, which keep the text as given."""
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ConfigError(f"override {item!r}: expected key.path=value")
-    parts = key.split(".")
-    node = raw
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {item!r}: {'.'.join(parts[: i + 1])} is not a section")
-        node = child
-    node[parts[-1]] = _parse_value(text, _field_annotation(parts))
-
-
-def _parse_value(text: str, annotation: Any) -> Any:
-    if annotation is not None and _is_plain_str(annotation):
-        return None if text in ("null", "~") and _allows_none(annotation) else text
-    try:
-        return yaml.safe_load(text) if text.strip() else text
-    except yaml.YAMLError:
-        return text
-
-
-def _is_plain_str(annotation: Any) -> bool:
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if _is_union(annotation):
-        return len(args) == 1 and args[0] is str
-    return annotation is str
-
-
-def _allows_none(annotation: Any) -> bool:
-    return _is_union(annotation) and type(None) in typing.get_args(annotation)
-
-
-def _is_union(annotation: Any) -> bool:
-    return typing.get_origin(annotation) in (Union, types.UnionType)
-
-
-def _section_model(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model behind a field annotation (``Model`` or ``Model | None``)."""
-    candidates = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
-    for c in candidates:
-        if isinstance(c, type) and issubclass(c, BaseModel):
-            return c
-    return None
-
-
-def _field_annotation(parts: list[str]) -> Any:
-    """Annotation of the field at a dotted path, or None when the path is unknown."""
-    model: type[BaseModel] | None = VerlFlowConfig
-    annotation: Any = None
-    for part in parts:
-        if model is None or part not in model.model_fields:
-            return None
-        annotation = model.model_fields[part].annotation
-        model = _section_model(annotation)
-    return annotation
-
-
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    model: type[BaseModel] | None = VerlFlowConfig
-    for part in loc:
-        if model is None or part not in model.model_fields:
-            return None
-        model = _section_model(model.model_fields[part].annotation)
-    return model
-
-
-def _describe(err: Mapping[str, Any]) -> str:
-    """One line for one pydantic error: field path, value given, what was expected."""
-    loc = tuple(err["loc"])
-    path = ".".join(str(p) for p in loc)
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        parent = _model_at(loc[:-1])
-        names = list(parent.model_fields) if parent else []
-        close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
-        hint = f" (did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?)" if close else ""
-        valid = f"; valid keys here: {', '.join(names)}" if names and not close else ""
-        return f"unknown key '{path}'{hint}{valid}"
-    if kind == "value_error" and (not path or isinstance(err.get("input"), dict)):
-        # model-level cross checks already name their field
-        return str(err["msg"]).removeprefix("Value error, ")
-    given = err.get("input")
-    expected = _expected(err)
-    return f"{path}: got {given!r}, expected {expected}"
-
-
-def _expected(err: Mapping[str, Any]) -> str:
-    kind, ctx = err["type"], err.get("ctx") or {}
-    if kind == "literal_error":
-        return f"one of {ctx.get('expected')}"
-    if kind in ("float_parsing", "float_type"):
-        return "a number"
-    if kind in ("int_parsing", "int_type", "int_from_float"):
-        return "an integer"
-    if kind in ("bool_parsing", "bool_type"):
-        return "true or false"
-    if kind in ("string_type",):
-        return "a string"
-    if kind in ("list_type",):
-        return "a list"
-    if kind in ("model_type", "dict_type", "model_attributes_type"):
-        return "a mapping (section)"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[
-            kind
-        ]
-        bound = next(iter(ctx.values()), "?")
-        return f"a value {op} {bound}"
-    return str(err["msg"]).removeprefix("Value error, ")
-
-
-def to_yaml(cfg: VerlFlowConfig) -> str:
-    """The resolved config as YAML (section order as in the schema)."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-
-
-# --------------------------------------------------------------------------------------------------
-# Flattening for trackers
-
-_SECRET_WORDS = ("password", "secret", "token", "credential", "access_key", "api_key")
-
-
-def flatten_config(cfg: VerlFlowConfig) -> dict[str, str]:
-    """``{"actor.lr": "1e-06", ...}`` with secrets redacted: any key naming a secret, and the
-    user:password part of URLs."""
-    out: dict[str, str] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}.{k}" if prefix else k, v)
-            return
-        text = json.dumps(value) if isinstance(value, list) else str(value)
-        if any(w in prefix.lower() for w in _SECRET_WORDS):
-            text = "***"
-        out[prefix] = redact_url(text)
-
-    walk("", cfg.model_dump(mode="json"))
-    return out
-
-
-def redact_url(text: str) -> str:
-    """Replace ``scheme://user:pass@host`` credentials with ``***``."""
-    return re.sub(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@", r"\g<scheme>***@", text)
