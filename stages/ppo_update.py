@@ -20,8 +20,8 @@ import torch
 from prefect import task
 from torch import Tensor
 
-from stages.rl_state import RLState, get_state
-from stages.rollout import iteration_stage
+from stages.floor.locations import iteration_stage
+from stages.floor.state import RLState, get_state
 from verl_core.algorithms import agg_norm_for, apply_kl_penalty, get_adv_estimator, masked_mean
 from verl_core.config import VerlFlowConfig
 from verl_core.data.packing import dynamic_micro_batches

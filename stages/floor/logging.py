@@ -1,10 +1,12 @@
-"""Console feedback for stages: the run logger, and a rich progress bar for long loops when a
-terminal is attached (silent otherwise: stages log their figures every few steps either way)."""
+"""Console feedback for stages: the run logger, a rich progress bar for long loops when a terminal is
+attached (silent otherwise: stages log their figures every few steps either way), and :func:`timed`
+for wall-time accounting."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -48,3 +50,14 @@ def progress(description: str, total: int, completed: int = 0) -> Iterator[Advan
             bar.update(task, advance=steps, status=status)
 
         yield advance
+
+
+@contextmanager
+def timed(into: dict[str, float], name: str) -> Iterator[None]:
+    """Add the seconds the ``with`` block takes to ``into[name]`` (created at 0.0), also when it raises:
+    ``with timed(timing, "rollout"): ...``."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        into[name] = into.get(name, 0.0) + time.perf_counter() - t0

@@ -1,4 +1,5 @@
-"""The RL loop's models, kept in memory for the whole loop in local mode.
+"""The RL loop's state: its models, kept in memory for the whole loop in local mode, and the
+checkpoint protocol.
 
 ``RLState`` holds the actor (and its optimizer), the reference policy, the critic (and its optimizer),
 the rollout engine, the KL controller and the policy version (PPO updates applied so far). Stage
@@ -23,16 +24,16 @@ iteration.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from stages.models import build_policy, read_policy, write_policy
-from stages.progress import stage_logger
-from stages.template_pack import load_tokenizer
+from stages.floor.artifacts import load_tokenizer, read_policy, write_policy
+from stages.floor.builders import actor_spec, build_policy, critic_spec, engine_kwargs, planned_iterations
+from stages.floor.locations import ckpt_stage, list_checkpoints, validations
+from stages.floor.logging import stage_logger
 from verl_core.algorithms import KLController, make_kl_controller
 from verl_core.config import VerlFlowConfig, canonical_json
 from verl_core.errors import ArtifactNotFoundError, ConfigError
@@ -50,9 +51,8 @@ from verl_core.models.packed import PackedCausalLM, PackedScoreModel
 from verl_core.rollout import RolloutEngine, make_engine
 from verl_core.run import RunContext
 from verl_core.store import ArtifactStore, Manifest
-from verl_core.training.engine import OptimSpec, SingleStrategy, TrainEngine
+from verl_core.training.engine import SingleStrategy, TrainEngine
 
-CKPT_RE = re.compile(r"^ckpt/iter-(\d{4,})$")
 PENDING = "pending"  # checkpoint files holding the manifests of updates it publishes
 
 
@@ -90,20 +90,6 @@ def drop_state(run_id: str) -> None:
     _STATES.pop(run_id, None)
 
 
-def ckpt_stage(iteration: int) -> str:
-    return f"ckpt/iter-{iteration:04d}"
-
-
-def list_checkpoints(store: ArtifactStore, run_id: str) -> list[int]:
-    """Iterations with a committed checkpoint, ascending."""
-    found = []
-    for m in store.list_manifests(run_id):
-        match = CKPT_RE.match(m.stage)
-        if match:
-            found.append(int(match.group(1)))
-    return sorted(found)
-
-
 def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None) -> int:
     """Build the RL state (from a checkpoint per ``trainer.resume_mode``, else the SFT policy or the
     initial model); returns the iteration to start from."""
@@ -133,13 +119,14 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         else:
             frozen = build_policy(cfg.model, tokenizer, seed=cfg.trainer.seed)
         ref = PackedCausalLM(frozen.eval().requires_grad_(False)).to(device)
+    iterations = planned_iterations(cfg, train_prompts(store, template_pack_uri))
     actor = PackedCausalLM(lm)
-    actor_engine = TrainEngine(actor, _actor_spec(cfg), SingleStrategy(device))
+    actor_engine = TrainEngine(actor, actor_spec(cfg, iterations), SingleStrategy(device))
     critic = critic_engine = None
     if cfg.use_critic:
         critic_model = _critic(cfg, store, ckpt, lm)
         critic = PackedScoreModel(critic_model)
-        critic_engine = TrainEngine(critic, _critic_spec(cfg), SingleStrategy(device))
+        critic_engine = TrainEngine(critic, critic_spec(cfg, iterations), SingleStrategy(device))
     kl = cfg.algorithm.kl_ctrl
     kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
     version = 0
@@ -155,7 +142,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         version = int(state["iteration"])
         publish_pending(store, ckpt)
         stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
-    engine = make_engine(cfg.rollout.name, lm, tokenizer, **_engine_kwargs(cfg))
+    engine = make_engine(cfg.rollout.name, lm, tokenizer, **engine_kwargs(cfg.rollout))
     _STATES[ctx.run_id] = RLState(
         ctx.run_id,
         lm,
@@ -172,6 +159,11 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         device,
     )
     return version
+
+
+def train_prompts(store: ArtifactStore, template_pack_uri: str) -> int:
+    """Number of training prompts template_pack wrote (from its manifest summary)."""
+    return int(store.read_manifest(template_pack_uri).summary["rows"]["prompts_train"])
 
 
 def policy_lineage(cfg: VerlFlowConfig, start_sha: str | None) -> str:
@@ -275,37 +267,23 @@ def _critic(cfg: VerlFlowConfig, store: ArtifactStore, ckpt: Manifest | None, lm
     return value_model_from_policy(lm, seed=cfg.trainer.seed + 1)
 
 
-def _actor_spec(cfg: VerlFlowConfig) -> OptimSpec:
-    a = cfg.actor
-    total = cfg.trainer.total_iterations * a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
-    return OptimSpec(
-        lr=a.lr,
-        weight_decay=a.weight_decay,
-        warmup_steps=int(a.warmup_steps_ratio * total),
-        total_steps=total,
-        scheduler=a.lr_scheduler,
-        grad_clip=a.grad_clip,
-    )
+@dataclass(frozen=True)
+class RLResult:
+    """What the RL loop leaves: its last checkpoint's manifest URI, the held-out accuracy of the
+    policy after each validated iteration (0: before RL), and seconds spent per phase."""
+
+    checkpoint: str
+    val_accuracy: dict[int, float]
+    timing_s: dict[str, float] = field(default_factory=dict)
 
 
-def _critic_spec(cfg: VerlFlowConfig) -> OptimSpec:
-    c = cfg.critic
-    total = cfg.trainer.total_iterations * c.ppo_epochs * (cfg.data.train_batch_size // c.ppo_mini_batch_size)
-    return OptimSpec(
-        lr=c.lr,
-        weight_decay=c.weight_decay,
-        warmup_steps=0,
-        total_steps=total,
-        scheduler="constant",
-        grad_clip=c.grad_clip,
-    )
-
-
-def _engine_kwargs(cfg: VerlFlowConfig) -> dict[str, Any]:
-    r = cfg.rollout
-    if r.name == "vllm":
-        return {
-            "tensor_parallel_size": r.tensor_parallel_size,
-            "gpu_memory_utilization": r.gpu_memory_utilization,
-        }
-    return {"max_batch_size": r.max_batch_size}
+def committed_rl_result(
+    store: ArtifactStore, run_id: str, cfg: VerlFlowConfig, sft_uri: str | None
+) -> RLResult | None:
+    """The RL loop's result rebuilt from the store (after its flow ran elsewhere): the last committed
+    checkpoint and the validations of this policy lineage; None without a checkpoint. No timings."""
+    ckpts = list_checkpoints(store, run_id)
+    if not ckpts:
+        return None
+    lineage = policy_lineage(cfg, store.manifest_sha256(sft_uri) if sft_uri else None)
+    return RLResult(store.manifest_uri(run_id, ckpt_stage(ckpts[-1])), validations(store, run_id, lineage))
