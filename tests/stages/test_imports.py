@@ -45,7 +45,14 @@ def _where(path: Path, line: int) -> str:
 def test_scan_sees_the_stage_files() -> None:
     names = {p.stem for p in STAGE_FILES}
     assert {"rollout", "reward", "ppo_update", "validate", "eval", "export"} <= names
-    assert {p.stem for p in FLOOR_FILES} == {"__init__", "locations", "builders", "artifacts", "state", "logging"}
+    assert {p.stem for p in FLOOR_FILES} == {
+        "__init__",
+        "locations",
+        "builders",
+        "artifacts",
+        "state",
+        "logging",
+    }
 
 
 @pytest.mark.parametrize("path", STAGE_FILES, ids=lambda p: p.name)
