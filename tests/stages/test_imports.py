@@ -1,6 +1,6 @@
-"""Stages stand side by side (STYLE.md §13): an AST scan of every import in stages/, the floor and
-benchmarks/. A stage file imports verl_core and the floor, never another stage; the floor never
-imports a stage; benchmarks import no private name from stages."""
+"""Stages stand side by side (STYLE.md §13): an AST scan of every import in stages/, the floor,
+benchmarks/ and flows/. A stage file imports verl_core and the floor, never another stage; the floor
+never imports a stage; benchmarks and flows import no private name from stages."""
 
 from __future__ import annotations
 
@@ -120,3 +120,9 @@ def _private_stage_imports(path: Path) -> list[str]:
 def test_benchmarks_import_no_private_stage_name(path: Path) -> None:
     bad = _private_stage_imports(path)
     assert not bad, "benchmarks call components, never a stage's private helpers:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "flows").glob("*.py")), ids=lambda p: p.name)
+def test_flows_import_no_private_stage_name(path: Path) -> None:
+    bad = _private_stage_imports(path)
+    assert not bad, "flows use stage tasks and the floor's public names:\n" + "\n".join(bad)
