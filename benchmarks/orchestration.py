@@ -15,7 +15,7 @@ in its own run id so nothing is skipped) run three ways:
   ``rollout`` → ``reward`` → ``ppo_update`` tasks (each writes and commits its Parquet artifacts, the
   next reads them), a ``checkpoint`` task at the end; validation off (``trainer.test_freq=0``).
 - ``fn``:    the same stage functions called directly (``task.fn``) in a plain Python loop, after
-  ``stages.rl_state.init_state``, with ``save_checkpoint`` at the end: artifacts written and read
+  ``stages.floor.state.init_state``, with ``save_checkpoint`` at the end: artifacts written and read
   exactly as in the flow, no Prefect.
 - ``bare``:  the kernels only: ``engine.generate`` on the iteration's prompt ids, ``score_rollouts`` on
   the completions, and the GRPO update (old/ref log-probs, advantages, actor optimizer steps) through
@@ -160,7 +160,7 @@ def _weights_sum(model: torch.nn.Module) -> float:
 
 def run_flow(s: dict[str, Any], run_id: str) -> dict[str, Any]:
     from flows.rl import rl_loop
-    from stages.models import read_policy
+    from stages.floor.artifacts import read_policy
     from verl_core.run import start_run
 
     cfg = s["cfg"]
@@ -186,9 +186,9 @@ def run_flow(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
+    from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
     from stages.ppo_update import ppo_update
     from stages.reward import reward
-    from stages.rl_state import drop_state, get_state, init_state, save_checkpoint
     from stages.rollout import rollout
     from verl_core.run import start_run
 
@@ -229,9 +229,9 @@ def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> dict[str, Any]:
-    from stages.reward import build_scorers
-    from stages.rl_state import drop_state, get_state, init_state
-    from stages.rollout import batch_rows, sampling_params
+    from stages.floor.artifacts import batch_rows
+    from stages.floor.builders import build_scorers, sampling_params
+    from stages.floor.state import drop_state, get_state, init_state
     from verl_core.reward import RewardBatch, score_rollouts
     from verl_core.run import start_run
 
@@ -363,7 +363,7 @@ def _from_manifests(
 ) -> tuple[list[int], list[float], dict[str, float]]:
     """Per-iteration generated tokens and mean scores, and the kernel seconds the stages recorded:
     rollout ``seconds`` (engine.generate), update ``timing_s/*`` (log-probs, advantages, optimizer)."""
-    from stages.rollout import iteration_stage
+    from stages.floor.locations import iteration_stage
 
     tokens, scores = [], []
     kernel = {"rollout": 0.0, "update": 0.0}

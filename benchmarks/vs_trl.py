@@ -36,7 +36,7 @@ What both sides do, per iteration / generation round (defaults = the quickstart'
   off), ``torch.set_num_threads(--threads)``, one process.
 
 Our side calls the RL stage functions directly in a plain loop (``rollout.fn`` → ``reward.fn`` →
-``ppo_update.fn`` after ``stages.rl_state.init_state``): the real stage code with its Parquet artifacts
+``ppo_update.fn`` after ``stages.floor.state.init_state``): the real stage code with its Parquet artifacts
 written and read every iteration, but not the Prefect flow (its overhead is measured on its own by
 ``benchmarks/orchestration.py``). Timed: the iteration loop (not ``init_state``); TRL: first
 ``on_step_begin`` to last ``on_step_end`` (not model loading, trainer construction, ``train()``'s
@@ -118,8 +118,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def setup(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    from stages.models import build_policy, read_policy
-    from stages.template_pack import load_tokenizer
+    from stages.floor.artifacts import load_tokenizer, read_policy
+    from stages.floor.builders import build_policy
     from verl_core.config import load_config
 
     overrides = [
@@ -188,7 +188,7 @@ def _stop_ids(tokenizer: Any) -> list[int]:
 
 def iteration_prompts(s: dict[str, Any], iterations: int) -> Any:
     """The rows our rollout stage uses in iterations 0..iterations-1, in order (a pyarrow table)."""
-    from stages.rollout import batch_rows
+    from stages.floor.artifacts import batch_rows
 
     cfg = s["cfg"]
     rows: list[int] = []
@@ -206,9 +206,9 @@ def iteration_prompts(s: dict[str, Any], iterations: int) -> Any:
 
 def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
     import stages.reward as reward_mod
+    from stages.floor.state import drop_state, get_state, init_state
     from stages.ppo_update import ppo_update
     from stages.reward import reward
-    from stages.rl_state import drop_state, get_state, init_state
     from stages.rollout import rollout
     from verl_core.run import start_run
 

@@ -4,8 +4,7 @@ samples. Only called inside a flow run."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from flows.results import PipelineResult
 from stages.eval import sample_rows
 from stages.report import collect_series, metrics_markdown
 from verl_core.run import RunContext
@@ -24,16 +23,16 @@ def mlflow_run_link(ctx: RunContext) -> str:
     return f"run `{ctx.mlflow_run_id}`: `mlflow ui --backend-store-uri {ctx.tracking_uri}`"
 
 
-def publish(ctx: RunContext, result: dict[str, Any], table_rows: int) -> None:
+def publish(ctx: RunContext, result: PipelineResult, table_rows: int) -> None:
     """Create the run's markdown and table artifacts from ``result`` (the pipeline's return value)."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     store = ctx.store()
-    stages = result["stages"]
+    stages = result.stages
     lines = [f"# verl-flow run `{ctx.run_id}`", "", f"- artifacts: `{ctx.store_url}/runs/{ctx.run_id}`"]
     lines.append(f"- MLflow: {mlflow_run_link(ctx)}")
-    if result.get("data_snapshot"):
-        lines.append(f"- data snapshot: `{result['data_snapshot']}`")
+    if result.data_snapshot:
+        lines.append(f"- data snapshot: `{result.data_snapshot}`")
     if "export" in stages:
         m = store.read_manifest(stages["export"])
         lines.append(f"- exported model: `{store.file_uri(m, 'model/config.json').rsplit('/', 1)[0]}`")
@@ -49,7 +48,7 @@ def publish(ctx: RunContext, result: dict[str, Any], table_rows: int) -> None:
         m = store.read_manifest(stages["report"])
         lines.append("- plots: " + ", ".join(f"`{store.file_uri(m, p)}`" for p in m.summary["plots"]))
     lines += ["", "## per-iteration metrics", "", metrics_markdown(collect_series(store, ctx.run_id))]
-    timing = ", ".join(f"{k} {v:.1f}s" for k, v in result["timing_s"].items() if not k.startswith("rl/"))
+    timing = ", ".join(f"{k} {v:.1f}s" for k, v in result.timing_s.items() if not k.startswith("rl/"))
     lines += ["", f"stage wall times: {timing}"]
     create_markdown_artifact("\n".join(lines), key="rlhf-run-summary", description=f"run {ctx.run_id}")
     if "eval" in stages and table_rows:

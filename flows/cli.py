@@ -8,15 +8,19 @@ Errors that are the user's to fix (bad config, missing artifact) print one line 
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from stages.floor.locations import REPORT, list_exports
 from verl_core.config import StoreConfig, VerlFlowConfig, load_config, to_yaml
 from verl_core.errors import ConfigError, VerlFlowError
 from verl_core.store import ArtifactStore
+
+if TYPE_CHECKING:
+    from flows.results import PipelineResult
 
 app = typer.Typer(
     name="verl-flow",
@@ -80,21 +84,21 @@ def run(
     _print_result(result)
 
 
-def _print_result(result: dict[str, Any]) -> None:
+def _print_result(result: PipelineResult) -> None:
     """The summary a quickstart ends with: stages, validation accuracy before/after RL, wall times."""
-    stages = Table("stage", "manifest", "seconds", title=f"run {result['run_id']}")
-    for name, uri in result["stages"].items():
-        stages.add_row(name, uri, f"{result['timing_s'].get(name, 0.0):.1f}")
+    stages = Table("stage", "manifest", "seconds", title=f"run {result.run_id}")
+    for name, uri in result.stages.items():
+        stages.add_row(name, uri, f"{result.timing_s.get(name, 0.0):.1f}")
     out.print(stages)
-    acc = result.get("val_accuracy") or {}
+    acc = result.val_accuracy
     if acc:
-        first, last = min(acc, key=int), max(acc, key=int)
+        first, last = min(acc), max(acc)
         table = Table("validation", "iteration", "accuracy", title="held-out accuracy (greedy)")
-        table.add_row("SFT checkpoint" if int(first) == 0 else "first", first, f"{acc[first]:.3f}")
-        table.add_row("after RL", last, f"{acc[last]:.3f}")
+        table.add_row("SFT checkpoint" if first == 0 else "first", str(first), f"{acc[first]:.3f}")
+        table.add_row("after RL", str(last), f"{acc[last]:.3f}")
         table.add_row("change", "", f"{acc[last] - acc[first]:+.3f}")
         out.print(table)
-    rl_times = {k[3:]: v for k, v in result["timing_s"].items() if k.startswith("rl/")}
+    rl_times = {k[3:]: v for k, v in result.timing_s.items() if k.startswith("rl/")}
     if rl_times:
         times = Table("RL phase", "seconds", title="time inside the RL loop")
         for k, v in rl_times.items():
@@ -148,7 +152,7 @@ def runs_show(run_id: Annotated[str, typer.Argument(help="Run id")], store: Stor
                 m.producer.created_at[:19] if i == 0 else "",
             )
     out.print(table)
-    report = next((m for m in manifests if m.stage == "report"), None)
+    report = next((m for m in manifests if m.stage == REPORT), None)
     if report is not None:
         out.print("plots:")
         for name in report.summary.get("plots", []):
@@ -240,11 +244,11 @@ def eval_cmd(
         ctx, cfg = attach_run(store or StoreConfig().url, run_id)
         cfg = with_overrides(cfg, overrides or [])
         st = ctx.store()
-        exports = [m for m in st.list_manifests(run_id) if m.stage.startswith("export/")]
+        exports = list_exports(st, run_id)
         if model:
             source = dir_source(model)
         elif iteration is None and exports:
-            source = export_source(st, st.manifest_uri(run_id, exports[-1].stage))
+            source = export_source(st, st.manifest_uri(run_id, exports[-1]))
         else:
             source = in_run_source(st, run_id, iteration)
         uri = evaluate.fn(ctx, cfg, source)

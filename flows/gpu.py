@@ -2,7 +2,8 @@
 started by the pipeline with ``run_deployment`` in ``execution.mode=deployments``. They take the run
 context and the config, and meet the pipeline only through artifacts in the shared store.
 
-The RL loop's flow is :func:`flows.rl.rl_loop` itself (one flow run for all iterations, so the
+Every stage flow names its config parameter ``config`` (see :func:`flows.dispatch.dispatch`). The RL
+loop's flow is :func:`flows.rl.rl_loop` itself (one flow run for all iterations, so the
 policy, reference and critic stay in GPU memory between them).
 """
 

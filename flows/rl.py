@@ -1,6 +1,7 @@
-"""The RL iteration loop: rollout → reward → ppo_update, × ``trainer.total_iterations``, with
-validation and checkpoints. One flow run, so in local mode the policy, reference and critic stay
-in memory across iterations (artifacts are still written for every stage).
+"""The RL iteration loop: rollout → reward → ppo_update, × the planned iterations
+(:func:`stages.floor.builders.planned_iterations`), with validation and checkpoints. One flow run, so
+in local mode the policy, reference and critic stay in memory across iterations (artifacts are still
+written for every stage).
 
 Resume (``trainer.resume_mode``): the loop starts after the last committed checkpoint; iterations
 whose rollout/reward artifacts are committed are not sampled again (same seeds → same data).
@@ -8,17 +9,16 @@ whose rollout/reward artifacts are committed are not sampled again (same seeds �
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 
+from stages.floor.builders import planned_iterations
+from stages.floor.locations import ckpt_stage, validations
+from stages.floor.logging import timed
+from stages.floor.state import RLResult, drop_state, get_state, init_state, save_checkpoint, train_prompts
 from stages.ppo_update import ppo_update
 from stages.reward import reward
-from stages.rl_state import drop_state, get_state, init_state, save_checkpoint
 from stages.rollout import rollout
 from stages.validate import validate
 from verl_core.config import VerlFlowConfig
@@ -26,67 +26,55 @@ from verl_core.run import RunContext
 
 
 @task(name="init_rl_state")
-def init_rl_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None) -> int:
-    return init_state(ctx, cfg, template_pack_uri, sft_uri)
+def init_rl_state(
+    ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None
+) -> int:
+    return init_state(ctx, config, template_pack_uri, sft_uri)
 
 
 @task(name="checkpoint")
-def checkpoint(ctx: RunContext, cfg: VerlFlowConfig, iteration: int) -> str:
-    return save_checkpoint(ctx, cfg, iteration)
+def checkpoint(ctx: RunContext, config: VerlFlowConfig, iteration: int) -> str:
+    return save_checkpoint(ctx, config, iteration)
 
 
 @flow(name="rl-loop", log_prints=True)
-def rl_loop(
-    ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None
-) -> dict[str, Any]:
+def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None) -> RLResult:
     """Run the RL iterations; returns the final checkpoint URI, validation accuracies and timings."""
     logger = get_run_logger()
-    t = cfg.trainer
+    cfg, t, store = config, config.trainer, ctx.store()
     io_retry: dict[str, Any] = {
         "retries": cfg.execution.task_retries,
         "retry_delay_seconds": cfg.execution.retry_delay_s,
     }
     start = init_rl_state(ctx, cfg, template_pack_uri, sft_uri)
     lineage = get_state(ctx).lineage
-    # trainer.total_epochs caps the iterations: each takes data.train_batch_size prompts
-    n_prompts = int(ctx.store().read_manifest(template_pack_uri).summary["rows"]["prompts_train"])
-    total = min(t.total_iterations, math.ceil(t.total_epochs * n_prompts / cfg.data.train_batch_size))
+    total = planned_iterations(cfg, train_prompts(store, template_pack_uri))
     val: dict[int, float] = {}
     timings = {"rollout": 0.0, "reward": 0.0, "update": 0.0, "validate": 0.0}
     try:
         if t.val_before_train and start == 0 and t.test_freq:
-            with _timer(timings, "validate"):
+            with timed(timings, "validate"):
                 val[0] = validate(ctx, cfg, template_pack_uri, 0)
         last_ckpt = None
         for it in range(start, total):
-            with _timer(timings, "rollout"):
+            with timed(timings, "rollout"):
                 r = rollout(ctx, cfg.data, cfg.rollout, template_pack_uri, it, lineage)
-            with _timer(timings, "reward"):
+            with timed(timings, "reward"):
                 w = reward.with_options(**io_retry)(ctx, cfg.reward, r, it, cfg.data.max_response_length)
-            with _timer(timings, "update"):
+            with timed(timings, "update"):
                 ppo_update(ctx, cfg, r, w, it)
             done = it + 1
             if t.test_freq and (done % t.test_freq == 0 or done == total):
-                with _timer(timings, "validate"):
+                with timed(timings, "validate"):
                     val[done] = validate(ctx, cfg, template_pack_uri, done)
             if done == total or (t.save_freq and done % t.save_freq == 0):
                 last_ckpt = checkpoint(ctx, cfg, done)
             acc = f", val accuracy {val[done]:.3f}" if done in val else ""
             logger.info("rl: iteration %d/%d done%s", done, total, acc)
         if last_ckpt is None:  # nothing left to run: the final checkpoint is already committed
-            last_ckpt = ctx.store().manifest_uri(ctx.run_id, f"ckpt/iter-{total:04d}")
-        for m in ctx.store().list_manifests(ctx.run_id):  # validations of earlier (resumed) runs
-            if m.stage.endswith("/val") and m.summary.get("iteration_lineage", lineage) == lineage:
-                val.setdefault(int(m.stage[len("iter-") : -len("/val")]), float(m.summary["accuracy"]))
+            last_ckpt = store.manifest_uri(ctx.run_id, ckpt_stage(total))
+        for done, accuracy in validations(store, ctx.run_id, lineage).items():  # of earlier (resumed) runs
+            val.setdefault(done, accuracy)
     finally:
         drop_state(ctx.run_id)
-    return {"checkpoint": last_ckpt, "val_accuracy": val, "timing_s": timings}
-
-
-@contextmanager
-def _timer(into: dict[str, float], name: str) -> Iterator[None]:
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        into[name] += time.perf_counter() - t0
+    return RLResult(last_ckpt, val, timings)

@@ -23,11 +23,16 @@ import pyarrow as pa
 from prefect import task
 from torch import nn
 
-from stages.export import materialise_export, resolve_source
-from stages.models import read_policy
-from stages.progress import stage_logger
-from stages.reward import build_scorers
-from stages.rollout import rollouts_table
+from stages.floor.artifacts import (
+    materialise_export,
+    read_policy,
+    resolve_source,
+    rollouts_table,
+    run_tokenizer,
+)
+from stages.floor.builders import build_scorers
+from stages.floor.locations import TEMPLATE_PACK, eval_label, eval_stage, parse_export_stage
+from stages.floor.logging import stage_logger
 from verl_core.config import VerlFlowConfig
 from verl_core.evaluation import mean_by_source, pass_at_k, per_prompt_correct
 from verl_core.models.loading import load_causal_lm, resolve_device
@@ -52,13 +57,13 @@ def in_run_source(store: ArtifactStore, run_id: str, iteration: int | None) -> E
     """The run's checkpoint of ``iteration`` (None: the latest; 0: the SFT policy when there is no
     checkpoint at 0)."""
     s = resolve_source(store, run_id, iteration)
-    return EvalSource(s.stage.replace("/", "-"), manifest_uri=s.manifest_uri)
+    return EvalSource(eval_label(s.stage), manifest_uri=s.manifest_uri)
 
 
 def export_source(store: ArtifactStore, export_uri: str) -> EvalSource:
     """The committed export (or checkpoint) at ``export_uri``, named after its stage."""
     stage = store.read_manifest(export_uri).stage
-    return EvalSource(stage.replace("/", "-"), manifest_uri=export_uri)
+    return EvalSource(eval_label(stage), manifest_uri=export_uri)
 
 
 def dir_source(model_dir: str) -> EvalSource:
@@ -73,7 +78,7 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, source: EvalSource) -> str:
     store = ctx.store()
     e = cfg.eval
     # 1. Skip when this very policy was evaluated with the same settings
-    tp_uri = store.manifest_uri(ctx.run_id, "template_pack")
+    tp_uri = store.manifest_uri(ctx.run_id, TEMPLATE_PACK)
     inputs = {"prompts": tp_uri, **({"policy": source.manifest_uri} if source.manifest_uri else {})}
     params = {
         "eval": e.model_dump(mode="json"),
@@ -82,7 +87,7 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, source: EvalSource) -> str:
         "stop": cfg.rollout.stop,
         "model_dir": source.model_dir,
     }
-    stage = store.open_stage(ctx.run_id, f"eval/{source.label}", params=params, inputs=inputs)
+    stage = store.open_stage(ctx.run_id, eval_stage(source.label), params=params, inputs=inputs)
     if stage.done:
         log.info("eval: %s already evaluated (%s)", source.label, stage.manifest_uri)
         return stage.manifest_uri
@@ -140,14 +145,12 @@ def _load(store: ArtifactStore, cfg: VerlFlowConfig, source: EvalSource) -> tupl
         return load_causal_lm(source.model_dir), load_tokenizer_from_files(source.model_dir)
     assert source.manifest_uri is not None
     manifest = store.read_manifest(source.manifest_uri)
-    if manifest.stage.startswith("export/"):
+    if parse_export_stage(manifest.stage) is not None:
         with tempfile.TemporaryDirectory() as tmp:
             d = materialise_export(store, manifest, tmp)
             return load_causal_lm(str(d)), load_tokenizer_from_files(d)
-    from stages.template_pack import load_tokenizer
-
     policy = read_policy(store, manifest, "policy", cfg.model)
-    return policy, load_tokenizer(store, store.manifest_uri(manifest.run_id, "template_pack"))
+    return policy, run_tokenizer(store, manifest.run_id)
 
 
 def _report(sources: list[str], per_prompt: dict[str, dict[int, tuple[int, int]]], k: int) -> dict[str, Any]:

@@ -22,54 +22,20 @@ import re
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prefect import task
 from torch import nn
 
-from stages.models import read_policy
-from stages.progress import stage_logger
-from stages.rl_state import ckpt_stage, list_checkpoints
-from stages.template_pack import load_tokenizer
+from stages.floor.artifacts import MODEL_PREFIX, read_policy, resolve_source, run_tokenizer
+from stages.floor.locations import PREPROCESS, export_stage
+from stages.floor.logging import stage_logger
 from verl_core.config import VerlFlowConfig
-from verl_core.errors import ArtifactNotFoundError, ConfigError
+from verl_core.errors import ConfigError
 from verl_core.models.checkpoint import model_files
 from verl_core.run import RunContext
 from verl_core.store import ArtifactStore, Manifest, storage_options
-
-MODEL_PREFIX = "model"
-
-
-@dataclass(frozen=True)
-class ExportSource:
-    """Which policy version is exported: a checkpoint stage (``iteration`` = its RL iteration) or the
-    SFT policy (``iteration`` = 0, before any RL update)."""
-
-    stage: str
-    iteration: int
-    manifest_uri: str
-
-
-def export_stage(source: ExportSource) -> str:
-    return "export/sft" if source.stage == "sft" else f"export/iter-{source.iteration:04d}"
-
-
-def resolve_source(store: ArtifactStore, run_id: str, iteration: int | None) -> ExportSource:
-    """The checkpoint of ``iteration`` (None: the latest; 0 without a checkpoint at 0: the SFT
-    policy). A clear error lists what the run has."""
-    available = list_checkpoints(store, run_id)
-    wanted = iteration if iteration is not None else (available[-1] if available else None)
-    if wanted is not None and wanted in available:
-        return ExportSource(ckpt_stage(wanted), wanted, store.manifest_uri(run_id, ckpt_stage(wanted)))
-    if wanted in (None, 0) and store.committed(run_id, "sft") is not None:
-        return ExportSource("sft", 0, store.manifest_uri(run_id, "sft"))
-    have = ", ".join(map(str, available)) or "none"
-    raise ArtifactNotFoundError(
-        f"--iteration: run {run_id!r} has no policy checkpoint at iteration {wanted} "
-        f"(checkpoints: {have}; the SFT policy is exported with --iteration 0)"
-    )
 
 
 @task(name="export", retries=0)
@@ -79,14 +45,13 @@ def export_model(ctx: RunContext, cfg: VerlFlowConfig, iteration: int | None = N
     store = ctx.store()
     # 1. Source checkpoint and tokenizer; skip when this very checkpoint was exported already
     source = resolve_source(store, ctx.run_id, iteration)
-    tp_uri = store.manifest_uri(ctx.run_id, "template_pack")
     params = {
         "iteration": source.iteration,
         "model": cfg.model.model_dump(mode="json"),
         "generation": _generation_params(cfg),
     }
     stage = store.open_stage(
-        ctx.run_id, export_stage(source), params=params, inputs={"policy": source.manifest_uri}
+        ctx.run_id, export_stage(source.stage), params=params, inputs={"policy": source.manifest_uri}
     )
     if stage.done:
         log.info("export: %s already exported (%s)", source.stage, stage.manifest_uri)
@@ -95,7 +60,7 @@ def export_model(ctx: RunContext, cfg: VerlFlowConfig, iteration: int | None = N
     # 2. Load the policy as it was trained, merge LoRA into the base
     policy = read_policy(store, store.read_manifest(source.manifest_uri), "policy", cfg.model)
     merged = merge_policy(policy)
-    tokenizer = load_tokenizer(store, tp_uri)
+    tokenizer = run_tokenizer(store, ctx.run_id)
 
     # 3. Files: HF dir with tokenizer, chat template and generation config
     files = model_files(merged, tokenizer)
@@ -109,13 +74,13 @@ def export_model(ctx: RunContext, cfg: VerlFlowConfig, iteration: int | None = N
         "verl_flow.iteration": str(source.iteration),
         "verl_flow.source_stage": source.stage,
         "verl_flow.config_hash": ctx.config_hash,
-        "verl_flow.data_manifest_sha256": store.manifest_sha256(store.manifest_uri(ctx.run_id, "preprocess")),
+        "verl_flow.data_manifest_sha256": store.manifest_sha256(store.manifest_uri(ctx.run_id, PREPROCESS)),
         "verl_flow.policy_manifest_sha256": store.manifest_sha256(source.manifest_uri),
     }
     summary: dict[str, Any] = {"source": source.stage, "iteration": source.iteration, "lineage": lineage}
     if cfg.export.register_model and ctx.tracking_uri and ctx.mlflow_run_id:
         name = cfg.export.registered_model_name or f"{cfg.trainer.project_name}-{cfg.trainer.experiment_name}"
-        summary["registered_model"] = register_model(ctx, files, export_stage(source), name, lineage)
+        summary["registered_model"] = register_model(ctx, files, export_stage(source.stage), name, lineage)
     uri = stage.commit(summary=summary)
     log.info("export: %s → %s", source.stage, uri)
     return uri
@@ -215,13 +180,3 @@ def copy_export(store: ArtifactStore, manifest: Manifest, dest: str) -> str:
         if partial.exists():
             shutil.rmtree(partial)
     return str(target)
-
-
-def materialise_export(store: ArtifactStore, manifest: Manifest, directory: str | Path) -> Path:
-    """Write a committed export's model files into ``directory`` (for loading with transformers)."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    for f in manifest.files:
-        if f.name.startswith(MODEL_PREFIX + "/"):
-            (out / f.name[len(MODEL_PREFIX) + 1 :]).write_bytes(store.read_bytes(manifest, f.name))
-    return out

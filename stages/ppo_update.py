@@ -3,7 +3,7 @@
 Writes ``iter-XXXX/update/update.parquet`` (per-sample score, advantages, returns, KL) and moves the
 in-memory policy from version i to i+1. The new weights live in memory until the next checkpoint
 (every ``trainer.save_freq`` iterations), so the stage's manifest is sealed, not published: the
-checkpoint that makes the weights durable publishes it (see :mod:`stages.rl_state`). A committed
+checkpoint that makes the weights durable publishes it (see :mod:`stages.floor.state`). A committed
 update is therefore always covered by a checkpoint and never runs again; an uncommitted one is re-run
 after a crash, and being deterministic writes the same table.
 """
@@ -14,8 +14,9 @@ import pyarrow as pa
 from prefect import task
 from torch import Tensor
 
-from stages.rl_state import get_state, ppo_models, ppo_spec
-from stages.rollout import iteration_stage
+from stages.floor.builders import ppo_spec
+from stages.floor.locations import iteration_stage
+from stages.floor.state import get_state, ppo_models
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
 from verl_core.run import RunContext

@@ -17,7 +17,8 @@ from typing import Any
 import pyarrow as pa
 from prefect import task
 
-from stages.progress import stage_logger
+from stages.floor.locations import PREPROCESS
+from stages.floor.logging import stage_logger
 from verl_core.config import DataConfig
 from verl_core.data import (
     CleaningReport,
@@ -34,7 +35,7 @@ from verl_core.errors import DataError
 from verl_core.run import RunContext
 from verl_core.store import get_schema
 
-STAGE = "preprocess"
+STAGE = PREPROCESS
 
 
 @task(name="preprocess")

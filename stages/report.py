@@ -18,20 +18,19 @@ and logs the PNGs and the markdown to the run's MLflow run under ``plots/``.
 from __future__ import annotations
 
 import io
-import re
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
 from prefect import task
 
-from stages.progress import stage_logger
+from stages.floor.locations import REPORT, parse_iteration_stage
+from stages.floor.logging import stage_logger
 from verl_core.run import RunContext
 from verl_core.store import ArtifactStore
 from verl_core.tracking import log_bytes
 
-STAGE = "report"
-_ITER = re.compile(r"^iter-(\d{4,})/(rollout|reward|update|val)$")
+STAGE = REPORT
 
 # plot file → [(series name, label)]; a series missing from the run is left out of its plot
 PLOTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
@@ -73,10 +72,10 @@ def collect_series(store: ArtifactStore, run_id: str) -> dict[str, dict[int, flo
     the summed time of the iteration's rollout, reward and update phases."""
     series: dict[str, dict[int, float]] = defaultdict(dict)
     for m in store.list_manifests(run_id):
-        match = _ITER.match(m.stage)
-        if not match:
+        parsed = parse_iteration_stage(m.stage)
+        if parsed is None:
             continue
-        it, kind = int(match.group(1)), match.group(2)
+        it, kind = parsed
         summary = m.summary
         values: Mapping[str, Any] = summary.get("metrics", summary) if kind == "reward" else summary
         for key, value in values.items():

@@ -9,38 +9,23 @@ Reads ``rollouts.parquet`` (kind "rollouts") of the rollout stage and writes, in
 
 and logs verl-style metrics at step i (``critic/score/*``, ``reward/accuracy``, ``reward/no_answer_frac``,
 ``reward/errors``, ``response_length/*``). The scoring itself is :func:`verl_core.reward.score_rollouts`;
-:func:`build_scorers` turns ``reward.*`` into scorers, for the RL loop as well.
+:func:`stages.floor.builders.build_scorers` turns ``reward.*`` into scorers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from prefect import task
 
-from stages.progress import stage_logger
-from verl_core.algorithms.registry import Registry
+from stages.floor.builders import build_scorers
+from stages.floor.locations import iteration_stage
+from stages.floor.logging import stage_logger
 from verl_core.config import RewardConfig
 from verl_core.errors import DataError
-from verl_core.reward import (
-    FunctionScorer,
-    RuleOptions,
-    RuleScorer,
-    Scorer,
-    WeightedScorer,
-    batch_from_columns,
-    load_reward_function,
-    rewards_table,
-    score_rollouts,
-)
+from verl_core.reward import batch_from_columns, rewards_table, score_rollouts
 from verl_core.run import RunContext
 
 ROLLOUTS_FILE = "rollouts.parquet"
 REWARDS_FILE = "rewards.parquet"
-
-
-def stage_name(iteration: int) -> str:
-    return f"iter-{iteration:04d}/reward"
 
 
 @task(name="reward")
@@ -53,7 +38,7 @@ def reward(
     # 1. Skip when committed with the same inputs
     params = {"reward": cfg.model_dump(mode="json"), "max_response_length": max_response_length}
     stage = store.open_stage(
-        ctx.run_id, stage_name(iteration), params=params, inputs={"rollout": rollout_uri}
+        ctx.run_id, iteration_stage(iteration, "reward"), params=params, inputs={"rollout": rollout_uri}
     )
     if stage.done:
         log.info("reward: iteration %d already committed, skipping", iteration)
@@ -100,37 +85,3 @@ def reward(
         iteration, batch.size, result.metrics["critic/score/mean"], len(zeroed),
     )  # fmt: skip
     return uri
-
-
-# --------------------------------------------------------------------------------------------------
-# Scorers from the config: one builder per scorer name
-
-SCORER_BUILDERS: Registry[Callable[[RewardConfig], Scorer]] = Registry("reward scorer")
-
-
-@SCORER_BUILDERS.register("rule")
-def _rule(cfg: RewardConfig) -> Scorer:
-    options = RuleOptions(cfg.gsm8k_method, cfg.score, cfg.format_score)
-    return RuleScorer(options, cfg.num_workers, cfg.parallel_min_samples)
-
-
-@SCORER_BUILDERS.register("function")
-def _function(cfg: RewardConfig) -> Scorer:
-    assert cfg.function is not None  # the config requires it with this scorer
-    return FunctionScorer(load_reward_function(cfg.function), cfg.function_mode, cfg.timeout_s)
-
-
-@SCORER_BUILDERS.register("model")
-def _model(cfg: RewardConfig) -> Scorer:
-    from verl_core.models.loading import resolve_device
-    from verl_core.reward.model import ModelScorer, load_reward_scorer
-
-    assert cfg.model_path is not None  # the config requires it with this scorer
-    device = resolve_device(cfg.model_device)
-    model, tokenizer = load_reward_scorer(cfg.model_path, dtype=cfg.model_dtype, device=device)
-    return ModelScorer(model, tokenizer, cfg.model_max_tokens_per_batch)
-
-
-def build_scorers(cfg: RewardConfig) -> list[WeightedScorer]:
-    """The weighted scorers of ``reward.scorers`` (loads the function / reward model they name)."""
-    return [WeightedScorer(s.name, s.weight, SCORER_BUILDERS.get(s.name)(cfg)) for s in cfg.scorers]

@@ -9,53 +9,15 @@ sees the same prompts (a resumed run included). Sampling is seeded by (rollout.s
 from __future__ import annotations
 
 import time
-from typing import Any
 
-import pyarrow as pa
-import torch
 from prefect import task
 
-from stages.rl_state import get_state
+from stages.floor.artifacts import batch_rows, rollouts_table
+from stages.floor.builders import sampling_params
+from stages.floor.locations import iteration_stage
+from stages.floor.state import get_state
 from verl_core.config import DataConfig, RolloutConfig
-from verl_core.errors import DataError
-from verl_core.rollout import Completion, SamplingParams
 from verl_core.run import RunContext
-
-
-def iteration_stage(iteration: int, name: str) -> str:
-    return f"iter-{iteration:04d}/{name}"
-
-
-def batch_rows(n: int, batch_size: int, iteration: int, *, seed: int, shuffle: bool) -> tuple[list[int], int]:
-    """Rows of iteration ``iteration`` and the epoch its first row is in. Row k of the whole stream
-    (k = iteration·B + j) is ``perm_e[k mod n]`` with e = k // n and perm_e a permutation seeded
-    by (seed, e) (identity without shuffle)."""
-    if n == 0:
-        raise DataError("the prompt set is empty")
-    rows, perms = [], {}
-    first = iteration * batch_size
-    for k in range(first, first + batch_size):
-        epoch, pos = divmod(k, n)
-        if epoch not in perms:
-            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-            perms[epoch] = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
-        rows.append(perms[epoch][pos])
-    return rows, first // n
-
-
-def sampling_params(
-    rollout: RolloutConfig, max_new_tokens: int, iteration: int, *, validation: bool
-) -> SamplingParams:
-    temperature = rollout.val_temperature if validation else rollout.temperature
-    return SamplingParams(
-        n=rollout.val_n if validation else rollout.n,
-        temperature=temperature,
-        top_p=1.0 if validation else rollout.top_p,
-        top_k=-1 if validation else rollout.top_k,
-        max_new_tokens=max_new_tokens,
-        stop=tuple(rollout.stop),
-        seed=rollout.seed * 1_000_003 + iteration + (500_000 if validation else 0),
-    )
 
 
 @task(name="rollout")
@@ -128,37 +90,3 @@ def rollout(
         step=iteration,
     )
     return uri
-
-
-def rollouts_table(
-    completions: list[Completion], prompts: pa.Table, iteration: int, policy_version: int
-) -> pa.Table:
-    """One row per completion (kind "rollouts"); ``prompts`` are the generate() input rows."""
-    names = ("group_id", "sample_index", "prompt_index", "data_source", "ground_truth", "prompt_text")
-    cols: dict[str, list[Any]] = {name: [] for name in names}
-    index = prompts.column("index").to_pylist()
-    source = prompts.column("data_source").to_pylist()
-    truth = prompts.column("ground_truth").to_pylist()
-    text = prompts.column("prompt_text").to_pylist()
-    for c in completions:
-        p = c.prompt_index
-        cols["group_id"].append(p)
-        cols["sample_index"].append(c.sample_index)
-        cols["prompt_index"].append(index[p])
-        cols["data_source"].append(source[p])
-        cols["ground_truth"].append(truth[p])
-        cols["prompt_text"].append(text[p])
-    return pa.table(
-        {
-            "iteration": pa.array([iteration] * len(completions), pa.int64()),
-            **cols,
-            "prompt_ids": [c.prompt_ids for c in completions],
-            "response_ids": [c.response_ids for c in completions],
-            "response_text": [c.response_text for c in completions],
-            "logprobs": [c.logprobs for c in completions],
-            "finish_reason": [c.finish_reason for c in completions],
-            "prompt_length": pa.array([len(c.prompt_ids) for c in completions], pa.int32()),
-            "response_length": pa.array([len(c.response_ids) for c in completions], pa.int32()),
-            "policy_version": pa.array([policy_version] * len(completions), pa.int64()),
-        }
-    )

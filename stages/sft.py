@@ -2,7 +2,7 @@
 checkpoints through the artifact store, resume from the last checkpoint.
 
 Reads the template_pack stage (tokenizer files, ``sft_tokens/{train,val}.parquet``); writes the policy
-checkpoint under ``policy/`` (see :mod:`stages.models`), ``metrics.parquet`` and ``report.json``.
+checkpoint under ``policy/`` (see :mod:`stages.floor.artifacts`), ``metrics.parquet`` and ``report.json``.
 While it runs, a checkpoint (weights + optimizer/scheduler/RNG state + step) is committed every
 ``sft.save_every`` steps as the stage ``sft-ckpt``; a rerun of the same run with the same inputs
 continues from it and ends with the same weights as an uninterrupted run.
@@ -19,9 +19,10 @@ import pyarrow as pa
 import torch
 from prefect import task
 
-from stages.models import build_policy, read_policy, write_policy
-from stages.progress import progress, stage_logger
-from stages.template_pack import load_tokenizer
+from stages.floor.artifacts import load_tokenizer, read_policy, write_policy
+from stages.floor.builders import build_policy
+from stages.floor.locations import SFT, SFT_CKPT
+from stages.floor.logging import progress, stage_logger
 from verl_core.config import ModelConfig, SFTConfig, TrainerConfig
 from verl_core.data.packing import PackedBatch, dynamic_micro_batches, pack
 from verl_core.errors import DataError
@@ -33,7 +34,7 @@ from verl_core.store import ArtifactStore, Manifest
 from verl_core.training.engine import OptimSpec, TrainEngine
 from verl_core.training.sft import count_loss_tokens, sft_loss
 
-CKPT_STAGE = "sft-ckpt"
+CKPT_STAGE = SFT_CKPT
 
 
 @task(name="sft_warmup")
@@ -49,7 +50,7 @@ def sft_warmup(
         "sft": sft.model_dump(mode="json"),
         "seed": trainer.seed,
     }
-    stage = store.open_stage(ctx.run_id, "sft", params=params, inputs={"template_pack": template_pack_uri})
+    stage = store.open_stage(ctx.run_id, SFT, params=params, inputs={"template_pack": template_pack_uri})
     if stage.done:
         log.info("sft: committed with the same inputs, skipped")
         return stage.manifest_uri

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect import task
@@ -42,11 +43,21 @@ def newest_snapshot(prefix: str) -> Path:
     return max(dated)[1]
 
 
+@dataclass(frozen=True)
+class DataSnapshot:
+    """The data snapshot a run reads: its directory (None without ``data.snapshot_prefix``) and the
+    dotted overrides that point the config's ``data`` at its files."""
+
+    path: str | None = None
+    overrides: list[str] = field(default_factory=list)
+
+
 @task(name="resolve-snapshot")
-def resolve_snapshot(data: DataConfig) -> list[str]:
-    """Dotted overrides that point ``data`` at the newest snapshot's files (none without a prefix)."""
+def resolve_snapshot(data: DataConfig) -> DataSnapshot:
+    """The newest snapshot under ``data.snapshot_prefix`` and the overrides that select its files
+    (an empty :class:`DataSnapshot` without a prefix)."""
     if data.snapshot_prefix is None:
-        return []
+        return DataSnapshot()
     snapshot = newest_snapshot(data.snapshot_prefix)
     if not data.train_files:
         raise ConfigError("data.train_files: name the training file(s) inside each snapshot directory")
@@ -61,4 +72,4 @@ def resolve_snapshot(data: DataConfig) -> list[str]:
     out = [f"data.train_files={inside(data.train_files)}", "data.snapshot_prefix=null"]
     if data.val_files:
         out.append(f"data.val_files={inside(data.val_files)}")
-    return out
+    return DataSnapshot(str(snapshot), out)

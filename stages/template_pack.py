@@ -10,7 +10,7 @@ Reads the preprocess stage's tables and writes
     pack_plan/train.parquet              kind "pack_plan": token-budget bins of the SFT train rows
     report.json                          length statistics, truncations/drops, packing vs padding waste
 
-Later stages load the tokenizer with :func:`load_tokenizer` from this stage's manifest.
+Later stages load the tokenizer with :func:`stages.floor.artifacts.load_tokenizer` from this stage's manifest.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import Any
 import pyarrow as pa
 from prefect import task
 
-from stages.progress import stage_logger
+from stages.floor.artifacts import TOKENIZER_PREFIX
+from stages.floor.locations import TEMPLATE_PACK
+from stages.floor.logging import stage_logger
 from verl_core.config import DataConfig, ModelConfig
 from verl_core.data import (
     ChatFormat,
@@ -30,7 +32,6 @@ from verl_core.data import (
     chat_format,
     length_stats,
     load_pretrained_tokenizer,
-    load_tokenizer_from_bytes,
     packing_waste,
     padded_waste,
     plan_bins,
@@ -41,11 +42,10 @@ from verl_core.data import (
 )
 from verl_core.errors import DataError
 from verl_core.run import RunContext
-from verl_core.store import ArtifactStore, get_schema
+from verl_core.store import get_schema
 
-STAGE = "template_pack"
+STAGE = TEMPLATE_PACK
 SPLITS = ("train", "val")
-TOKENIZER_PREFIX = "tokenizer/"
 
 
 @task(name="template_pack")
@@ -146,19 +146,6 @@ def template_pack(ctx: RunContext, data: DataConfig, model: ModelConfig, preproc
     )
     ctx.tracker().log_metrics(metrics, step=0)
     return uri
-
-
-def load_tokenizer(store: ArtifactStore, template_pack_uri: str) -> Any:
-    """The tokenizer written by this stage (same ids as when it was trained), chat template set."""
-    manifest = store.read_manifest(template_pack_uri)
-    files = {
-        f.name.removeprefix(TOKENIZER_PREFIX): store.read_bytes(manifest, f.name)
-        for f in manifest.files
-        if f.name.startswith(TOKENIZER_PREFIX)
-    }
-    if not files:
-        raise DataError(f"{template_pack_uri}: the stage wrote no tokenizer files")
-    return load_tokenizer_from_bytes(files)
 
 
 def _params(data: DataConfig, model: ModelConfig) -> dict[str, Any]:

@@ -8,9 +8,10 @@ import time
 
 from prefect import task
 
-from stages.reward import build_scorers
-from stages.rl_state import get_state
-from stages.rollout import iteration_stage, rollouts_table, sampling_params
+from stages.floor.artifacts import rollouts_table
+from stages.floor.builders import build_scorers, sampling_params
+from stages.floor.locations import iteration_stage
+from stages.floor.state import get_state
 from verl_core.config import VerlFlowConfig
 from verl_core.reward import batch_from_columns, rewards_table, score_rollouts
 from verl_core.run import RunContext

@@ -12,8 +12,8 @@ import pytest
 import flows.rl as rl_flow
 import verl_core.training.ppo as ppo_module
 from flows.rl import rl_loop
+from stages.floor.locations import list_checkpoints
 from stages.preprocess import preprocess
-from stages.rl_state import list_checkpoints
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig
 from verl_core.reward.scoring import RewardError
@@ -78,7 +78,7 @@ def test_killed_rl_loop_resumes_to_identical_weights(
     root, tp = prompts
     straight = _ctx(root, "straight")
     out = rl_loop(straight, CFG, tp, None)
-    assert out["checkpoint"].endswith("ckpt/iter-0003/manifest.json")
+    assert out.checkpoint.endswith("ckpt/iter-0003/manifest.json")
     assert list_checkpoints(straight.store(), "straight") == [1, 2, 3]
     for it in range(3):  # non-zero advantages: the optimizer state matters for the next step
         update = straight.store().committed("straight", f"iter-{it:04d}/update")
@@ -106,7 +106,7 @@ def test_killed_rl_loop_resumes_to_identical_weights(
     monkeypatch.setattr(rl_flow, "ppo_update", real_update)
 
     out = rl_loop(crashed, CFG, tp, None)
-    assert out["checkpoint"].endswith("ckpt/iter-0003/manifest.json")
+    assert out.checkpoint.endswith("ckpt/iter-0003/manifest.json")
     # the committed rollout of iteration 2 was reused, not sampled again
     assert store.committed("crashed", "iter-0002/rollout").attempt == rollout_attempt  # type: ignore[union-attr]
     for it in range(3):  # same samples, same scores and advantages as the uninterrupted run
@@ -118,7 +118,7 @@ def test_killed_rl_loop_resumes_to_identical_weights(
 
     # a rerun of the finished run does nothing and returns the final checkpoint
     again = rl_loop(crashed, CFG, tp, None)
-    assert again["checkpoint"] == out["checkpoint"]
+    assert again.checkpoint == out.checkpoint
 
 
 def test_gae_trains_a_critic_and_checkpoints_it(prompts: tuple[Path, str]) -> None:
@@ -132,7 +132,7 @@ def test_gae_trains_a_critic_and_checkpoints_it(prompts: tuple[Path, str]) -> No
     assert cfg.use_critic
     ctx = _ctx(root, "gae")
     out = rl_loop(ctx, cfg, tp, None)
-    assert out["checkpoint"].endswith("ckpt/iter-0001/manifest.json")
+    assert out.checkpoint.endswith("ckpt/iter-0001/manifest.json")
     files = _files(ctx, "ckpt/iter-0001")
     assert {"critic/config.json", "critic/model.safetensors", "policy/model.safetensors"} <= set(files)
     update = ctx.store().committed("gae", "iter-0000/update")

@@ -16,8 +16,9 @@ import torch
 import flows.rl as rl_flow
 import verl_core.training.ppo as ppo_module
 from flows.rl import rl_loop
+from stages.floor.locations import list_checkpoints
+from stages.floor.state import RLState, drop_state, get_state, init_state
 from stages.preprocess import preprocess
-from stages.rl_state import RLState, drop_state, get_state, init_state, list_checkpoints
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig
 from verl_core.run import RunContext

@@ -8,11 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages.export import copy_export, export_model, materialise_export, resolve_source
-from stages.models import build_policy, read_policy, write_policy
+from stages.export import copy_export, export_model
+from stages.floor.artifacts import (
+    load_tokenizer,
+    materialise_export,
+    read_policy,
+    resolve_source,
+    write_policy,
+)
+from stages.floor.builders import build_policy
+from stages.floor.locations import ckpt_stage
 from stages.preprocess import preprocess
-from stages.rl_state import ckpt_stage
-from stages.template_pack import load_tokenizer, template_pack
+from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, validate_config
 from verl_core.errors import ArtifactNotFoundError, ConfigError
 from verl_core.run import RunContext, start_run

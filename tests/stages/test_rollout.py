@@ -6,7 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from stages.rollout import batch_rows, rollouts_table, sampling_params
+from stages.floor.artifacts import batch_rows, rollouts_table
+from stages.floor.builders import sampling_params
 from verl_core.config import RolloutConfig
 from verl_core.errors import DataError
 from verl_core.rollout import Completion

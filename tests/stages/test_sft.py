@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import stages.sft as sft_stage
+from stages.floor.artifacts import load_tokenizer
 from stages.preprocess import preprocess
 from stages.sft import CKPT_STAGE, sft_warmup
-from stages.template_pack import load_tokenizer, template_pack
+from stages.template_pack import template_pack
 from verl_core.config import DataConfig, ModelConfig, SFTConfig, TrainerConfig
 from verl_core.run import RunContext
 
@@ -54,7 +55,7 @@ def test_sft_learns_and_writes_a_loadable_policy(packed_data: tuple[Path, str]) 
     metrics = store.read_table(m, "metrics.parquet").to_pylist()
     losses = [r["value"] for r in metrics if r["name"] == "sft/loss"]
     assert len(losses) == 18 and losses[-1] < losses[0]
-    from stages.models import read_policy
+    from stages.floor.artifacts import read_policy
 
     lm = read_policy(store, m, "policy", MODEL)
     assert lm.config.vocab_size == len(load_tokenizer(store, tp))
@@ -116,7 +117,7 @@ def test_lora_sft_trains_adapters_only(packed_data: tuple[Path, str]) -> None:
     names = {f.name for f in m.files}
     assert "policy/adapter_model.safetensors" in names and "policy/adapter_config.json" in names
     assert "policy-base/model.safetensors" in names  # a scratch base is saved beside the adapter
-    from stages.models import read_policy
+    from stages.floor.artifacts import read_policy
 
     lm = read_policy(store, m, "policy", lora)
     trainable = {n for n, p in lm.named_parameters() if p.requires_grad}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.snapshot import newest_snapshot, resolve_snapshot
+from stages.snapshot import DataSnapshot, newest_snapshot, resolve_snapshot
 from verl_core.config import DataConfig, load_config, with_overrides
 from verl_core.errors import ConfigError, DataError
 
@@ -20,11 +20,12 @@ def test_newest_dated_snapshot_is_resolved_into_the_config(tmp_path: Path) -> No
     cfg = load_config(
         None, ["data.source=gsm8k", f"data.snapshot_prefix={tmp_path}", "data.train_files=[train.jsonl]"]
     )
-    overrides = resolve_snapshot.fn(cfg.data)
-    resolved = with_overrides(cfg, overrides)
+    snapshot = resolve_snapshot.fn(cfg.data)
+    assert snapshot.path == str(tmp_path / "2026-11-21T0300Z")
+    resolved = with_overrides(cfg, snapshot.overrides)
     assert resolved.data.train_files == [str(tmp_path / "2026-11-21T0300Z" / "train.jsonl")]
     assert resolved.data.snapshot_prefix is None  # run.json records the files, not the prefix
-    assert resolve_snapshot.fn(DataConfig()) == []
+    assert resolve_snapshot.fn(DataConfig()) == DataSnapshot()
 
 
 def test_snapshot_errors_name_the_field(tmp_path: Path) -> None:

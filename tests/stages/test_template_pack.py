@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from stages.floor.artifacts import load_tokenizer
 from stages.preprocess import preprocess
-from stages.template_pack import load_tokenizer, template_pack
+from stages.template_pack import template_pack
 from verl_core.config import DataConfig, ModelConfig
 from verl_core.data.tokenizer import save_tokenizer_files, train_tokenizer
 from verl_core.errors import DataError

@@ -10,10 +10,8 @@ loss, so gradients and the logged metrics do not depend on micro-batching.
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import NamedTuple
@@ -34,6 +32,7 @@ from verl_core.algorithms import (
 )
 from verl_core.data.packing import dynamic_micro_batches
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
+from verl_core.timing import timed
 from verl_core.training.engine import NonFiniteError, TrainEngine
 from verl_core.training.ppo_kernels import (
     ActorLossSpec,
@@ -246,7 +245,7 @@ def ppo_iteration(
     temperature = spec.actor.temperature
 
     # 1. Old log-probs, reference log-probs, values (no grad)
-    with _timed(timing, "old_log_prob"):
+    with timed(timing, "old_log_prob"):
         if spec.use_rollout_logprobs:
             if batch.behaviour_log_probs is None:
                 raise ValueError("use_rollout_logprobs needs the batch's behaviour log-probs")
@@ -262,7 +261,7 @@ def ppo_iteration(
         ref = models.ref
         if ref is None:
             raise ValueError("KL (actor.use_kl_loss or use_kl_in_reward) needs a reference policy")
-        with _timed(timing, "ref"):
+        with timed(timing, "ref"):
             ref_logp = _forward(
                 batch, models.device, spec.ref_token_budget, mask,
                 lambda b: response_log_probs(ref, b, temperature=temperature)[0],
@@ -270,14 +269,14 @@ def ppo_iteration(
     values = None
     if models.critic is not None:
         critic = models.critic
-        with _timed(timing, "values"):
+        with timed(timing, "values"):
             values = _forward(
                 batch, models.device, spec.critic_token_budget, mask, lambda b: response_values(critic, b)
             )
 
     # 2. Token rewards r_t = score·[t = last] − β·KL_t, then advantages and returns
     metrics: dict[str, float] = {}
-    with _timed(timing, "adv"):
+    with timed(timing, "adv"):
         scores = batch.scores.to(models.device)  # (S,)
         token_scores = scores_to_token_rewards(scores, mask)  # (S, R)
         kl_tokens = None
@@ -320,7 +319,7 @@ def ppo_iteration(
     # 3. Critic, then actor: epochs × shuffled mini-batches of whole groups × micro-batches
     log = _MetricLog()
     if models.critic is not None and models.critic_engine is not None and values is not None:
-        with _timed(timing, "update_critic"):
+        with timed(timing, "update_critic"):
             for rows in minibatches(batch.group_ids, spec.critic_mini_batch_groups, spec.critic_epochs, seed):
                 loss_fn = partial(
                     _critic_micro_loss, models.critic, batch, spec, values, adv.returns, log,
@@ -333,7 +332,7 @@ def ppo_iteration(
         # 1 − Var(R − V)/Var(R) for the values the advantages used, once over the whole batch
         metrics["critic/vf_explained_var"] = float(explained_variance(values, adv.returns, mask))
     if spec.update_actor:
-        with _timed(timing, "update_actor"):
+        with timed(timing, "update_actor"):
             for rows in minibatches(batch.group_ids, spec.actor_mini_batch_groups, spec.actor_epochs, seed):
                 loss_fn = partial(
                     _actor_micro_loss, models.actor, batch, spec, old_logp, adv.advantages, ref_logp, log,
@@ -500,12 +499,3 @@ def _batch_metrics(
     if values is not None:
         out["critic/values/mean"] = float(masked_mean(values, mask))
     return out
-
-
-@contextmanager
-def _timed(into: dict[str, float], name: str) -> Iterator[None]:
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        into[name] += time.perf_counter() - t0

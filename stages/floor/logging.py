@@ -1,5 +1,6 @@
-"""Console feedback for stages: the run logger, and a rich progress bar for long loops when a
-terminal is attached (silent otherwise: stages log their figures every few steps either way)."""
+"""Console feedback for stages: the run logger, a rich progress bar for long loops when a terminal is
+attached (silent otherwise: stages log their figures every few steps either way), and :func:`timed`
+for wall-time accounting."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
+
+from verl_core.timing import timed as timed  # re-exported: stages and flows time their phases with it
 
 
 def stage_logger(name: str = "verl_flow") -> Any:

@@ -1,4 +1,5 @@
-"""The RL loop's models, kept in memory for the whole loop in local mode.
+"""The RL loop's state: its models, kept in memory for the whole loop in local mode, and the
+checkpoint protocol.
 
 ``RLState`` holds the actor (and its optimizer), the reference policy, the critic (and its optimizer),
 the rollout engine, the KL controller and the policy version (PPO updates applied so far). Stage
@@ -23,16 +24,16 @@ iteration.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from stages.models import build_policy, read_policy, write_policy
-from stages.progress import stage_logger
-from stages.template_pack import load_tokenizer
+from stages.floor.artifacts import load_tokenizer, read_policy, write_policy
+from stages.floor.builders import actor_spec, build_policy, critic_spec, engine_kwargs, planned_iterations
+from stages.floor.locations import ckpt_stage, list_checkpoints, validations
+from stages.floor.logging import stage_logger
 from verl_core.algorithms import KLController, make_kl_controller
 from verl_core.config import VerlFlowConfig, canonical_json
 from verl_core.errors import ArtifactNotFoundError, ConfigError
@@ -50,16 +51,9 @@ from verl_core.models.packed import PackedCausalLM, PackedScoreModel
 from verl_core.rollout import RolloutEngine, make_engine
 from verl_core.run import RunContext
 from verl_core.store import ArtifactStore, Manifest
-from verl_core.training.engine import OptimSpec, SingleStrategy, TrainEngine
-from verl_core.training.ppo import (
-    ActorLossSpec,
-    AdapterDisabledPolicy,
-    LogProbModel,
-    PPOModels,
-    PPOSpec,
-)
+from verl_core.training.engine import SingleStrategy, TrainEngine
+from verl_core.training.ppo import AdapterDisabledPolicy, LogProbModel, PPOModels
 
-CKPT_RE = re.compile(r"^ckpt/iter-(\d{4,})$")
 PENDING = "pending"  # checkpoint files holding the manifests of updates it publishes
 
 
@@ -97,20 +91,6 @@ def drop_state(run_id: str) -> None:
     _STATES.pop(run_id, None)
 
 
-def ckpt_stage(iteration: int) -> str:
-    return f"ckpt/iter-{iteration:04d}"
-
-
-def list_checkpoints(store: ArtifactStore, run_id: str) -> list[int]:
-    """Iterations with a committed checkpoint, ascending."""
-    found = []
-    for m in store.list_manifests(run_id):
-        match = CKPT_RE.match(m.stage)
-        if match:
-            found.append(int(match.group(1)))
-    return sorted(found)
-
-
 def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None) -> int:
     """Build the RL state (from a checkpoint per ``trainer.resume_mode``, else the SFT policy or the
     initial model); returns the iteration to start from."""
@@ -143,12 +123,13 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
             else:
                 frozen = build_policy(cfg.model, tokenizer, seed=cfg.trainer.seed)
             ref = PackedCausalLM(frozen.eval().requires_grad_(False)).to(device)
-    actor_engine = TrainEngine(actor, _actor_spec(cfg), SingleStrategy(device))
+    iterations = planned_iterations(cfg, train_prompts(store, template_pack_uri))
+    actor_engine = TrainEngine(actor, actor_spec(cfg, iterations), SingleStrategy(device))
     critic = critic_engine = None
     if cfg.use_critic:
         critic_model = _critic(cfg, store, ckpt, lm)
         critic = PackedScoreModel(critic_model)
-        critic_engine = TrainEngine(critic, _critic_spec(cfg), SingleStrategy(device))
+        critic_engine = TrainEngine(critic, critic_spec(cfg, iterations), SingleStrategy(device))
     kl = cfg.algorithm.kl_ctrl
     kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
     version = 0
@@ -164,7 +145,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         version = int(state["iteration"])
         publish_pending(store, ckpt)
         stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
-    engine = make_engine(cfg.rollout.name, lm, tokenizer, **_engine_kwargs(cfg))
+    engine = make_engine(cfg.rollout.name, lm, tokenizer, **engine_kwargs(cfg.rollout))
     _STATES[ctx.run_id] = RLState(
         ctx.run_id,
         lm,
@@ -181,6 +162,11 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         device,
     )
     return version
+
+
+def train_prompts(store: ArtifactStore, template_pack_uri: str) -> int:
+    """Number of training prompts template_pack wrote (from its manifest summary)."""
+    return int(store.read_manifest(template_pack_uri).summary["rows"]["prompts_train"])
 
 
 def policy_lineage(cfg: VerlFlowConfig, start_sha: str | None) -> str:
@@ -284,84 +270,30 @@ def _critic(cfg: VerlFlowConfig, store: ArtifactStore, ckpt: Manifest | None, lm
     return value_model_from_policy(lm, seed=cfg.trainer.seed + 1)
 
 
-def _actor_spec(cfg: VerlFlowConfig) -> OptimSpec:
-    a = cfg.actor
-    total = cfg.trainer.total_iterations * a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
-    return OptimSpec(
-        lr=a.lr,
-        weight_decay=a.weight_decay,
-        warmup_steps=int(a.warmup_steps_ratio * total),
-        total_steps=total,
-        scheduler=a.lr_scheduler,
-        grad_clip=a.grad_clip,
-    )
+@dataclass(frozen=True)
+class RLResult:
+    """What the RL loop leaves: its last checkpoint's manifest URI, the held-out accuracy of the
+    policy after each validated iteration (0: before RL), and seconds spent per phase."""
+
+    checkpoint: str
+    val_accuracy: dict[int, float]
+    timing_s: dict[str, float] = field(default_factory=dict)
 
 
-def _critic_spec(cfg: VerlFlowConfig) -> OptimSpec:
-    c = cfg.critic
-    total = cfg.trainer.total_iterations * c.ppo_epochs * (cfg.data.train_batch_size // c.ppo_mini_batch_size)
-    return OptimSpec(
-        lr=c.lr,
-        weight_decay=c.weight_decay,
-        warmup_steps=0,
-        total_steps=total,
-        scheduler="constant",
-        grad_clip=c.grad_clip,
-    )
-
-
-def _engine_kwargs(cfg: VerlFlowConfig) -> dict[str, Any]:
-    r = cfg.rollout
-    if r.name == "vllm":
-        return {
-            "tensor_parallel_size": r.tensor_parallel_size,
-            "gpu_memory_utilization": r.gpu_memory_utilization,
-        }
-    return {"max_batch_size": r.max_batch_size}
+def committed_rl_result(
+    store: ArtifactStore, run_id: str, cfg: VerlFlowConfig, sft_uri: str | None
+) -> RLResult | None:
+    """The RL loop's result rebuilt from the store (after its flow ran elsewhere): the last committed
+    checkpoint and the validations of this policy lineage; None without a checkpoint. No timings."""
+    ckpts = list_checkpoints(store, run_id)
+    if not ckpts:
+        return None
+    lineage = policy_lineage(cfg, store.manifest_sha256(sft_uri) if sft_uri else None)
+    return RLResult(store.manifest_uri(run_id, ckpt_stage(ckpts[-1])), validations(store, run_id, lineage))
 
 
 def ppo_models(state: RLState) -> PPOModels:
     """The models one PPO iteration reads and trains."""
     return PPOModels(
         state.actor, state.actor_engine, state.ref, state.critic, state.critic_engine, state.device
-    )
-
-
-def ppo_spec(cfg: VerlFlowConfig, iteration: int) -> PPOSpec:
-    """The settings of iteration ``iteration``'s update (the actor waits out ``trainer.critic_warmup``)."""
-    a, c, alg = cfg.actor, cfg.critic, cfg.algorithm
-    temperature = cfg.rollout.temperature or 1.0
-    return PPOSpec(
-        actor=ActorLossSpec(
-            policy_loss=a.policy_loss,
-            loss_agg_mode=a.resolved_loss_agg_mode,
-            clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
-            clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high,
-            clip_ratio_c=a.clip_ratio_c,
-            entropy_coeff=a.entropy_coeff,
-            use_kl_loss=a.use_kl_loss,
-            kl_loss_coef=a.kl_loss_coef,
-            kl_loss_type=a.kl_loss_type,
-            temperature=temperature,
-        ),
-        adv_estimator=alg.adv_estimator,
-        gamma=alg.gamma,
-        lam=alg.lam,
-        norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
-        use_kl_in_reward=alg.use_kl_in_reward,
-        kl_penalty=alg.kl_penalty,
-        actor_epochs=a.ppo_epochs,
-        actor_mini_batch_groups=a.ppo_mini_batch_size,
-        critic_epochs=c.ppo_epochs,
-        critic_mini_batch_groups=c.ppo_mini_batch_size,
-        micro_batch_size=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
-        actor_token_budget=a.ppo_max_token_len_per_gpu,
-        critic_token_budget=c.ppo_max_token_len_per_gpu,
-        log_prob_token_budget=cfg.rollout.log_prob_max_token_len_per_gpu,
-        ref_token_budget=cfg.ref.log_prob_max_token_len_per_gpu,
-        cliprange_value=c.cliprange_value,
-        critic_loss_agg_mode=c.loss_agg_mode,
-        horizon=float(cfg.data.max_response_length),
-        update_actor=iteration >= cfg.trainer.critic_warmup,
-        use_rollout_logprobs=a.use_rollout_logprobs,
     )

@@ -1,0 +1,13 @@
+"""The stage floor: what every stage stands on, and the only part of ``stages/`` flows may reach into
+besides the stage tasks themselves.
+
+    locations   stage names of a run (``iter-XXXX/rollout``, ``ckpt/iter-XXXX``, ``export/...``),
+                built and parsed in one place
+    builders    config sections → verl_core objects (policy, scorers, sampling params, optimizer specs)
+    artifacts   readers/writers of artifacts more than one stage uses (policies, tokenizer, exports,
+                the rollouts table)
+    state       the RL loop's in-memory state and its checkpoint protocol
+    logging     stage loggers, progress bars, the ``timed`` context manager
+
+Rule: a floor module imports verl_core and other floor modules, never a stage file.
+"""

@@ -1,0 +1,220 @@
+"""Artifacts more than one stage reads or writes, and their readers.
+
+Policy checkpoints: a set of files under a prefix of a stage's output: ``{prefix}/...`` an HF model
+dir (safetensors + config + tokenizer) for full fine-tuning, or a PEFT adapter dir for LoRA, in which
+case a model built from scratch also has its frozen base under ``{prefix}-base/`` (a pretrained base
+is reloaded from ``model.path``). Written by sft and the RL checkpoints, read by the RL loop, export
+and eval.
+
+Also: the run's tokenizer (written by template_pack under ``tokenizer/``), export model dirs (written
+by export under ``model/``), which policy stage a run has for an iteration, and the rollouts table
+(kind "rollouts") with the deterministic prompt batches it is sampled from.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+from torch import nn
+
+from stages.floor.locations import SFT, TEMPLATE_PACK, ckpt_stage, export_stage, list_checkpoints
+from verl_core.config import ModelConfig
+from verl_core.data import load_tokenizer_from_bytes
+from verl_core.errors import ArtifactNotFoundError, ConfigError, DataError
+from verl_core.models.checkpoint import model_files, write_files
+from verl_core.models.loading import load_causal_lm, unwrap
+from verl_core.rollout import Completion
+from verl_core.store import ArtifactStore, Manifest, StageWriter
+
+TOKENIZER_PREFIX = "tokenizer/"  # template_pack's tokenizer files
+MODEL_PREFIX = "model"  # an export's HF model dir
+
+# --------------------------------------------------------------------------------------------------
+# Policy checkpoints
+
+
+def write_policy(stage: StageWriter, prefix: str, lm: nn.Module, tokenizer: Any, model: ModelConfig) -> None:
+    """Write a policy checkpoint under ``prefix`` (see the module docstring)."""
+    for name, data in model_files(lm, tokenizer).items():
+        stage.write_bytes(f"{prefix}/{name}", data)
+    if model.lora_rank > 0 and model.init == "scratch":
+        for name, data in model_files(_plain_base(lm), None).items():
+            stage.write_bytes(f"{prefix}-base/{name}", data)
+
+
+def _plain_base(lm: nn.Module) -> nn.Module:
+    """The frozen base of a PEFT model as a plain HF model. ``get_base_model()`` still holds the
+    injected LoRA layers, whose weights are named ``...base_layer.weight``: saved as is, they would
+    not load back into the architecture (the base would be silently re-initialised)."""
+    from transformers import AutoModelForCausalLM
+
+    base = unwrap(lm)
+    weights = {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items() if "lora_" not in k}
+    plain = AutoModelForCausalLM.from_config(base.config, dtype=base.dtype)
+    plain.load_state_dict(weights, strict=True)
+    return plain
+
+
+def read_policy(store: ArtifactStore, manifest: Manifest, prefix: str, model: ModelConfig) -> nn.Module:
+    """Load a policy checkpoint written by :func:`write_policy` (trainable LoRA adapters included)."""
+    from peft import PeftModel
+
+    with tempfile.TemporaryDirectory() as tmp:
+        policy_dir = _materialise(store, manifest, prefix, Path(tmp) / "policy")
+        if model.lora_rank == 0:
+            return load_causal_lm(
+                str(policy_dir),
+                dtype=model.dtype,
+                attn_implementation=model.attn_implementation,
+                trust_remote_code=model.trust_remote_code,
+            )
+        if model.init == "scratch":
+            base_path = str(_materialise(store, manifest, f"{prefix}-base", Path(tmp) / "base"))
+        else:
+            assert model.path is not None
+            base_path = model.path
+        base = load_causal_lm(
+            base_path,
+            dtype=model.dtype,
+            attn_implementation=model.attn_implementation,
+            trust_remote_code=model.trust_remote_code,
+        )
+        return PeftModel.from_pretrained(base, str(policy_dir), is_trainable=True)
+
+
+def _materialise(store: ArtifactStore, manifest: Manifest, prefix: str, directory: Path) -> Path:
+    files = {
+        f.name[len(prefix) + 1 :]: store.read_bytes(manifest, f.name)
+        for f in manifest.files
+        if f.name.startswith(prefix + "/")
+    }
+    if not files:
+        raise ConfigError(
+            f"stage {manifest.stage!r} of run {manifest.run_id!r} has no checkpoint under {prefix}/"
+        )
+    return write_files(files, directory)
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizer and exports
+
+
+def load_tokenizer(store: ArtifactStore, template_pack_uri: str) -> Any:
+    """The tokenizer template_pack wrote (same ids as when it was trained), chat template set."""
+    manifest = store.read_manifest(template_pack_uri)
+    files = {
+        f.name.removeprefix(TOKENIZER_PREFIX): store.read_bytes(manifest, f.name)
+        for f in manifest.files
+        if f.name.startswith(TOKENIZER_PREFIX)
+    }
+    if not files:
+        raise DataError(f"{template_pack_uri}: the stage wrote no tokenizer files")
+    return load_tokenizer_from_bytes(files)
+
+
+def run_tokenizer(store: ArtifactStore, run_id: str) -> Any:
+    """The tokenizer of run ``run_id`` (its template_pack stage)."""
+    return load_tokenizer(store, store.manifest_uri(run_id, TEMPLATE_PACK))
+
+
+def materialise_export(store: ArtifactStore, manifest: Manifest, directory: str | Path) -> Path:
+    """Write a committed export's model files into ``directory`` (for loading with transformers)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in manifest.files:
+        if f.name.startswith(MODEL_PREFIX + "/"):
+            (out / f.name[len(MODEL_PREFIX) + 1 :]).write_bytes(store.read_bytes(manifest, f.name))
+    return out
+
+
+@dataclass(frozen=True)
+class PolicySource:
+    """A committed policy of a run: a checkpoint stage (``iteration`` = its RL iteration) or the SFT
+    policy (``iteration`` = 0, before any RL update)."""
+
+    stage: str
+    iteration: int
+    manifest_uri: str
+
+
+def resolve_source(store: ArtifactStore, run_id: str, iteration: int | None) -> PolicySource:
+    """The checkpoint of ``iteration`` (None: the latest; 0 without a checkpoint at 0: the SFT
+    policy). A clear error lists what the run has."""
+    available = list_checkpoints(store, run_id)
+    wanted = iteration if iteration is not None else (available[-1] if available else None)
+    if wanted is not None and wanted in available:
+        return PolicySource(ckpt_stage(wanted), wanted, store.manifest_uri(run_id, ckpt_stage(wanted)))
+    if wanted in (None, 0) and store.committed(run_id, SFT) is not None:
+        return PolicySource(SFT, 0, store.manifest_uri(run_id, SFT))
+    have = ", ".join(map(str, available)) or "none"
+    raise ArtifactNotFoundError(
+        f"--iteration: run {run_id!r} has no policy checkpoint at iteration {wanted} "
+        f"(checkpoints: {have}; the SFT policy is exported with --iteration 0)"
+    )
+
+
+def latest_export(store: ArtifactStore, run_id: str) -> str | None:
+    """Manifest URI of the export of the run's latest policy (what export makes when given no
+    iteration), or None while it is not committed."""
+    stage = export_stage(resolve_source(store, run_id, None).stage)
+    return store.manifest_uri(run_id, stage) if store.committed(run_id, stage) is not None else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Rollouts: prompt batches and the rollouts table
+
+
+def batch_rows(n: int, batch_size: int, iteration: int, *, seed: int, shuffle: bool) -> tuple[list[int], int]:
+    """Rows of iteration ``iteration`` and the epoch its first row is in. Row k of the whole stream
+    (k = iteration·B + j) is ``perm_e[k mod n]`` with e = k // n and perm_e a permutation seeded
+    by (seed, e) (identity without shuffle)."""
+    if n == 0:
+        raise DataError("the prompt set is empty")
+    rows, perms = [], {}
+    first = iteration * batch_size
+    for k in range(first, first + batch_size):
+        epoch, pos = divmod(k, n)
+        if epoch not in perms:
+            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            perms[epoch] = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
+        rows.append(perms[epoch][pos])
+    return rows, first // n
+
+
+def rollouts_table(
+    completions: list[Completion], prompts: pa.Table, iteration: int, policy_version: int
+) -> pa.Table:
+    """One row per completion (kind "rollouts"); ``prompts`` are the generate() input rows."""
+    names = ("group_id", "sample_index", "prompt_index", "data_source", "ground_truth", "prompt_text")
+    cols: dict[str, list[Any]] = {name: [] for name in names}
+    index = prompts.column("index").to_pylist()
+    source = prompts.column("data_source").to_pylist()
+    truth = prompts.column("ground_truth").to_pylist()
+    text = prompts.column("prompt_text").to_pylist()
+    for c in completions:
+        p = c.prompt_index
+        cols["group_id"].append(p)
+        cols["sample_index"].append(c.sample_index)
+        cols["prompt_index"].append(index[p])
+        cols["data_source"].append(source[p])
+        cols["ground_truth"].append(truth[p])
+        cols["prompt_text"].append(text[p])
+    return pa.table(
+        {
+            "iteration": pa.array([iteration] * len(completions), pa.int64()),
+            **cols,
+            "prompt_ids": [c.prompt_ids for c in completions],
+            "response_ids": [c.response_ids for c in completions],
+            "response_text": [c.response_text for c in completions],
+            "logprobs": [c.logprobs for c in completions],
+            "finish_reason": [c.finish_reason for c in completions],
+            "prompt_length": pa.array([len(c.prompt_ids) for c in completions], pa.int32()),
+            "response_length": pa.array([len(c.response_ids) for c in completions], pa.int32()),
+            "policy_version": pa.array([policy_version] * len(completions), pa.int64()),
+        }
+    )

@@ -1,0 +1,235 @@
+"""Config sections → verl_core objects: the policy, reward scorers, sampling parameters, optimizer
+specs, rollout engine arguments, and the number of RL iterations a run plans. Stages call these so
+that one config knob means one thing everywhere (the RL loop, validation, eval, benchmarks)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from verl_core.algorithms.registry import Registry
+from verl_core.config import ModelConfig, RewardConfig, RolloutConfig, VerlFlowConfig
+from verl_core.errors import ConfigError
+from verl_core.models.loading import (
+    QuantSpec,
+    ScratchSpec,
+    apply_lora,
+    enable_gradient_checkpointing,
+    init_causal_lm,
+    load_causal_lm,
+    scratch_config,
+)
+from verl_core.reward import (
+    FunctionScorer,
+    RuleOptions,
+    RuleScorer,
+    Scorer,
+    WeightedScorer,
+    load_reward_function,
+)
+from verl_core.rollout import SamplingParams
+from verl_core.training.engine import OptimSpec
+from verl_core.training.ppo import ActorLossSpec, PPOSpec
+
+# --------------------------------------------------------------------------------------------------
+# Policy
+
+
+def build_policy(model: ModelConfig, tokenizer: Any, *, seed: int) -> nn.Module:
+    """The initial policy: a scratch model sized by ``model`` for ``tokenizer``'s vocabulary, or the
+    pretrained ``model.path``; LoRA adapters when ``model.lora_rank > 0``."""
+    quant = None
+    if model.quantization is not None:
+        if model.lora_rank == 0:
+            raise ConfigError(
+                "model.quantization: a quantized base can only be trained with LoRA (model.lora_rank > 0)"
+            )
+        q = model.quantization
+        quant = QuantSpec(q.bits, q.quant_type, q.double_quant, q.compute_dtype)
+    if model.init == "scratch":
+        if quant is not None:
+            raise ConfigError("model.quantization: not supported for model.init=scratch")
+        spec = ScratchSpec(
+            model.architecture,
+            model.hidden_size,
+            model.num_hidden_layers,
+            model.num_attention_heads,
+            model.num_key_value_heads,
+            model.intermediate_size,
+            model.max_position_embeddings,
+        )
+        config = scratch_config(
+            spec, len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        )
+        lm = init_causal_lm(
+            config, seed=seed, dtype=model.dtype, attn_implementation=model.attn_implementation
+        )
+    else:
+        assert model.path is not None  # the config's cross-checks guarantee it
+        lm = load_causal_lm(
+            model.path,
+            dtype=model.dtype,
+            attn_implementation=model.attn_implementation,
+            trust_remote_code=model.trust_remote_code,
+            quantization=quant,
+        )
+    if model.lora_rank > 0:
+        lm = apply_lora(
+            lm,
+            rank=model.lora_rank,
+            alpha=model.lora_alpha,
+            dropout=model.lora_dropout,
+            target_modules=model.target_modules,
+            quantized=quant is not None,
+        )
+    if model.gradient_checkpointing:
+        enable_gradient_checkpointing(lm)
+    return lm
+
+
+# --------------------------------------------------------------------------------------------------
+# Reward scorers: one builder per scorer name
+
+SCORER_BUILDERS: Registry[Callable[[RewardConfig], Scorer]] = Registry("reward scorer")
+
+
+@SCORER_BUILDERS.register("rule")
+def _rule(cfg: RewardConfig) -> Scorer:
+    options = RuleOptions(cfg.gsm8k_method, cfg.score, cfg.format_score)
+    return RuleScorer(options, cfg.num_workers, cfg.parallel_min_samples)
+
+
+@SCORER_BUILDERS.register("function")
+def _function(cfg: RewardConfig) -> Scorer:
+    assert cfg.function is not None  # the config requires it with this scorer
+    return FunctionScorer(load_reward_function(cfg.function), cfg.function_mode, cfg.timeout_s)
+
+
+@SCORER_BUILDERS.register("model")
+def _model(cfg: RewardConfig) -> Scorer:
+    from verl_core.models.loading import resolve_device
+    from verl_core.reward.model import ModelScorer, load_reward_scorer
+
+    assert cfg.model_path is not None  # the config requires it with this scorer
+    device = resolve_device(cfg.model_device)
+    model, tokenizer = load_reward_scorer(cfg.model_path, dtype=cfg.model_dtype, device=device)
+    return ModelScorer(model, tokenizer, cfg.model_max_tokens_per_batch)
+
+
+def build_scorers(cfg: RewardConfig) -> list[WeightedScorer]:
+    """The weighted scorers of ``reward.scorers`` (loads the function / reward model they name)."""
+    return [WeightedScorer(s.name, s.weight, SCORER_BUILDERS.get(s.name)(cfg)) for s in cfg.scorers]
+
+
+# --------------------------------------------------------------------------------------------------
+# Rollout
+
+
+def sampling_params(
+    rollout: RolloutConfig, max_new_tokens: int, iteration: int, *, validation: bool
+) -> SamplingParams:
+    """Sampling of iteration ``iteration``'s training rollouts, or of its validation (greedy by default);
+    seeded by (rollout.seed, iteration), validation apart from training."""
+    temperature = rollout.val_temperature if validation else rollout.temperature
+    return SamplingParams(
+        n=rollout.val_n if validation else rollout.n,
+        temperature=temperature,
+        top_p=1.0 if validation else rollout.top_p,
+        top_k=-1 if validation else rollout.top_k,
+        max_new_tokens=max_new_tokens,
+        stop=tuple(rollout.stop),
+        seed=rollout.seed * 1_000_003 + iteration + (500_000 if validation else 0),
+    )
+
+
+def engine_kwargs(rollout: RolloutConfig) -> dict[str, Any]:
+    """Keyword arguments of ``verl_core.rollout.make_engine`` for ``rollout.name``."""
+    if rollout.name == "vllm":
+        return {
+            "tensor_parallel_size": rollout.tensor_parallel_size,
+            "gpu_memory_utilization": rollout.gpu_memory_utilization,
+        }
+    return {"max_batch_size": rollout.max_batch_size}
+
+
+# --------------------------------------------------------------------------------------------------
+# RL schedule and optimizers
+
+
+def planned_iterations(cfg: VerlFlowConfig, n_prompts: int) -> int:
+    """RL iterations of the run: ``trainer.total_iterations``, capped by ``trainer.total_epochs`` passes
+    over the ``n_prompts`` training prompts (each iteration takes ``data.train_batch_size`` of them)."""
+    t = cfg.trainer
+    return min(t.total_iterations, math.ceil(t.total_epochs * n_prompts / cfg.data.train_batch_size))
+
+
+def actor_spec(cfg: VerlFlowConfig, iterations: int) -> OptimSpec:
+    """The actor's optimizer and LR schedule over ``iterations`` RL iterations
+    (``actor.ppo_epochs`` × mini-batches optimizer steps each)."""
+    a = cfg.actor
+    total = iterations * a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
+    return OptimSpec(
+        lr=a.lr,
+        weight_decay=a.weight_decay,
+        warmup_steps=int(a.warmup_steps_ratio * total),
+        total_steps=total,
+        scheduler=a.lr_scheduler,
+        grad_clip=a.grad_clip,
+    )
+
+
+def critic_spec(cfg: VerlFlowConfig, iterations: int) -> OptimSpec:
+    """The critic's optimizer over ``iterations`` RL iterations (constant LR)."""
+    c = cfg.critic
+    total = iterations * c.ppo_epochs * (cfg.data.train_batch_size // c.ppo_mini_batch_size)
+    return OptimSpec(
+        lr=c.lr,
+        weight_decay=c.weight_decay,
+        warmup_steps=0,
+        total_steps=total,
+        scheduler="constant",
+        grad_clip=c.grad_clip,
+    )
+
+
+def ppo_spec(cfg: VerlFlowConfig, iteration: int) -> PPOSpec:
+    """The settings of iteration ``iteration``'s update (the actor waits out ``trainer.critic_warmup``)."""
+    a, c, alg = cfg.actor, cfg.critic, cfg.algorithm
+    temperature = cfg.rollout.temperature or 1.0
+    return PPOSpec(
+        actor=ActorLossSpec(
+            policy_loss=a.policy_loss,
+            loss_agg_mode=a.resolved_loss_agg_mode,
+            clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
+            clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high,
+            clip_ratio_c=a.clip_ratio_c,
+            entropy_coeff=a.entropy_coeff,
+            use_kl_loss=a.use_kl_loss,
+            kl_loss_coef=a.kl_loss_coef,
+            kl_loss_type=a.kl_loss_type,
+            temperature=temperature,
+        ),
+        adv_estimator=alg.adv_estimator,
+        gamma=alg.gamma,
+        lam=alg.lam,
+        norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+        use_kl_in_reward=alg.use_kl_in_reward,
+        kl_penalty=alg.kl_penalty,
+        actor_epochs=a.ppo_epochs,
+        actor_mini_batch_groups=a.ppo_mini_batch_size,
+        critic_epochs=c.ppo_epochs,
+        critic_mini_batch_groups=c.ppo_mini_batch_size,
+        micro_batch_size=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
+        actor_token_budget=a.ppo_max_token_len_per_gpu,
+        critic_token_budget=c.ppo_max_token_len_per_gpu,
+        log_prob_token_budget=cfg.rollout.log_prob_max_token_len_per_gpu,
+        ref_token_budget=cfg.ref.log_prob_max_token_len_per_gpu,
+        cliprange_value=c.cliprange_value,
+        critic_loss_agg_mode=c.loss_agg_mode,
+        horizon=float(cfg.data.max_response_length),
+        update_actor=iteration >= cfg.trainer.critic_warmup,
+        use_rollout_logprobs=a.use_rollout_logprobs,
+    )

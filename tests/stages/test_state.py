@@ -1,0 +1,121 @@
+"""The RL state's checkpoint protocol (stages/floor/state.py) on a tiny model: a checkpoint publishes
+the update manifests it makes durable, a resume restores the policy version, the optimizer and the
+weights, checkpoints of another policy lineage or missing iterations are refused with the field to
+change, and only the last ``trainer.max_ckpt_to_keep`` are kept."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from stages.floor.builders import planned_iterations
+from stages.floor.locations import ckpt_stage, iteration_stage, list_checkpoints
+from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
+from tests.stages.conftest import TINY_RL
+from verl_core.config import with_overrides
+from verl_core.errors import ConfigError
+from verl_core.run import RunContext
+
+
+@pytest.fixture
+def ctx(tiny_rl: tuple[Path, str], request: pytest.FixtureRequest) -> Iterator[RunContext]:
+    run = RunContext(run_id=request.node.name.replace("[", "-").rstrip("]"), store_url=str(tiny_rl[0]))
+    yield run
+    drop_state(run.run_id)
+
+
+def _train_one_step(ctx: RunContext) -> None:
+    """One actor optimizer step on a toy loss (sum of squares), as an update would take."""
+    engine = get_state(ctx).actor_engine
+    engine.step([0], lambda _: sum((p.float() ** 2).sum() for p in engine.params) * 1e-3)
+
+
+def test_fresh_state_plans_its_lr_schedule_over_the_planned_iterations(
+    ctx: RunContext, tiny_rl: tuple[Path, str]
+) -> None:
+    cfg = with_overrides(TINY_RL, ["trainer.total_epochs=1"])
+    assert init_state(ctx, cfg, tiny_rl[1], None) == 0
+    state = get_state(ctx)
+    assert state.version == 0 and state.critic is not None
+    n = int(ctx.store().read_manifest(tiny_rl[1]).summary["rows"]["prompts_train"])
+    # 1 epoch of n prompts at 2 per iteration caps the 4 iterations only when n < 8
+    assert planned_iterations(cfg, n) == min(4, -(-n // 2))
+    # actor: iterations × ppo_epochs (1) × mini-batches per iteration (2 // 1)
+    assert state.actor_engine.spec.total_steps == planned_iterations(cfg, n) * 1 * 2
+
+
+def test_checkpoint_publishes_pending_updates_and_resume_restores_the_optimizer(
+    ctx: RunContext, tiny_rl: tuple[Path, str]
+) -> None:
+    store = ctx.store()
+    init_state(ctx, TINY_RL, tiny_rl[1], None)
+    state = get_state(ctx)
+    _train_one_step(ctx)
+    state.version = 1
+    # an update stage sealed, not published: it becomes visible only with the checkpoint
+    update = store.open_stage(ctx.run_id, iteration_stage(0, "update"))
+    update.write_json("report.json", {"iteration": 0})
+    state.pending.append(update.seal({"iteration": 0}))
+    assert store.committed(ctx.run_id, iteration_stage(0, "update")) is None
+
+    uri = save_checkpoint(ctx, TINY_RL, 1)
+    ckpt = store.read_manifest(uri)
+    assert ckpt.stage == ckpt_stage(1)
+    assert ckpt.summary["pending"] == ["iter-0000/update"] and state.pending == []
+    assert store.committed(ctx.run_id, iteration_stage(0, "update")) is not None
+    weights = {k: v.clone() for k, v in state.lm.state_dict().items()}
+    optimizer = state.actor_engine.optimizer.state_dict()
+
+    drop_state(ctx.run_id)
+    assert init_state(ctx, TINY_RL, tiny_rl[1], None) == 1  # resume_mode=auto: the last checkpoint
+    resumed = get_state(ctx)
+    assert resumed.version == 1
+    assert resumed.actor_engine.global_step == 1
+    assert resumed.actor_engine.scheduler.last_epoch == 1
+    moments = resumed.actor_engine.optimizer.state_dict()["state"]
+    assert moments.keys() == optimizer["state"].keys()
+    for k, s in optimizer["state"].items():
+        assert torch.equal(moments[k]["exp_avg"], s["exp_avg"])
+    for k, v in resumed.lm.state_dict().items():
+        assert torch.equal(v, weights[k]), k
+
+
+def test_checkpoint_of_another_lineage_is_refused(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
+    init_state(ctx, TINY_RL, tiny_rl[1], None)
+    save_checkpoint(ctx, TINY_RL, 0)
+    drop_state(ctx.run_id)
+    other = with_overrides(TINY_RL, ["actor.lr=5e-4"])  # changes what the policy becomes
+    with pytest.raises(
+        ConfigError, match=r"^trainer.resume_mode: checkpoint ckpt/iter-0000 .* other settings"
+    ):
+        init_state(ctx, other, tiny_rl[1], None)
+    # resume_mode=disable restarts RL from the initial policy instead
+    assert init_state(ctx, with_overrides(other, ["trainer.resume_mode=disable"]), tiny_rl[1], None) == 0
+
+
+def test_resume_from_a_missing_iteration_lists_the_checkpoints(
+    ctx: RunContext, tiny_rl: tuple[Path, str]
+) -> None:
+    with pytest.raises(ConfigError, match=r"no checkpoint at iteration 2 .* \(available: none\)"):
+        init_state(ctx, with_overrides(TINY_RL, ["trainer.resume_mode=2"]), tiny_rl[1], None)
+    init_state(ctx, TINY_RL, tiny_rl[1], None)
+    save_checkpoint(ctx, TINY_RL, 0)
+    save_checkpoint(ctx, TINY_RL, 1)
+    drop_state(ctx.run_id)
+    with pytest.raises(
+        ConfigError,
+        match=r"^trainer.resume_mode: no checkpoint at iteration 2 in run .* \(available: 0, 1\)$",
+    ):
+        init_state(ctx, with_overrides(TINY_RL, ["trainer.resume_mode=2"]), tiny_rl[1], None)
+    assert init_state(ctx, with_overrides(TINY_RL, ["trainer.resume_mode=0"]), tiny_rl[1], None) == 0
+
+
+def test_only_the_last_checkpoints_are_kept(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
+    cfg = with_overrides(TINY_RL, ["trainer.max_ckpt_to_keep=2"])
+    init_state(ctx, cfg, tiny_rl[1], None)
+    for it in (1, 2, 3):
+        save_checkpoint(ctx, cfg, it)
+    assert list_checkpoints(ctx.store(), ctx.run_id) == [2, 3]
