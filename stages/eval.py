@@ -30,13 +30,13 @@ from stages.floor.artifacts import (
     rollouts_table,
     run_tokenizer,
 )
-from stages.floor.builders import build_scorers
+from stages.floor.builders import build_scorers, score_batch
 from stages.floor.locations import TEMPLATE_PACK, eval_label, eval_stage, parse_export_stage
 from stages.floor.logging import stage_logger
 from verl_core.config import VerlFlowConfig
 from verl_core.evaluation import mean_by_source, pass_at_k, per_prompt_correct
 from verl_core.models.loading import load_causal_lm, resolve_device
-from verl_core.reward import batch_from_columns, rewards_table, score_rollouts
+from verl_core.reward import batch_from_columns, rewards_table
 from verl_core.rollout import SamplingParams, make_engine
 from verl_core.run import RunContext
 from verl_core.store import ArtifactStore
@@ -110,6 +110,7 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, source: EvalSource) -> str:
     if e.k > 1:
         runs["sampled"] = SamplingParams(n=e.k, temperature=e.temperature, top_p=e.top_p, seed=e.seed)
     per_prompt: dict[str, dict[int, tuple[int, int]]] = {}
+    scorers = build_scorers(cfg.reward)
     for name, sp in runs.items():
         sp = SamplingParams(
             n=sp.n, temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed,
@@ -117,13 +118,8 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, source: EvalSource) -> str:
         )  # fmt: skip
         rollouts = rollouts_table(engine.generate(ids, sp), prompts, iteration=-1, policy_version=-1)
         batch = batch_from_columns(rollouts)
-        result = score_rollouts(
-            batch, build_scorers(cfg.reward), on_error=cfg.reward.on_error,
-            max_response_length=cfg.data.max_response_length,
-        )  # fmt: skip
-        has_rule = any(s.name == "rule" for s in cfg.reward.scorers)
-        correct = result.correct if has_rule else [s > 0 for s in result.scores]
-        per_prompt[name] = per_prompt_correct(batch.group_id, correct)
+        result = score_batch(cfg.reward, batch, cfg.data.max_response_length, scorers)
+        per_prompt[name] = per_prompt_correct(batch.group_id, result.correct)  # validation's rule too
         stage.write_table(f"{name}/rollouts.parquet", rollouts, "rollouts")
         stage.write_table(f"{name}/rewards.parquet", rewards_table(batch, result), "rewards")
 

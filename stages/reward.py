@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from prefect import task
 
-from stages.floor.builders import build_scorers
+from stages.floor.builders import score_batch
 from stages.floor.locations import iteration_stage
 from stages.floor.logging import stage_logger
 from verl_core.config import RewardConfig
 from verl_core.errors import DataError
-from verl_core.reward import batch_from_columns, rewards_table, score_rollouts
+from verl_core.reward import batch_from_columns, rewards_table
 from verl_core.run import RunContext
 
 ROLLOUTS_FILE = "rollouts.parquet"
@@ -51,14 +51,7 @@ def reward(
     batch = batch_from_columns(rollouts)
 
     # 3. Build the scorers and score
-    result = score_rollouts(
-        batch,
-        build_scorers(cfg),
-        on_error=cfg.on_error,
-        max_response_length=max_response_length,
-        overlong_buffer_len=cfg.overlong_buffer_len,
-        overlong_penalty_factor=cfg.overlong_penalty_factor,
-    )
+    result = score_batch(cfg, batch, max_response_length)
 
     # 4. Write the rewards and the report, commit
     stage.write_table(REWARDS_FILE, rewards_table(batch, result), "rewards")

@@ -9,17 +9,18 @@ import time
 from prefect import task
 
 from stages.floor.artifacts import rollouts_table
-from stages.floor.builders import build_scorers, sampling_params
+from stages.floor.builders import sampling_params, score_batch
 from stages.floor.locations import iteration_stage
 from stages.floor.state import get_state
 from verl_core.config import VerlFlowConfig
-from verl_core.reward import batch_from_columns, rewards_table, score_rollouts
+from verl_core.reward import batch_from_columns, rewards_table
 from verl_core.run import RunContext
 
 
 @task(name="validate")
 def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, iteration: int) -> float:
-    """Held-out accuracy of policy version ``iteration`` (mean ``correct``; mean score if no rule scorer)."""
+    """Held-out accuracy of policy version ``iteration``: mean ``correct`` (a rule scorer's verdict, or
+    score ≥ ``reward.correct_threshold``), the same rule as eval's."""
     store = ctx.store()
     state = get_state(ctx)
     # 1. Skip when committed for this policy version
@@ -53,25 +54,18 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
 
     # 3. Score, write, commit
     batch = batch_from_columns(rollouts)
-    result = score_rollouts(
-        batch,
-        build_scorers(cfg.reward),
-        on_error=cfg.reward.on_error,
-        max_response_length=cfg.data.max_response_length,
-        overlong_buffer_len=cfg.reward.overlong_buffer_len,
-        overlong_penalty_factor=cfg.reward.overlong_penalty_factor,
-    )
+    result = score_batch(cfg.reward, batch, cfg.data.max_response_length)
     n = max(1, len(completions))
-    has_rule = any(s.name == "rule" for s in cfg.reward.scorers)
-    accuracy = sum(result.correct) / n if has_rule else sum(result.scores) / n
+    accuracy = sum(result.correct) / n  # the one accuracy rule (verl_core.reward.score_rollouts)
     lengths = rollouts.column("response_length").to_pylist()
     metrics = {
         "val/accuracy": accuracy,
         "val/reward_mean": sum(result.scores) / n,
         "val/response_length": sum(lengths) / n,
-        "val/no_answer_frac": sum(e is None for e in result.extracted) / n,
         "timing_s/validate_generate": gen_s,
     }
+    if "reward/no_answer_frac" in result.metrics:  # only a rule scorer extracts answers
+        metrics["val/no_answer_frac"] = result.metrics["reward/no_answer_frac"]
     stage.write_table("rollouts.parquet", rollouts, "rollouts")
     stage.write_table("rewards.parquet", rewards_table(batch, result), "rewards")
     stage.commit(summary={"accuracy": accuracy, "iteration_lineage": state.lineage, **metrics})

@@ -24,11 +24,14 @@ from verl_core.models.loading import (
 )
 from verl_core.reward import (
     FunctionScorer,
+    RewardBatch,
+    RewardResult,
     RuleOptions,
     RuleScorer,
     Scorer,
     WeightedScorer,
     load_reward_function,
+    score_rollouts,
 )
 from verl_core.rollout import SamplingParams
 from verl_core.training.engine import OptimSpec
@@ -122,6 +125,25 @@ def _model(cfg: RewardConfig) -> Scorer:
 def build_scorers(cfg: RewardConfig) -> list[WeightedScorer]:
     """The weighted scorers of ``reward.scorers`` (loads the function / reward model they name)."""
     return [WeightedScorer(s.name, s.weight, SCORER_BUILDERS.get(s.name)(cfg)) for s in cfg.scorers]
+
+
+def score_batch(
+    cfg: RewardConfig,
+    batch: RewardBatch,
+    max_response_length: int,
+    scorers: list[WeightedScorer] | None = None,
+) -> RewardResult:
+    """``batch`` scored as ``reward`` says (scorers, overlong penalty, errors, the accuracy rule): the
+    one call the reward stage, validation, eval and the benchmarks share. ``scorers``: already built."""
+    return score_rollouts(
+        batch,
+        build_scorers(cfg) if scorers is None else scorers,
+        on_error=cfg.on_error,
+        max_response_length=max_response_length,
+        overlong_buffer_len=cfg.overlong_buffer_len,
+        overlong_penalty_factor=cfg.overlong_penalty_factor,
+        correct_threshold=cfg.correct_threshold,
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ TINY_RL = VerlFlowConfig.model_validate(
             "num_key_value_heads": 2,
         },
         "actor": {"lr": 1e-3, "ppo_mini_batch_size": 1},
-        "critic": {"lr": 1e-3},
+        "critic": {"lr": 1e-3, "ppo_mini_batch_size": 1},
         "algorithm": {"adv_estimator": "gae"},  # a critic, so its checkpoint is covered too
         "rollout": {"n": 2},
         "trainer": {"total_iterations": 4, "max_ckpt_to_keep": 5, "device": "cpu"},

@@ -286,6 +286,9 @@ class RewardConfig(Section):
     timeout_s: PositiveFloat = _f(
         10.0, "Seconds a custom-function call may take (per sample, or per batch in batch mode)"
     )
+    correct_threshold: float = _f(
+        1.0, "A sample is correct when its score is ≥ this, unless a rule scorer reports correctness"
+    )
     on_error: Literal["fail", "zero"] = _f(
         "fail", "A scorer raising or timing out on a sample: fail the stage, or score 0 and count it"
     )

@@ -10,9 +10,10 @@ Errors (``on_error``): a scorer that failed on a sample (raised, timed out) eith
 call with :class:`RewardError` naming the row (group_id / sample_index), the data_source and the
 error (``"fail"``), or contributes 0 for that sample (``"zero"``), counted in ``reward/errors``.
 
-Accuracy comes from the first ``rule`` scorer (give it weight 0 to measure accuracy without
-rewarding it); without one, ``extracted`` is all None, ``correct`` all False and the metrics have
-no ``reward/accuracy`` or ``reward/no_answer_frac``.
+Accuracy (``correct``) comes from the first ``rule`` scorer (give it weight 0 to measure accuracy
+without rewarding it); without one, a sample is correct when its score is ≥ ``correct_threshold``,
+``extracted`` is all None and the metrics have no ``reward/no_answer_frac``. Training, validation and
+eval all use this one rule.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class RewardResult(NamedTuple):
     scores      (B,)  total score
     components  (B,)  name → weighted contribution (they sum to the score)
     extracted   (B,)  the rule scorer's extracted answer, None when none (or no rule scorer)
-    correct     (B,)  the rule scorer's correctness (False without one)
+    correct     (B,)  the rule scorer's correctness (without one: score ≥ correct_threshold)
     errors      (B,)  None, or "scorer: error" for samples zeroed under on_error="zero"
     metrics     verl-style metric names → values (see :func:`reward_metrics`)
     """
@@ -102,9 +103,14 @@ def score_rollouts(
     max_response_length: int,
     overlong_buffer_len: int = 0,
     overlong_penalty_factor: float = 1.0,
+    correct_threshold: float = 1.0,
 ) -> RewardResult:
     """Score ``batch`` with the weighted sum of ``scorers`` plus the overlong penalty
-    (``overlong_buffer_len`` 0: none); see the module docstring."""
+    (``overlong_buffer_len`` 0: none); see the module docstring.
+
+    The accuracy rule (one for training, validation and eval): a sample is correct when the scorer
+    that reports correctness (a rule scorer) says so; without such a scorer, when its total score is
+    ≥ ``correct_threshold`` (1.0: partial credit does not count)."""
     n = batch.size
     scores = [0.0] * n
     components: list[dict[str, float]] = [{} for _ in range(n)]
@@ -134,13 +140,33 @@ def score_rollouts(
             components[i][OVERLONG] = overlong_penalty_factor * p
             scores[i] += overlong_penalty_factor * p
     extracted: list[str | None] = [None] * n
-    correct = [False] * n
+    correct = [score >= correct_threshold for score in scores]
     if rule is not None and rule.extracted is not None and rule.correct is not None:
         extracted, correct = list(rule.extracted), list(rule.correct)
     metrics = reward_metrics(
         scores, components, extracted if rule is not None else None, correct, errors, batch
     )
     return RewardResult(scores, components, extracted, correct, errors, metrics)
+
+
+def metrics_of_rows(batch: RewardBatch, result: RewardResult, rows: Sequence[int]) -> dict[str, float]:
+    """:func:`reward_metrics` of ``rows`` only (e.g. the sampled responses, not ReMax's greedy
+    baselines)."""
+
+    def pick(xs: Sequence[Any]) -> list[Any]:
+        return [xs[i] for i in rows]
+
+    sub = RewardBatch(*(pick(column) for column in batch))
+    has_rule = "reward/no_answer_frac" in result.metrics
+    extracted = pick(result.extracted) if has_rule else None
+    return reward_metrics(
+        pick(result.scores),
+        pick(result.components),
+        extracted,
+        pick(result.correct),
+        pick(result.errors),
+        sub,
+    )
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -156,9 +182,10 @@ def reward_metrics(
     batch: RewardBatch,
 ) -> dict[str, float]:
     """verl-style metrics of one batch: ``critic/score/{mean,std,max,min}`` (std: population, ddof 0),
-    ``reward/{name}/mean`` per component, ``reward/accuracy`` and ``reward/no_answer_frac`` (only with a
-    rule scorer, ``extracted`` not None), ``reward/errors`` (zeroed samples), ``response_length/{mean,
-    max,clip_ratio}`` (clip ratio: fraction with finish_reason "length"). Empty batch: {}."""
+    ``reward/{name}/mean`` per component, ``reward/accuracy`` (mean ``correct``),
+    ``reward/no_answer_frac`` (only with a rule scorer, ``extracted`` not None), ``reward/errors`` (zeroed
+    samples), ``response_length/{mean,max,clip_ratio}`` (clip ratio: fraction with finish_reason
+    "length"). Empty batch: {}."""
     n = len(scores)
     if n == 0:
         return {}
@@ -171,8 +198,8 @@ def reward_metrics(
     }
     for name in components[0]:
         m[f"reward/{name}/mean"] = _mean([c[name] for c in components])
+    m["reward/accuracy"] = _mean([float(c) for c in correct])
     if extracted is not None:
-        m["reward/accuracy"] = _mean([float(c) for c in correct])
         m["reward/no_answer_frac"] = _mean([float(x is None) for x in extracted])
     m["reward/errors"] = float(sum(e is not None for e in errors))
     m["response_length/mean"] = _mean([float(x) for x in batch.response_length])
