@@ -9,7 +9,7 @@ whose rollout/reward artifacts are committed are not sampled again (same seeds �
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NamedTuple
 
 from prefect import flow, get_run_logger, task
 
@@ -37,15 +37,48 @@ def checkpoint(ctx: RunContext, config: VerlFlowConfig, iteration: int) -> str:
     return save_checkpoint(ctx, config, iteration)
 
 
+class IterationArtifacts(NamedTuple):
+    """Manifest URIs of one RL iteration's stages."""
+
+    rollout: str
+    reward: str
+    update: str
+
+
+def run_iteration(
+    ctx: RunContext,
+    config: VerlFlowConfig,
+    template_pack_uri: str,
+    iteration: int,
+    lineage: str,
+    timings: dict[str, float],
+    *,
+    as_tasks: bool = True,
+) -> IterationArtifacts:
+    """rollout → reward → ppo_update of one iteration, adding each stage's seconds to ``timings``.
+    ``as_tasks=False`` calls the stage functions without Prefect task runs (the benchmarks' baseline)."""
+    cfg = config
+    if as_tasks:
+        e = cfg.execution
+        score = reward.with_options(retries=e.task_retries, retry_delay_seconds=e.retry_delay_s)
+        roll, update = rollout, ppo_update
+    else:
+        roll, score, update = rollout.fn, reward.fn, ppo_update.fn  # type: ignore[assignment]
+    with timed(timings, "rollout"):
+        baseline = cfg.algorithm.greedy_baseline
+        r = roll(ctx, cfg.data, cfg.rollout, template_pack_uri, iteration, lineage, baseline)
+    with timed(timings, "reward"):
+        w = score(ctx, cfg.reward, r, iteration, cfg.data.max_response_length)
+    with timed(timings, "update"):
+        u = update(ctx, cfg, r, w, iteration)
+    return IterationArtifacts(r, w, u)
+
+
 @flow(name="rl-loop", log_prints=True)
 def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None) -> RLResult:
     """Run the RL iterations; returns the final checkpoint URI, validation accuracies and timings."""
     logger = get_run_logger()
     cfg, t, store = config, config.trainer, ctx.store()
-    io_retry: dict[str, Any] = {
-        "retries": cfg.execution.task_retries,
-        "retry_delay_seconds": cfg.execution.retry_delay_s,
-    }
     start = init_rl_state(ctx, cfg, template_pack_uri, sft_uri)
     lineage = get_state(ctx).lineage
     total = planned_iterations(cfg, train_prompts(store, template_pack_uri))
@@ -57,12 +90,7 @@ def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft
                 val[0] = validate(ctx, cfg, template_pack_uri, 0)
         last_ckpt = None
         for it in range(start, total):
-            with timed(timings, "rollout"):
-                r = rollout(ctx, cfg.data, cfg.rollout, template_pack_uri, it, lineage)
-            with timed(timings, "reward"):
-                w = reward.with_options(**io_retry)(ctx, cfg.reward, r, it, cfg.data.max_response_length)
-            with timed(timings, "update"):
-                ppo_update(ctx, cfg, r, w, it)
+            run_iteration(ctx, cfg, template_pack_uri, it, lineage, timings)
             done = it + 1
             if t.test_freq and (done % t.test_freq == 0 or done == total):
                 with timed(timings, "validate"):

@@ -21,7 +21,7 @@ from stages.floor.locations import iteration_stage
 from stages.floor.logging import stage_logger
 from verl_core.config import RewardConfig
 from verl_core.errors import DataError
-from verl_core.reward import batch_from_columns, rewards_table
+from verl_core.reward import batch_from_columns, metrics_of_rows, rewards_table
 from verl_core.run import RunContext
 
 ROLLOUTS_FILE = "rollouts.parquet"
@@ -52,6 +52,13 @@ def reward(
 
     # 3. Build the scorers and score
     result = score_batch(cfg, batch, max_response_length)
+    metrics = result.metrics
+    baseline = rollouts.column("is_baseline").to_pylist()
+    if any(baseline):  # ReMax's greedy rows: scored (the update's baselines), kept out of the metrics
+        metrics = metrics_of_rows(batch, result, [i for i, b in enumerate(baseline) if not b])
+        metrics["reward/baseline_score/mean"] = sum(
+            s for s, b in zip(result.scores, baseline, strict=True) if b
+        ) / sum(baseline)
 
     # 4. Write the rewards and the report, commit
     stage.write_table(REWARDS_FILE, rewards_table(batch, result), "rewards")
@@ -64,17 +71,17 @@ def reward(
         "iteration": iteration,
         "rows": batch.size,
         "scorers": {s.name: s.weight for s in cfg.scorers},
-        "metrics": result.metrics,
+        "metrics": metrics,
         "errors": len(zeroed),
         "error_examples": zeroed[:20],
     }
     stage.write_json("report.json", report)
-    uri = stage.commit(summary={"iteration": iteration, "rows": batch.size, "metrics": result.metrics})
+    uri = stage.commit(summary={"iteration": iteration, "rows": batch.size, "metrics": metrics})
 
     # 5. Metrics
-    ctx.tracker().log_metrics(result.metrics, step=iteration)
+    ctx.tracker().log_metrics(metrics, step=iteration)
     log.info(
         "reward: iteration %d, %d rows, score mean %.4f, %d errors zeroed",
-        iteration, batch.size, result.metrics["critic/score/mean"], len(zeroed),
+        iteration, batch.size, metrics["critic/score/mean"], len(zeroed),
     )  # fmt: skip
     return uri

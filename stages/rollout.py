@@ -9,6 +9,7 @@ sees the same prompts (a resumed run included). Sampling is seeded by (rollout.s
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from prefect import task
 
@@ -28,8 +29,11 @@ def rollout(
     template_pack_uri: str,
     iteration: int,
     lineage: str,
+    greedy_baseline: bool = False,
 ) -> str:
-    """Generate iteration ``iteration``'s rollouts with the in-memory policy (version = iteration)."""
+    """Generate iteration ``iteration``'s rollouts with the in-memory policy (version = iteration).
+    ``greedy_baseline`` (ReMax): also one greedy response per prompt, a row marked ``is_baseline`` with
+    ``sample_index = rollout.n``; it is scored like the others and used only as its group's baseline."""
     store = ctx.store()
     # 1. Skip when committed for this iteration of this policy lineage
     params = {
@@ -40,6 +44,7 @@ def rollout(
         "max_response_length": data.max_response_length,
         "seed": data.seed,
         "shuffle": data.shuffle,
+        "greedy_baseline": greedy_baseline,
     }
     stage = store.open_stage(
         ctx.run_id,
@@ -64,18 +69,23 @@ def rollout(
 
     # 3. Generate
     t0 = time.perf_counter()
-    completions = state.engine.generate(
-        batch.column("input_ids").to_pylist(),
-        sampling_params(cfg, data.max_response_length, iteration, validation=False),
-    )
+    ids = batch.column("input_ids").to_pylist()
+    sampling = sampling_params(cfg, data.max_response_length, iteration, validation=False)
+    completions = state.engine.generate(ids, sampling)
+    baselines = []
+    if greedy_baseline:
+        greedy = replace(sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1)
+        baselines = [c._replace(sample_index=sampling.n) for c in state.engine.generate(ids, greedy)]
     seconds = time.perf_counter() - t0
 
     # 4. Write and commit
-    table = rollouts_table(completions, batch, iteration, policy_version=state.version)
+    marks = [False] * len(completions) + [True] * len(baselines)
+    table = rollouts_table(completions + baselines, batch, iteration, state.version, is_baseline=marks)
     stage.write_table("rollouts.parquet", table, "rollouts")
-    gen_tokens = sum(len(c.response_ids) for c in completions)
+    gen_tokens = sum(len(c.response_ids) for c in completions + baselines)
     summary = {
         "samples": len(completions),
+        "baseline_samples": len(baselines),
         "epoch": epoch,
         "generated_tokens": gen_tokens,
         "seconds": seconds,

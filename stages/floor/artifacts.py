@@ -14,6 +14,7 @@ by export under ``model/``), which policy stage a run has for an iteration, and 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,9 +188,14 @@ def batch_rows(n: int, batch_size: int, iteration: int, *, seed: int, shuffle: b
 
 
 def rollouts_table(
-    completions: list[Completion], prompts: pa.Table, iteration: int, policy_version: int
+    completions: list[Completion],
+    prompts: pa.Table,
+    iteration: int,
+    policy_version: int,
+    is_baseline: Sequence[bool] | None = None,
 ) -> pa.Table:
-    """One row per completion (kind "rollouts"); ``prompts`` are the generate() input rows."""
+    """One row per completion (kind "rollouts"); ``prompts`` are the generate() input rows.
+    ``is_baseline[i]``: completion i is a greedy baseline (ReMax), not a training sample."""
     names = ("group_id", "sample_index", "prompt_index", "data_source", "ground_truth", "prompt_text")
     cols: dict[str, list[Any]] = {name: [] for name in names}
     index = prompts.column("index").to_pylist()
@@ -216,5 +222,8 @@ def rollouts_table(
             "prompt_length": pa.array([len(c.prompt_ids) for c in completions], pa.int32()),
             "response_length": pa.array([len(c.response_ids) for c in completions], pa.int32()),
             "policy_version": pa.array([policy_version] * len(completions), pa.int64()),
+            "is_baseline": pa.array(
+                [False] * len(completions) if is_baseline is None else list(is_baseline), pa.bool_()
+            ),
         }
     )

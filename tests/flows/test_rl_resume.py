@@ -121,11 +121,54 @@ def test_killed_rl_loop_resumes_to_identical_weights(
     assert again.checkpoint == out.checkpoint
 
 
+def test_remax_samples_a_greedy_baseline_per_prompt_and_trains_on_the_others(
+    prompts: tuple[Path, str],
+) -> None:
+    # before: adv_estimator=remax passed validation, then the update failed for lack of greedy rewards
+    root, tp = prompts
+    cfg = CFG.model_copy(
+        update={
+            "algorithm": CFG.algorithm.model_copy(update={"adv_estimator": "remax"}),
+            "trainer": CFG.trainer.model_copy(update={"total_iterations": 1, "save_freq": 0}),
+        }
+    )
+    ctx = _ctx(root, "remax")
+    rl_loop(ctx, cfg, tp, None)
+    store = ctx.store()
+    rollouts = store.read_table(store.committed("remax", "iter-0000/rollout"), "rollouts.parquet")
+    rewards = store.read_table(store.committed("remax", "iter-0000/reward"), "rewards.parquet")
+    update = store.committed("remax", "iter-0000/update")
+    assert update is not None
+    # 2 prompts × (2 samples + 1 greedy baseline, sample_index 2)
+    rows = rollouts.select(["group_id", "sample_index", "is_baseline"]).to_pylist()
+    assert sorted((r["group_id"], r["sample_index"], r["is_baseline"]) for r in rows) == [
+        (0, 0, False), (0, 1, False), (0, 2, True), (1, 0, False), (1, 1, False), (1, 2, True),
+    ]  # fmt: skip
+    # the update trains on the 4 samples only; advantage = score − its prompt's greedy score
+    table = store.read_table(update, "update.parquet").to_pylist()
+    assert len(table) == 4
+    greedy = {
+        r["group_id"]: s
+        for r, s in zip(rows, rewards.column("score").to_pylist(), strict=True)
+        if r["is_baseline"]
+    }
+    for r in table:
+        assert r["advantages"] == pytest.approx([r["score"] - greedy[r["group_id"]]] * len(r["advantages"]))
+    # the reward metrics describe the training samples; the baselines have their own
+    samples = [
+        s for r, s in zip(rows, rewards.column("score").to_pylist(), strict=True) if not r["is_baseline"]
+    ]
+    metrics = store.committed("remax", "iter-0000/reward").summary["metrics"]  # type: ignore[union-attr]
+    assert metrics["critic/score/mean"] == pytest.approx(sum(samples) / 4)
+    assert metrics["reward/baseline_score/mean"] == pytest.approx(sum(greedy.values()) / 2)
+
+
 def test_gae_trains_a_critic_and_checkpoints_it(prompts: tuple[Path, str]) -> None:
     root, tp = prompts
     cfg = CFG.model_copy(
         update={
             "algorithm": CFG.algorithm.model_copy(update={"adv_estimator": "gae", "lam": 0.95}),
+            "critic": CFG.critic.model_copy(update={"ppo_mini_batch_size": 1}),
             "trainer": CFG.trainer.model_copy(update={"total_iterations": 1, "save_freq": 0}),
         }
     )

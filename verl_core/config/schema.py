@@ -341,6 +341,11 @@ class AlgorithmConfig(Section):
     kl_penalty: KLEstimator = _f("kl", "KL estimator used in the reward")
     kl_ctrl: KLControlConfig = _f(KLControlConfig(), "KL coefficient control")
 
+    @property
+    def greedy_baseline(self) -> bool:
+        """ReMax's baseline is the reward of a greedy response: the rollout samples one per prompt."""
+        return self.adv_estimator == "remax"
+
 
 class TrainerConfig(Section):
     project_name: str = _f("verl-flow", "Project: the MLflow experiment name")

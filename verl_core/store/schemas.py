@@ -201,6 +201,7 @@ register_schema(
             ("prompt_length", pa.int32()),
             ("response_length", pa.int32()),
             ("policy_version", pa.int64()),
+            ("is_baseline", pa.bool_()),
         ]
     ),
 )

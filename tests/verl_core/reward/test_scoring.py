@@ -16,6 +16,7 @@ from verl_core.reward import (
     ScorerOutput,
     WeightedScorer,
     batch_from_columns,
+    metrics_of_rows,
     overlong_penalty,
     rewards_table,
     score_rollouts,
@@ -93,13 +94,27 @@ def test_weighted_combination_with_overlong_penalty_and_metrics() -> None:
     assert m["response_length/clip_ratio"] == pytest.approx(1 / 3)  # one finish_reason "length"
 
 
-def test_without_a_rule_scorer_there_is_no_accuracy() -> None:
-    r = score_rollouts(
-        make_batch([1, 1]), [WeightedScorer("model", 1.0, Fixed([0.3, 0.7]))],
-        on_error="fail", max_response_length=4,
-    )  # fmt: skip
-    assert r.extracted == [None, None] and r.correct == [False, False]
-    assert "reward/accuracy" not in r.metrics and "reward/no_answer_frac" not in r.metrics
+def test_without_a_rule_scorer_correct_means_score_at_least_the_threshold() -> None:
+    # partial credit 0.3 / 0.7 / exact 1.0: with the default threshold 1.0 only the last is correct
+    # (validation and eval used to disagree here: mean score 0.667 vs fraction with score > 0 = 1.0)
+    scorer = [WeightedScorer("function", 1.0, Fixed([0.3, 0.7, 1.0]))]
+    r = score_rollouts(make_batch([1, 1, 1]), scorer, on_error="fail", max_response_length=4)
+    assert r.extracted == [None, None, None] and r.correct == [False, False, True]
+    assert r.metrics["reward/accuracy"] == pytest.approx(1 / 3)
+    assert "reward/no_answer_frac" not in r.metrics
+    half = score_rollouts(
+        make_batch([1, 1, 1]), scorer, on_error="fail", max_response_length=4, correct_threshold=0.5
+    )
+    assert half.correct == [False, True, True]
+
+
+def test_metrics_of_rows_leave_other_rows_out() -> None:
+    # rows 0 and 2 only: scores 0.3 and 1.0 → mean 0.65, accuracy 1/2
+    scorer = [WeightedScorer("function", 1.0, Fixed([0.3, 0.7, 1.0]))]
+    batch = make_batch([1, 1, 1])
+    r = score_rollouts(batch, scorer, on_error="fail", max_response_length=4)
+    m = metrics_of_rows(batch, r, [0, 2])
+    assert m["critic/score/mean"] == pytest.approx(0.65) and m["reward/accuracy"] == 0.5
 
 
 def test_on_error_fail_names_the_row() -> None:
