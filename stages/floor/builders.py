@@ -21,6 +21,7 @@ from verl_core.models.loading import (
     init_causal_lm,
     load_causal_lm,
     scratch_config,
+    unwrap,
 )
 from verl_core.reward import (
     FunctionScorer,
@@ -38,7 +39,7 @@ from verl_core.training.engine import OptimSpec
 from verl_core.training.ppo import ActorLossSpec, PPOSpec
 
 # --------------------------------------------------------------------------------------------------
-# Policy
+# Policy and reference
 
 
 def build_policy(model: ModelConfig, tokenizer: Any, *, seed: int) -> nn.Module:
@@ -91,6 +92,26 @@ def build_policy(model: ModelConfig, tokenizer: Any, *, seed: int) -> nn.Module:
     if model.gradient_checkpointing:
         enable_gradient_checkpointing(lm)
     return lm
+
+
+def load_reference(cfg: VerlFlowConfig, policy: nn.Module) -> nn.Module:
+    """The frozen reference policy ``ref.path`` (hub id or local dir). It scores the policy's tokens,
+    so a vocabulary other than the policy's is refused."""
+    assert cfg.ref.path is not None
+    ref = load_causal_lm(
+        cfg.ref.path,
+        dtype=cfg.model.dtype,
+        attn_implementation=cfg.model.attn_implementation,
+        trust_remote_code=cfg.model.trust_remote_code,
+        field="ref.path",
+    )
+    ours, theirs = unwrap(policy).config.vocab_size, ref.config.vocab_size
+    if ours != theirs:
+        raise ConfigError(
+            f"ref.path: {cfg.ref.path!r} has a vocabulary of {theirs} tokens, the policy {ours}: "
+            "the reference must use the policy's tokenizer"
+        )
+    return ref.eval().requires_grad_(False)
 
 
 # --------------------------------------------------------------------------------------------------

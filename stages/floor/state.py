@@ -31,7 +31,14 @@ import torch
 from torch import nn
 
 from stages.floor.artifacts import load_tokenizer, read_policy, write_policy
-from stages.floor.builders import actor_spec, build_policy, critic_spec, engine_kwargs, planned_iterations
+from stages.floor.builders import (
+    actor_spec,
+    build_policy,
+    critic_spec,
+    engine_kwargs,
+    load_reference,
+    planned_iterations,
+)
 from stages.floor.locations import ckpt_stage, list_checkpoints, validations
 from stages.floor.logging import stage_logger
 from verl_core.algorithms import KLController, make_kl_controller
@@ -115,7 +122,9 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
     ref: LogProbModel | None = None
     actor = PackedCausalLM(lm)
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-        if cfg.model.lora_rank:  # the base with the adapters disabled
+        if cfg.ref.path:  # a reference other than the starting policy
+            ref = PackedCausalLM(load_reference(cfg, lm)).to(device)
+        elif cfg.model.lora_rank:  # the base with the adapters disabled
             ref = AdapterDisabledPolicy(actor, lm)
         else:  # the starting policy (SFT, or the initial model), frozen
             if sft_uri:

@@ -119,3 +119,53 @@ def test_only_the_last_checkpoints_are_kept(ctx: RunContext, tiny_rl: tuple[Path
     for it in (1, 2, 3):
         save_checkpoint(ctx, cfg, it)
     assert list_checkpoints(ctx.store(), ctx.run_id) == [2, 3]
+
+
+# --- ref.path: a reference other than the starting policy ---------------------------------------------
+
+
+def _saved_policy(tiny_rl: tuple[Path, str], directory: Path, *, seed: int, extra_vocab: int = 0) -> str:
+    """A tiny policy of another seed saved as an HF dir; ``extra_vocab`` rows more than the tokenizer."""
+    from stages.floor.artifacts import load_tokenizer
+    from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
+
+    tokenizer = load_tokenizer(RunContext(run_id="data", store_url=str(tiny_rl[0])).store(), tiny_rl[1])
+    m = TINY_RL.model
+    spec = ScratchSpec("qwen2", m.hidden_size, m.num_hidden_layers, m.num_attention_heads,
+                       m.num_key_value_heads, m.intermediate_size, m.max_position_embeddings)  # fmt: skip
+    config = scratch_config(
+        spec,
+        len(tokenizer) + extra_vocab,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    init_causal_lm(config, seed=seed).save_pretrained(directory)
+    return str(directory)
+
+
+def test_ref_path_loads_that_reference(ctx: RunContext, tiny_rl: tuple[Path, str], tmp_path: Path) -> None:
+    from verl_core.models.loading import load_causal_lm
+    from verl_core.models.packed import PackedCausalLM
+    from verl_core.training.ppo_kernels import make_ppo_batch, response_log_probs
+
+    path = _saved_policy(tiny_rl, tmp_path / "ref", seed=123)
+    cfg = with_overrides(TINY_RL, [f"ref.path={path}", "actor.use_kl_loss=true"])
+    init_state(ctx, cfg, tiny_rl[1], None)
+    state = get_state(ctx)
+    assert state.ref is not None
+    batch = make_ppo_batch([[5, 6, 7]], [[8, 9]])
+    with torch.no_grad():
+        got = response_log_probs(state.ref, batch)[0]
+        want = response_log_probs(PackedCausalLM(load_causal_lm(path)), batch)[0]
+        policy = response_log_probs(state.actor, batch)[0]
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(got, policy)  # not the starting policy
+
+
+def test_ref_path_with_another_vocabulary_is_refused(
+    ctx: RunContext, tiny_rl: tuple[Path, str], tmp_path: Path
+) -> None:
+    path = _saved_policy(tiny_rl, tmp_path / "ref", seed=123, extra_vocab=7)
+    cfg = with_overrides(TINY_RL, [f"ref.path={path}", "algorithm.use_kl_in_reward=true"])
+    with pytest.raises(ConfigError, match=r"ref.path: .* has a vocabulary of \d+ tokens, the policy \d+"):
+        init_state(ctx, cfg, tiny_rl[1], None)

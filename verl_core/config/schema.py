@@ -465,6 +465,11 @@ class VerlFlowConfig(Section):
                 f"critic.ppo_mini_batch_size: {self.critic.ppo_mini_batch_size} must divide "
                 f"data.train_batch_size ({self.data.train_batch_size})"
             )
+        if self.ref.path and not (self.actor.use_kl_loss or self.algorithm.use_kl_in_reward):
+            raise ValueError(
+                f"ref.path: {self.ref.path!r} is set but nothing uses a reference "
+                "(set actor.use_kl_loss or algorithm.use_kl_in_reward, or unset ref.path)"
+            )
         if self.execution.mode == "deployments":
             _check_shared_locations(self)
         return self

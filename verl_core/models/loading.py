@@ -132,9 +132,10 @@ def load_causal_lm(
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
     quantization: QuantSpec | None = None,
+    field: str = "model.path",
 ) -> nn.Module:
-    """``AutoModelForCausalLM.from_pretrained(path)`` (hub id or local dir) with a clear error when the
-    path does not exist or the checkpoint cannot be read."""
+    """``AutoModelForCausalLM.from_pretrained(path)`` (hub id or local dir) with a clear error, naming
+    the config ``field`` the path came from, when the path does not exist or cannot be read."""
     from transformers import AutoModelForCausalLM
 
     check_attention(attn_implementation)
@@ -146,14 +147,14 @@ def load_causal_lm(
     if quantization is not None:
         kwargs["quantization_config"] = bnb_config(quantization)
     if not os.path.isdir(path) and (path.startswith((".", "/", "~")) or path.count("/") > 1):
-        raise ModelLoadError(f"model.path: {path!r} is not a directory (and not a hub id like 'org/name')")
+        raise ModelLoadError(f"{field}: {path!r} is not a directory (and not a hub id like 'org/name')")
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as e:
-        raise ModelLoadError(f"model.path: cannot load {path!r}: {str(e).splitlines()[0]}") from None
+        raise ModelLoadError(f"{field}: cannot load {path!r}: {str(e).splitlines()[0]}") from None
     except Exception as e:  # safetensors / config errors from deep inside transformers
         raise ModelLoadError(
-            f"model.path: {path!r} is not a loadable checkpoint: {type(e).__name__}: {e}"
+            f"{field}: {path!r} is not a loadable checkpoint: {type(e).__name__}: {e}"
         ) from None
     model.config.use_cache = False
     if quantization is not None:

@@ -46,7 +46,6 @@ NOT_YET_READ = {
     "actor.strategy": "the distributed issue (fsdp2 / deepspeed engines from the config)",
     "actor.zero_stage": "the distributed issue (DeepSpeedTrainEngine(zero_stage=...))",
     "tracking.log_samples": "the reliability issue (sample completions logged per iteration)",
-    "ref.path": "wired by issue 13's ref.path fix",
 }
 
 
@@ -275,3 +274,9 @@ def test_every_config_field_is_read_somewhere() -> None:
     read = _names_read_in_code()
     unread = [p for p in leaves if p.rsplit(".", 1)[1] not in read and p not in NOT_YET_READ]
     assert unread == [], f"fields no code reads (wire them, or remove them from the schema): {unread}"
+
+
+def test_ref_path_without_a_kl_term_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"ref.path: 'org/ref' is set but nothing uses a reference"):
+        load_config(None, ["ref.path=org/ref"])
+    assert load_config(None, ["ref.path=org/ref", "actor.use_kl_loss=true"]).ref.path == "org/ref"
