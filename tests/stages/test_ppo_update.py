@@ -1,0 +1,96 @@
+"""ppo_update stage on a tiny model: one update advances the policy version and seals (does not
+publish) its table until the next checkpoint; a rerun of a committed update is a no-op; the wrong
+policy version and rewards that do not match the rollouts are refused before any weight changes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import torch
+
+from stages.floor.locations import iteration_stage
+from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
+from stages.ppo_update import ppo_update
+from stages.reward import reward
+from stages.rollout import rollout
+from tests.stages.conftest import TINY_RL
+from verl_core.errors import DataError
+from verl_core.run import RunContext
+
+
+@pytest.fixture
+def ctx(tiny_rl: tuple[Path, str], request: pytest.FixtureRequest) -> Iterator[RunContext]:
+    run = RunContext(run_id=request.node.name, store_url=str(tiny_rl[0]))
+    init_state(run, TINY_RL, tiny_rl[1], None)
+    yield run
+    drop_state(run.run_id)
+
+
+def _inputs(ctx: RunContext, tp: str) -> tuple[str, str]:
+    lineage = get_state(ctx).lineage
+    r = rollout.fn(ctx, TINY_RL.data, TINY_RL.rollout, tp, 0, lineage)
+    return r, reward.fn(ctx, TINY_RL.reward, r, 0, TINY_RL.data.max_response_length)
+
+
+def _weights(ctx: RunContext) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in get_state(ctx).lm.state_dict().items()}
+
+
+def test_update_advances_the_policy_and_commits_with_the_checkpoint(
+    ctx: RunContext, tiny_rl: tuple[Path, str]
+) -> None:
+    store = ctx.store()
+    r, w = _inputs(ctx, tiny_rl[1])
+    before = _weights(ctx)
+    uri = ppo_update.fn(ctx, TINY_RL, r, w, 0)
+    state = get_state(ctx)
+    assert state.version == 1
+    assert any(not torch.equal(before[k], v) for k, v in _weights(ctx).items())
+    # sealed, published only by the checkpoint that makes the new weights durable
+    assert store.committed(ctx.run_id, iteration_stage(0, "update")) is None
+    assert [m.stage for m in state.pending] == [iteration_stage(0, "update")]
+    save_checkpoint(ctx, TINY_RL, 1)
+    m = store.read_manifest(uri)
+    assert m.summary["policy_version"] == 1 and "actor/pg_loss" in m.summary
+    table = store.read_table(m, "update.parquet")
+    # data.train_batch_size 2 × rollout.n 2 samples, one row each; per-token columns = response length
+    assert table.num_rows == 4
+    rollouts = store.read_table(store.read_manifest(r), "rollouts.parquet")
+    lengths = rollouts.column("response_length").to_pylist()
+    assert [len(a) for a in table.column("advantages").to_pylist()] == lengths
+    assert table.column("score").to_pylist() == pytest.approx(
+        store.read_table(store.read_manifest(w), "rewards.parquet").column("score").to_pylist()
+    )
+
+    # a rerun of the committed update leaves the (already updated) policy alone
+    after = _weights(ctx)
+    assert ppo_update.fn(ctx, TINY_RL, r, w, 0) == uri
+    assert state.version == 1 and all(torch.equal(after[k], v) for k, v in _weights(ctx).items())
+
+
+def test_update_needs_the_policy_of_its_iteration(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
+    r, w = _inputs(ctx, tiny_rl[1])
+    get_state(ctx).version = 1
+    with pytest.raises(RuntimeError, match="update of iteration 0 needs policy version 0, have 1"):
+        ppo_update.fn(ctx, TINY_RL, r, w, 0)
+
+
+def test_rewards_of_other_rollouts_are_refused(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
+    store = ctx.store()
+    r, w = _inputs(ctx, tiny_rl[1])
+    # a rewards table whose rows are in another order than the rollouts'
+    rewards = store.read_table(store.read_manifest(w), "rewards.parquet")
+    shuffled = rewards.take(pa.array([1, 0, 3, 2]))
+    stage = store.open_stage(ctx.run_id, "elsewhere/reward", force=True)
+    stage.write_table("rewards.parquet", shuffled, "rewards")
+    other = stage.commit(summary={})
+    before = _weights(ctx)
+    with pytest.raises(
+        DataError, match=r"ppo_update: iteration 0: .* rewards are not aligned with the rollouts"
+    ):
+        ppo_update.fn(ctx, TINY_RL, r, other, 0)
+    assert get_state(ctx).version == 0
+    assert all(torch.equal(before[k], v) for k, v in _weights(ctx).items())
