@@ -11,35 +11,43 @@ build the data, tokenizer and a briefly SFT-ed policy (``preprocess.fn`` → ``t
 ``sft_warmup.fn``, ``--sft-steps``). Then the same RL iterations (same config, same seeds, each variant
 in its own run id so nothing is skipped) run three ways:
 
-- ``flow``:  ``flows.rl.rl_loop`` — the real Prefect flow: ``init_rl_state`` task, per iteration the
-  ``rollout`` → ``reward`` → ``ppo_update`` tasks (each writes and commits its Parquet artifacts, the
-  next reads them), a ``checkpoint`` task at the end; validation off (``trainer.test_freq=0``).
-- ``fn``:    the same stage functions called directly (``task.fn``) in a plain Python loop, after
-  ``stages.floor.state.init_state``, with ``save_checkpoint`` at the end: artifacts written and read
-  exactly as in the flow, no Prefect.
-- ``bare``:  the kernels only: ``engine.generate`` on the iteration's prompt ids, ``score_rollouts`` on
-  the completions, and the GRPO update (old/ref log-probs, advantages, actor optimizer steps) through
-  the same helpers ``stages.ppo_update`` uses — no artifacts, no manifests, no Prefect.
+- ``flow``:  ``flows.rl.rl_loop`` — the real Prefect flow: ``init_rl_state`` task, per iteration
+  ``flows.rl.run_iteration`` (the ``rollout`` → ``reward`` → ``ppo_update`` tasks; each writes and
+  commits its Parquet artifacts, the next reads them), a ``checkpoint`` task at the end; validation off
+  (``trainer.test_freq=0``).
+- ``fn``:    the same iteration body, ``run_iteration(..., as_tasks=False)`` (the stage functions
+  called directly, ``task.fn``), in a plain Python loop after ``stages.floor.state.init_state``, with
+  ``save_checkpoint`` at the end: artifacts written and read exactly as in the flow, no Prefect.
+- ``bare``:  the components only: ``engine.generate`` on the iteration's prompt ids, the floor's
+  ``score_batch`` on the completions, and ``verl_core.training.ppo.ppo_iteration`` on a
+  ``RolloutBatch`` built from the completions and scores (the floor's ``ppo_models``/``ppo_spec``, the
+  update stage's seed) — no artifacts, no manifests, no Prefect. It does not sample ReMax's greedy
+  baselines (refused).
 
 Why three: "plain loop" can mean either. ``bare`` is the honest baseline for "what do the stage
 boundaries cost" (Prefect task runs + Parquet artifacts + manifests/commits + stage bookkeeping);
 ``fn`` splits that cost into the Prefect part (flow − fn) and the artifact part (fn − bare).
 
-Timed per iteration (the loop: the sum of rollout + reward + update as the caller sees them; the flow
-measures it itself around its task calls and returns it); reported separately: the per-run fixed costs
-(flow run creation, ``init_rl_state``/``checkpoint`` tasks vs the direct calls) and the one-off Prefect
-start-up (the ephemeral API server, measured with an empty flow before anything else; later empty
-flows are timed too). Overhead = (loop_flow − loop_bare) / iterations, and as % of loop_bare (target
-≤ 5%). The variants' results are compared (per-iteration generated tokens and mean scores, final
-weights): same seeds should give the same run whichever way it is driven. Variants alternate order
-across ``--repeats``; the median of each is reported. A shared, loaded machine makes ±5% noise likely:
-read the per-iteration milliseconds rather than the percentage alone.
+Timed per iteration (the loop: the sum of rollout + reward + update as the caller sees them;
+``run_iteration`` times them around its stage calls, and the flow returns its timings); reported
+separately: the per-run fixed costs (flow run creation, ``init_rl_state``/``checkpoint`` tasks vs the
+direct calls) and the one-off Prefect start-up (the ephemeral API server, measured with an empty flow
+before anything else; later empty flows are timed too). Overhead = (loop_flow − loop_bare) / iterations,
+and as % of loop_bare (target ≤ 5%). The variants' results are compared (per-iteration generated tokens
+and mean scores, final weights): same seeds should give the same run whichever way it is driven.
+Variants alternate order across ``--repeats``; the median of each is reported. A shared, loaded machine
+makes ±5% noise likely: read the per-iteration milliseconds rather than the percentage alone.
 
-Measured here (22 Nov 2026, idle 2-core machine, 1 thread, the one-digit quickstart_grpo task, 32×8
-samples/iteration, ~2.5 s/iteration, ``--repeats 3``): orchestration overhead 89 ms/iteration = 3.7% of
-the kernels within the same runs (Prefect tasks 32 ms = 1.3%, artifacts + bookkeeping 57 ms); across
-runs flow − bare +4.2%. Prefect ephemeral start-up 8.5 s; a flow run adds ~1.1 s fixed. Earlier (loaded
-machine): at 8×4 samples/iteration (~0.7 s/iteration) the same ~120 ms/iteration was 17%.
+Within-run split (2.): kernel = the seconds the stages record in their manifest summaries (rollout
+``seconds`` = engine.generate, reward ``seconds`` = score_batch, update ``timing_s/*``), stage body =
+``task.fn`` as called, task call = ``run_iteration``'s timers.
+
+Measured here (before ``bare`` went through ``ppo_iteration``; 22 Nov 2026, idle 2-core machine, 1
+thread, the one-digit quickstart_grpo task, 32×8 samples/iteration, ~2.5 s/iteration, ``--repeats 3``):
+orchestration overhead 89 ms/iteration = 3.7% of the kernels within the same runs (Prefect tasks 32 ms =
+1.3%, artifacts + bookkeeping 57 ms); across runs flow − bare +4.2%. Prefect ephemeral start-up 8.5 s; a
+flow run adds ~1.1 s fixed. Earlier (loaded machine): at 8×4 samples/iteration (~0.7 s/iteration) the
+same ~120 ms/iteration was 17%.
 """
 
 from __future__ import annotations
@@ -51,7 +59,11 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from verl_core.rollout import Completion
+    from verl_core.training.ppo import RolloutBatch
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -90,8 +102,8 @@ def setup(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         *args.overrides,
     ]
     cfg = load_config(args.config, overrides)
-    if cfg.use_critic or cfg.algorithm.use_kl_in_reward:
-        raise SystemExit("the bare loop implements the critic-free update without KL-in-reward only")
+    if cfg.algorithm.greedy_baseline:
+        raise SystemExit("the bare loop does not sample ReMax's greedy baselines (algorithm.adv_estimator)")
     t0 = time.perf_counter()
     _, tp, sft = build_inputs(cfg)
     print(
@@ -101,32 +113,20 @@ def setup(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 
 class Probe:
-    """Times, within one run, the stage bodies (``task.fn``, as the Prefect task engine calls them)
-    and the reward kernel (``score_rollouts`` as the reward stage calls it). Task call − body is the
-    Prefect cost of a task; body − kernel (the kernel seconds the stages record in their manifests)
-    is the artifact + bookkeeping cost: both measured on the same executions, so load drift on a
-    shared machine cancels out of them."""
+    """Times, within one run, the stage bodies (``task.fn``, as the Prefect task engine and
+    ``run_iteration(as_tasks=False)`` call them). Task call − body is the Prefect cost of a task;
+    body − kernel (the kernel seconds the stages record in their manifests) is the artifact +
+    bookkeeping cost: both measured on the same executions, so load drift on a shared machine cancels
+    out of them."""
 
     def __init__(self) -> None:
-        import stages.reward as reward_mod
         from stages.ppo_update import ppo_update
         from stages.reward import reward
         from stages.rollout import rollout
 
         self.body: dict[str, float] = defaultdict(float)
-        self.score = 0.0
         for name, task_obj in (("rollout", rollout), ("reward", reward), ("update", ppo_update)):
             task_obj.fn = self._timed(task_obj.fn, name)
-        real = reward_mod.score_rollouts
-
-        def timed_score(*a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return real(*a, **k)
-            finally:
-                self.score += time.perf_counter() - t
-
-        reward_mod.score_rollouts = timed_score  # type: ignore[assignment]
 
     def _timed(self, fn: Any, name: str) -> Any:
         import functools
@@ -143,7 +143,6 @@ class Probe:
 
     def reset(self) -> None:
         self.body.clear()
-        self.score = 0.0
 
 
 PROBE: Probe | None = None
@@ -170,14 +169,14 @@ def run_flow(s: dict[str, Any], run_id: str) -> dict[str, Any]:
     total = time.perf_counter() - t0
     store = ctx.store()
     tokens, scores, kernel = _from_manifests(store, run_id, cfg.trainer.total_iterations)
-    lm = read_policy(store, store.read_manifest(out["checkpoint"]), "policy", cfg.model)
-    parts = out["timing_s"]
+    lm = read_policy(store, store.read_manifest(out.checkpoint), "policy", cfg.model)
+    parts = out.timing_s
     assert PROBE is not None
     return {
         "loop_s": parts["rollout"] + parts["reward"] + parts["update"],
         "parts": {k: parts[k] for k in ("rollout", "reward", "update")},
         "body": dict(PROBE.body),
-        "kernel": {**kernel, "reward": PROBE.score},
+        "kernel": kernel,
         "total_s": total,
         "tokens": tokens,
         "scores": scores,
@@ -186,10 +185,8 @@ def run_flow(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
+    from flows.rl import run_iteration
     from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
-    from stages.ppo_update import ppo_update
-    from stages.reward import reward
-    from stages.rollout import rollout
     from verl_core.run import start_run
 
     cfg = s["cfg"]
@@ -200,15 +197,7 @@ def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
     state = get_state(ctx)
     try:
         for it in range(cfg.trainer.total_iterations):
-            t = time.perf_counter()
-            r = rollout.fn(ctx, cfg.data, cfg.rollout, s["tp"], it, state.lineage)
-            parts["rollout"] += time.perf_counter() - t
-            t = time.perf_counter()
-            w = reward.fn(ctx, cfg.reward, r, it, cfg.data.max_response_length)
-            parts["reward"] += time.perf_counter() - t
-            t = time.perf_counter()
-            ppo_update.fn(ctx, cfg, r, w, it)
-            parts["update"] += time.perf_counter() - t
+            run_iteration(ctx, cfg, s["tp"], it, state.lineage, parts, as_tasks=False)
         save_checkpoint(ctx, cfg, cfg.trainer.total_iterations)
         weights = _weights_sum(state.lm)
     finally:
@@ -220,7 +209,7 @@ def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
         "loop_s": sum(parts.values()),
         "parts": dict(parts),
         "body": dict(PROBE.body),
-        "kernel": {**kernel, "reward": PROBE.score},
+        "kernel": kernel,
         "total_s": total,
         "tokens": tokens,
         "scores": scores,
@@ -230,10 +219,11 @@ def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> dict[str, Any]:
     from stages.floor.artifacts import batch_rows
-    from stages.floor.builders import build_scorers, sampling_params
-    from stages.floor.state import drop_state, get_state, init_state
-    from verl_core.reward import RewardBatch, score_rollouts
+    from stages.floor.builders import build_scorers, ppo_spec, sampling_params, score_batch
+    from stages.floor.state import drop_state, get_state, init_state, ppo_models
+    from verl_core.reward import RewardBatch
     from verl_core.run import start_run
+    from verl_core.training.ppo import ppo_iteration
 
     cfg = s["cfg"]
     ctx = start_run(cfg, run_id)
@@ -271,28 +261,21 @@ def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> d
                 finish_reason=[c.finish_reason for c in completions],
                 extra_info=[{} for _ in completions],
             )
-            result = score_rollouts(
-                rb,
-                scorers,
-                on_error=cfg.reward.on_error,
-                max_response_length=d.max_response_length,
-                overlong_buffer_len=cfg.reward.overlong_buffer_len,
-                overlong_penalty_factor=cfg.reward.overlong_penalty_factor,
-            )
+            result = score_batch(cfg.reward, rb, d.max_response_length, scorers)
             parts["reward"] += time.perf_counter() - t
             t = time.perf_counter()
-            bare_update(
-                state,
-                cfg,
-                [c.prompt_ids for c in completions],
-                [c.response_ids for c in completions],
-                p,
-                result.scores,
-                it,
+            update = ppo_iteration(
+                ppo_models(state),
+                bare_batch(completions, result.scores, with_logprobs=cfg.actor.use_rollout_logprobs),
+                ppo_spec(cfg, it),
+                kl_ctrl=state.kl_ctrl,
+                seed=cfg.trainer.seed + it,  # as stages/ppo_update.py seeds it (4. would show a drift)
+                where=f"bare update iteration {it}",
             )
+            state.version = it + 1
             parts["update"] += time.perf_counter() - t
             tokens.append(sum(len(c.response_ids) for c in completions))
-            scores.append(sum(result.scores) / len(result.scores))
+            scores.append(update.metrics["critic/score/mean"])
         weights = _weights_sum(state.lm)
     finally:
         drop_state(run_id)
@@ -308,71 +291,47 @@ def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> d
     }
 
 
-def bare_update(
-    state: Any,
-    cfg: Any,
-    prompts: list[list[int]],
-    responses: list[list[int]],
-    group_ids: list[int],
-    score_list: list[float],
-    iteration: int,
-) -> None:
-    """The GRPO part of ``stages.ppo_update.ppo_update`` (steps 2–5) without reading or writing
-    artifacts, metrics or the per-sample table: same helpers, same order, same seeds."""
-    from stages import ppo_update as pu
-    from verl_core.algorithms import agg_norm_for, get_adv_estimator
-    from verl_core.training.ppo import make_ppo_batch, token_rewards
+def bare_batch(completions: list[Completion], scores: list[float], *, with_logprobs: bool) -> RolloutBatch:
+    """The :class:`RolloutBatch` the update stage would read back from the rollouts and rewards tables
+    (group = the prompt's position in the iteration's batch); behaviour log-probs only when used."""
+    from torch.nn.utils.rnn import pad_sequence
 
-    full = make_ppo_batch(prompts, responses)
-    mask = full.response_mask.to(state.device)
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
-    budget = cfg.actor.ppo_max_token_len_per_gpu
-    if cfg.actor.use_rollout_logprobs:
-        raise SystemExit("bare loop: actor.use_rollout_logprobs is not implemented here")
-    old = pu.old_log_probs(state, cfg, prompts, responses, lengths, mask)
-    ref = pu.ref_log_probs(state, cfg, prompts, responses, lengths, mask) if cfg.actor.use_kl_loss else None
-    scores = torch.tensor(score_list, dtype=torch.float32, device=state.device)
-    adv = get_adv_estimator(cfg.algorithm.adv_estimator)(
-        token_level_rewards=token_rewards(scores, mask),
-        response_mask=mask,
-        index=torch.tensor(group_ids, device=state.device),
-        values=None,
-        gamma=cfg.algorithm.gamma,
-        lam=cfg.algorithm.lam,
-        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+    from verl_core.training.ppo import RolloutBatch
+
+    behaviour = None
+    if with_logprobs:
+        logprobs = [torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
+        behaviour = pad_sequence(logprobs, batch_first=True)
+    return RolloutBatch(
+        prompt_ids=[c.prompt_ids for c in completions],
+        response_ids=[c.response_ids for c in completions],
+        group_ids=torch.tensor([c.prompt_index for c in completions], dtype=torch.long),
+        sample_index=torch.tensor([c.sample_index for c in completions], dtype=torch.long),
+        scores=torch.tensor(scores, dtype=torch.float32),
+        behaviour_log_probs=behaviour,
     )
-    minibatches = pu._minibatches(
-        group_ids, cfg.actor.ppo_mini_batch_size, cfg.actor.ppo_epochs, cfg.trainer.seed + iteration
-    )
-    horizon = float(cfg.data.max_response_length)
-    spec = pu._actor_spec(cfg)
-    sink: dict[str, list[float]] = defaultdict(list)
-    if iteration >= cfg.trainer.critic_warmup:
-        for rows in minibatches:
-            norm = agg_norm_for(mask[rows], horizon=horizon)
-            state.actor_engine.step(
-                pu._micro(rows, lengths, budget),
-                pu._actor_loss_fn(state, spec, prompts, responses, old, adv.advantages, ref, norm, sink),
-                where=f"bare update iteration {iteration}",
-            )
-    state.version = iteration + 1
 
 
 def _from_manifests(
     store: Any, run_id: str, iterations: int
 ) -> tuple[list[int], list[float], dict[str, float]]:
     """Per-iteration generated tokens and mean scores, and the kernel seconds the stages recorded:
-    rollout ``seconds`` (engine.generate), update ``timing_s/*`` (log-probs, advantages, optimizer)."""
+    rollout ``seconds`` (engine.generate), reward ``seconds`` (score_batch), update ``timing_s/*``
+    (log-probs, advantages, optimizer)."""
     from stages.floor.locations import iteration_stage
 
     tokens, scores = [], []
-    kernel = {"rollout": 0.0, "update": 0.0}
+    kernel = {"rollout": 0.0, "reward": 0.0, "update": 0.0}
+
+    def summary(it: int, stage: str) -> dict[str, Any]:
+        return store.read_manifest(store.manifest_uri(run_id, iteration_stage(it, stage))).summary
+
     for it in range(iterations):
-        rs = store.read_manifest(store.manifest_uri(run_id, iteration_stage(it, "rollout"))).summary
-        us = store.read_manifest(store.manifest_uri(run_id, iteration_stage(it, "update"))).summary
+        rs, ws, us = summary(it, "rollout"), summary(it, "reward"), summary(it, "update")
         tokens.append(rs["generated_tokens"])
         scores.append(us["critic/score/mean"])
         kernel["rollout"] += rs["seconds"]
+        kernel["reward"] += ws["seconds"]
         kernel["update"] += sum(v for k, v in us.items() if k.startswith("timing_s/"))
     return tokens, scores, kernel
 
@@ -438,7 +397,7 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, s
     print(f"\n1. the three ways, median (min) over {args.repeats} run(s) of {n} iterations:")
     for k, label in (
         ("flow", "Prefect flow rl_loop (tasks + artifacts)"),
-        ("fn", "stage .fn plain loop (artifacts)"),
+        ("fn", "run_iteration(as_tasks=False) (artifacts)"),
         ("bare", "bare kernels plain loop"),
     ):
         loop = med(k, lambda r: r["loop_s"])
@@ -491,8 +450,9 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, s
         f"artifacts + bookkeeping {1000 * (fb - fk):.1f} ms/iteration ({100 * (fb - fk) / fk:.1f}%)"
     )
     print(
-        "  kernel = engine.generate (rollout summary 'seconds'), score_rollouts, the update's timed "
-        "phases (timing_s/*); stage body = task.fn as called; task call = rl_loop's own timers"
+        "  kernel = engine.generate (rollout summary 'seconds'), score_batch (reward summary 'seconds'), "
+        "the update's timed phases (timing_s/*); stage body = task.fn as called; task call = "
+        "run_iteration's own timers"
     )
     print(
         f"\n3. fixed costs: one-off Prefect start-up (ephemeral server) {startup:.1f} s, not in the above; "

@@ -35,19 +35,20 @@ What both sides do, per iteration / generation round (defaults = the quickstart'
 - CPU, fp32, no gradient checkpointing (TRL's defaults bf16 and gradient checkpointing are turned
   off), ``torch.set_num_threads(--threads)``, one process.
 
-Our side calls the RL stage functions directly in a plain loop (``rollout.fn`` → ``reward.fn`` →
-``ppo_update.fn`` after ``stages.floor.state.init_state``): the real stage code with its Parquet artifacts
-written and read every iteration, but not the Prefect flow (its overhead is measured on its own by
+Our side runs the RL loop's own iteration body, ``flows.rl.run_iteration(..., as_tasks=False)``
+(rollout → reward → ppo_update stage functions, no Prefect task runs), in a plain loop after
+``stages.floor.state.init_state``: the real stage code with its Parquet artifacts written and read
+every iteration, but not the Prefect flow (its overhead is measured on its own by
 ``benchmarks/orchestration.py``). Timed: the iteration loop (not ``init_state``); TRL: first
 ``on_step_begin`` to last ``on_step_end`` (not model loading, trainer construction, ``train()``'s
 preamble). A warm-up run of each side (1 iteration) comes first; then the sides alternate
 ``--repeats`` times. Figures: samples/s and generated tokens/s (tokens actually generated, stop token
-included) of each run, the median of each side, the ratio ours/TRL of the medians (goal ≥ 2×), and
-where the time goes: ours from the stage manifests' summaries (rollout ``seconds``; update
-``timing_s/{old_log_prob,ref,adv,update_actor}``) plus the time of each stage call (the difference is
-artifact I/O and bookkeeping); TRL from timers wrapped around its methods (``_generate``,
-``_calculate_rewards``, no-grad ``_get_per_token_logps_and_entropies``, ``compute_loss``,
-``training_step``) and the step callbacks.
+included) of each run, the median of each side, the ratio ours/TRL of the medians (goal ≥ 2×), and where
+the time goes: ours from the stage manifests' summaries (rollout ``seconds`` = generate, reward
+``seconds`` = score_batch; update ``timing_s/{old_log_prob,ref,adv,update_actor}``) plus the time of
+each stage call as ``run_iteration`` times it (the difference is artifact I/O and bookkeeping); TRL from
+timers wrapped around its methods (``_generate``, ``_calculate_rewards``, no-grad
+``_get_per_token_logps_and_entropies``, ``compute_loss``, ``training_step``) and the step callbacks.
 
 Not the same on both sides (policies diverge after the first update, so lengths differ; the tokens/s
 figure accounts for that): sampling RNG streams; TRL pads generation batches (ours buckets them and
@@ -201,15 +202,14 @@ def iteration_prompts(s: dict[str, Any], iterations: int) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------
-# Ours: the RL stage functions in a plain loop
+# Ours: the RL iteration body (flows.rl.run_iteration) without Prefect task runs, in a plain loop
+
+UPDATE_PHASES = ("old_log_prob", "ref", "adv", "update_actor")  # the update summary's timing_s/*
 
 
 def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
-    import stages.reward as reward_mod
+    from flows.rl import run_iteration
     from stages.floor.state import drop_state, get_state, init_state
-    from stages.ppo_update import ppo_update
-    from stages.reward import reward
-    from stages.rollout import rollout
     from verl_core.run import start_run
 
     cfg = s["cfg"]
@@ -222,52 +222,35 @@ def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
     assert abs(_weights_sum(state.lm) - s["weights_sum"]) < 1e-6 * s["weights_sum"], "different start weights"
     torch.set_num_threads(_THREADS)
 
-    times: dict[str, float] = defaultdict(float)
-    real_score = reward_mod.score_rollouts
-
-    def timed_score(*a: Any, **k: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return real_score(*a, **k)
-        finally:
-            times["reward: score_rollouts"] += time.perf_counter() - t
-
-    reward_mod.score_rollouts = timed_score  # type: ignore[assignment]
+    stage_s: dict[str, float] = {}  # rollout, reward, update: each stage call as run_iteration times it
+    times: dict[str, float] = defaultdict(float)  # the kernels, from the stages' manifest summaries
     samples = tokens = 0
     scores: list[float] = []
     try:
         loop0 = time.perf_counter()
         for it in range(iterations):
-            t = time.perf_counter()
-            r = rollout.fn(ctx, cfg.data, cfg.rollout, s["tp"], it, state.lineage)
-            times["rollout stage"] += time.perf_counter() - t
-            t = time.perf_counter()
-            w = reward.fn(ctx, cfg.reward, r, it, cfg.data.max_response_length)
-            times["reward stage"] += time.perf_counter() - t
-            t = time.perf_counter()
-            ppo_update.fn(ctx, cfg, r, w, it)
-            times["update stage"] += time.perf_counter() - t
-            rs = store.read_manifest(r).summary
+            done = run_iteration(ctx, cfg, s["tp"], it, state.lineage, stage_s, as_tasks=False)
+            rs = store.read_manifest(done.rollout).summary
+            ws = store.read_manifest(done.reward).summary
             us = state.pending[-1].summary  # the update's manifest is published by the next checkpoint
             samples += rs["samples"]
             tokens += rs["generated_tokens"]
             times["rollout: generate"] += rs["seconds"]
-            for k in ("old_log_prob", "ref", "adv", "update_actor"):
+            times["reward: score_batch"] += ws["seconds"]
+            for k in UPDATE_PHASES:
                 times[f"update: {k}"] += us.get(f"timing_s/{k}", 0.0)
             scores.append(us["critic/score/mean"])
         loop_s = time.perf_counter() - loop0
     finally:
-        reward_mod.score_rollouts = real_score  # type: ignore[assignment]
         drop_state(run_id)
     io = {
-        "rollout: artifacts + other": times["rollout stage"] - times["rollout: generate"],
-        "reward: artifacts + other": times["reward stage"] - times["reward: score_rollouts"],
-        "update: artifacts + other": times["update stage"]
-        - sum(times[f"update: {k}"] for k in ("old_log_prob", "ref", "adv", "update_actor")),
+        "rollout: artifacts + other": stage_s["rollout"] - times["rollout: generate"],
+        "reward: artifacts + other": stage_s["reward"] - times["reward: score_batch"],
+        "update: artifacts + other": stage_s["update"] - sum(times[f"update: {k}"] for k in UPDATE_PHASES),
     }
     parts = {
         "generate": times["rollout: generate"],
-        "reward (score_rollouts)": times["reward: score_rollouts"],
+        "reward (score_batch)": times["reward: score_batch"],
         "old log-probs": times["update: old_log_prob"],
         "ref log-probs": times["update: ref"],
         "advantages": times["update: adv"],
@@ -517,7 +500,7 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
         f"  ratio ours/TRL: {ratio:.2f}× samples/s, {tok_ratio:.2f}× generated tok/s (goal ≥ 2×: "
         f"{'met' if ratio >= 2 else 'not met'})"
     )
-    for side, name in (("ours", "verl-flow (stage .fn loop)"), ("trl", "TRL GRPOTrainer")):
+    for side, name in (("ours", "verl-flow (run_iteration, no tasks)"), ("trl", "TRL GRPOTrainer")):
         runs = results[side]
         print(f"\nwhere the time goes, {name} (mean s/iteration over {len(runs)} run(s), % of the loop):")
         loop = statistics.mean(r["loop_s"] for r in runs)

@@ -8,11 +8,14 @@ Reads ``rollouts.parquet`` (kind "rollouts") of the rollout stage and writes, in
     report.json       the metrics below, the scorers and weights, the errors zeroed (first few)
 
 and logs verl-style metrics at step i (``critic/score/*``, ``reward/accuracy``, ``reward/no_answer_frac``,
-``reward/errors``, ``response_length/*``). The scoring itself is :func:`verl_core.reward.score_rollouts`;
+``reward/errors``, ``response_length/*``, ``timing_s/reward``: the seconds the scoring took, also the
+manifest summary's ``seconds``). The scoring itself is :func:`verl_core.reward.score_rollouts`;
 :func:`stages.floor.builders.build_scorers` turns ``reward.*`` into scorers.
 """
 
 from __future__ import annotations
+
+import time
 
 from prefect import task
 
@@ -51,7 +54,9 @@ def reward(
     batch = batch_from_columns(rollouts)
 
     # 3. Build the scorers and score
+    t0 = time.perf_counter()
     result = score_batch(cfg, batch, max_response_length)
+    seconds = time.perf_counter() - t0
     metrics = result.metrics
     baseline = rollouts.column("is_baseline").to_pylist()
     if any(baseline):  # ReMax's greedy rows: scored (the update's baselines), kept out of the metrics
@@ -76,10 +81,11 @@ def reward(
         "error_examples": zeroed[:20],
     }
     stage.write_json("report.json", report)
-    uri = stage.commit(summary={"iteration": iteration, "rows": batch.size, "metrics": metrics})
+    summary = {"iteration": iteration, "rows": batch.size, "metrics": metrics, "seconds": seconds}
+    uri = stage.commit(summary=summary)
 
     # 5. Metrics
-    ctx.tracker().log_metrics(metrics, step=iteration)
+    ctx.tracker().log_metrics({**metrics, "timing_s/reward": seconds}, step=iteration)
     log.info(
         "reward: iteration %d, %d rows, score mean %.4f, %d errors zeroed",
         iteration, batch.size, metrics["critic/score/mean"], len(zeroed),

@@ -104,19 +104,7 @@ def _private_stage_imports(path: Path) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            p,
-            marks=pytest.mark.xfail(reason="ppo_update internals: being moved to verl_core", strict=False),
-        )
-        if p.name == "orchestration.py"
-        else p
-        for p in BENCHMARK_FILES
-    ],
-    ids=lambda p: p.name,
-)
+@pytest.mark.parametrize("path", BENCHMARK_FILES, ids=lambda p: p.name)
 def test_benchmarks_import_no_private_stage_name(path: Path) -> None:
     bad = _private_stage_imports(path)
     assert not bad, "benchmarks call components, never a stage's private helpers:\n" + "\n".join(bad)
