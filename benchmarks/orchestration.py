@@ -219,7 +219,7 @@ def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> dict[str, Any]:
     from stages.floor.artifacts import batch_rows
-    from stages.floor.builders import build_scorers, ppo_spec, sampling_params, score_batch
+    from stages.floor.builders import build_scorers, ppo_spec, sampling_params, score_batch, update_seed
     from stages.floor.state import drop_state, get_state, init_state, ppo_models
     from verl_core.reward import RewardBatch
     from verl_core.run import start_run
@@ -269,7 +269,7 @@ def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> d
                 bare_batch(completions, result.scores, with_logprobs=cfg.actor.use_rollout_logprobs),
                 ppo_spec(cfg, it),
                 kl_ctrl=state.kl_ctrl,
-                seed=cfg.trainer.seed + it,  # as stages/ppo_update.py seeds it (4. would show a drift)
+                seed=update_seed(cfg, it),  # the update stage's seed
                 where=f"bare update iteration {it}",
             )
             state.version = it + 1

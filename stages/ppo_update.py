@@ -14,7 +14,7 @@ import pyarrow as pa
 from prefect import task
 from torch import Tensor
 
-from stages.floor.builders import ppo_spec
+from stages.floor.builders import ppo_spec, update_seed
 from stages.floor.locations import iteration_stage
 from stages.floor.state import get_state, ppo_models
 from verl_core.config import VerlFlowConfig
@@ -59,7 +59,7 @@ def ppo_update(
         batch,
         ppo_spec(cfg, iteration),
         kl_ctrl=state.kl_ctrl,
-        seed=cfg.trainer.seed + iteration,
+        seed=update_seed(cfg, iteration),
         where=f"ppo_update: iteration {iteration}",
     )
 

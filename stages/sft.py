@@ -30,6 +30,7 @@ from verl_core.models.checkpoint import load_state_bytes, rng_state, set_rng_sta
 from verl_core.models.loading import count_parameters, resolve_device
 from verl_core.models.packed import PackedCausalLM
 from verl_core.run import RunContext
+from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
 from verl_core.training.engine import OptimSpec, TrainEngine
 from verl_core.training.sft import count_loss_tokens, sft_loss
@@ -179,7 +180,7 @@ def _batch_rows(n: int, batch_size: int, step: int, steps_per_epoch: int, seed: 
     """Rows of optimizer step ``step``: a permutation per epoch seeded by (seed, epoch), so the order
     depends only on the step (a resumed run sees exactly the same batches)."""
     epoch, k = divmod(step, steps_per_epoch)
-    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    g = torch.Generator().manual_seed(derive_seed("sft_order", seed, epoch))
     order = torch.randperm(n, generator=g).tolist()
     return order[k * batch_size : (k + 1) * batch_size]
 

@@ -30,6 +30,7 @@ from verl_core.errors import ArtifactNotFoundError, ConfigError, DataError
 from verl_core.models.checkpoint import model_files, write_files
 from verl_core.models.loading import load_causal_lm, unwrap
 from verl_core.rollout import Completion
+from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest, StageWriter
 
 TOKENIZER_PREFIX = "tokenizer/"  # template_pack's tokenizer files
@@ -181,7 +182,7 @@ def batch_rows(n: int, batch_size: int, iteration: int, *, seed: int, shuffle: b
     for k in range(first, first + batch_size):
         epoch, pos = divmod(k, n)
         if epoch not in perms:
-            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            g = torch.Generator().manual_seed(derive_seed("prompt_order", seed, epoch))
             perms[epoch] = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
         rows.append(perms[epoch][pos])
     return rows, first // n

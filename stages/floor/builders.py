@@ -35,6 +35,7 @@ from verl_core.reward import (
     score_rollouts,
 )
 from verl_core.rollout import SamplingParams
+from verl_core.seeding import derive_seed
 from verl_core.training.engine import OptimSpec
 from verl_core.training.ppo import ActorLossSpec, PPOSpec
 
@@ -184,7 +185,7 @@ def sampling_params(
         top_k=-1 if validation else rollout.top_k,
         max_new_tokens=max_new_tokens,
         stop=tuple(rollout.stop),
-        seed=rollout.seed * 1_000_003 + iteration + (500_000 if validation else 0),
+        seed=derive_seed("validate" if validation else "rollout", rollout.seed, iteration),
     )
 
 
@@ -276,3 +277,8 @@ def ppo_spec(cfg: VerlFlowConfig, iteration: int) -> PPOSpec:
         update_actor=iteration >= cfg.trainer.critic_warmup,
         use_rollout_logprobs=a.use_rollout_logprobs,
     )
+
+
+def update_seed(cfg: VerlFlowConfig, iteration: int) -> int:
+    """The seed of iteration ``iteration``'s mini-batch order (the update stage and the benchmarks)."""
+    return derive_seed("ppo_update", cfg.trainer.seed, iteration)

@@ -57,6 +57,7 @@ from verl_core.models.loading import resolve_device
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
 from verl_core.rollout import RolloutEngine, make_engine
 from verl_core.run import RunContext
+from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
 from verl_core.training.engine import SingleStrategy, TrainEngine
 from verl_core.training.ppo import AdapterDisabledPolicy, LogProbModel, PPOModels
@@ -276,7 +277,7 @@ def _critic(cfg: VerlFlowConfig, store: ArtifactStore, ckpt: Manifest | None, lm
         return load_value_model(
             cfg.critic.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code
         )
-    return value_model_from_policy(lm, seed=cfg.trainer.seed + 1)
+    return value_model_from_policy(lm, seed=derive_seed("critic_head", cfg.trainer.seed))
 
 
 @dataclass(frozen=True)

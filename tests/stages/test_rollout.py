@@ -11,6 +11,7 @@ from stages.floor.builders import sampling_params
 from verl_core.config import RolloutConfig
 from verl_core.errors import DataError
 from verl_core.rollout import Completion
+from verl_core.seeding import derive_seed
 
 
 def test_batch_rows_without_shuffle_by_hand() -> None:
@@ -62,13 +63,13 @@ def test_sampling_params_training_vs_validation() -> None:
     train = sampling_params(cfg, 48, 5, validation=False)
     assert (train.n, train.temperature, train.top_p, train.top_k) == (4, 0.8, 0.9, 20)
     assert train.max_new_tokens == 48 and train.stop == ("\n\n",)
-    assert train.seed == 2 * 1_000_003 + 5  # seeded by (rollout.seed, iteration)
+    assert train.seed == derive_seed("rollout", 2, 5)  # seeded by (rollout.seed, iteration)
     assert not train.greedy
     val = sampling_params(cfg, 48, 5, validation=True)
     # validation: val_n samples, val_temperature, no nucleus / top-k truncation, its own seed stream
     assert (val.n, val.temperature, val.top_p, val.top_k) == (2, 0.0, 1.0, -1)
     assert val.greedy and val.max_new_tokens == 48 and val.stop == ("\n\n",)
-    assert val.seed == 2 * 1_000_003 + 5 + 500_000
+    assert val.seed == derive_seed("validate", 2, 5) != train.seed
     assert sampling_params(cfg, 48, 6, validation=False).seed != train.seed
 
 

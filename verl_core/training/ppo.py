@@ -32,6 +32,7 @@ from verl_core.algorithms import (
 )
 from verl_core.data.packing import dynamic_micro_batches
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
+from verl_core.seeding import derive_seed
 from verl_core.timing import timed
 from verl_core.training.engine import NonFiniteError, TrainEngine
 from verl_core.training.ppo_kernels import (
@@ -429,14 +430,14 @@ class _MetricLog:
 
 def minibatches(group_ids: Tensor, groups_per_minibatch: int, epochs: int, seed: int) -> list[list[int]]:
     """Sample rows of each mini-batch, in order: whole prompt groups, the group order reshuffled every
-    epoch (epoch e draws from a generator seeded ``seed·7919 + e``)."""
+    epoch (epoch e draws from a generator seeded ``derive_seed("minibatch", seed, e)``)."""
     by_group: dict[int, list[int]] = defaultdict(list)
     for row, g in enumerate(group_ids.tolist()):
         by_group[g].append(row)
     groups = sorted(by_group)
     out = []
     for epoch in range(epochs):
-        g = torch.Generator().manual_seed(seed * 7919 + epoch)
+        g = torch.Generator().manual_seed(derive_seed("minibatch", seed, epoch))
         order = torch.randperm(len(groups), generator=g).tolist()
         for k in range(0, len(order), groups_per_minibatch):
             out.append([row for i in order[k : k + groups_per_minibatch] for row in by_group[groups[i]]])

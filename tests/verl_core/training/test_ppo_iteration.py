@@ -159,6 +159,10 @@ def test_matches_the_reference_loop() -> None:
     expected = reference_grpo(start, seed=3)
     got = models.actor.lm.state_dict()
     for name, value in expected.state_dict().items():
+        if name.endswith("k_proj.bias"):
+            # exact gradient 0 (a key bias adds q·b to every score of a query, which softmax ignores):
+            # AdamW turns the float noise there into ±lr steps, so no two computations agree on it
+            continue
         torch.testing.assert_close(got[name], value, atol=2e-5, rtol=1e-4, msg=name)
 
 
