@@ -60,7 +60,7 @@ def main() -> None:
             t0 = time.perf_counter()
             result = rlhf_pipeline(config=cfg, run_id=run_id)
             wall = time.perf_counter() - t0
-            acc = {int(k): v for k, v in result["val_accuracy"].items()}
+            acc = dict(result.val_accuracy)
             first, last = min(acc), max(acc)
             if first != 0:
                 raise SystemExit(f"{run_id}: no validation of the SFT checkpoint (trainer.val_before_train)")

@@ -191,6 +191,7 @@ def policy_lineage(cfg: VerlFlowConfig, start_sha: str | None) -> str:
         "seed": cfg.trainer.seed,
         "critic_warmup": cfg.trainer.critic_warmup,
         "total_iterations": cfg.trainer.total_iterations,
+        "total_epochs": cfg.trainer.total_epochs,  # caps the iterations, sets the LR schedule
     }
     shaping["start"] = start_sha or "initial-model"
     return hashlib.sha256(canonical_json(shaping).encode()).hexdigest()
