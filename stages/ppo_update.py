@@ -52,6 +52,11 @@ def ppo_update(
         batch = RolloutBatch.from_tables(rollouts, rewards)
     except ValueError as err:
         raise DataError(f"ppo_update: iteration {iteration}: {rollout_uri} + {reward_uri}: {err}") from err
+    if cfg.algorithm.greedy_baseline and batch.baseline_scores is None:
+        raise DataError(
+            f"ppo_update: iteration {iteration}: {rollout_uri} has no greedy baseline rows (is_baseline), "
+            "which algorithm.adv_estimator=remax needs: roll out with greedy_baseline=True"
+        )
 
     # 3. The iteration: old/ref log-probs, values, advantages, critic and actor epochs
     result = ppo_iteration(

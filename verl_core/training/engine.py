@@ -130,6 +130,11 @@ class TrainEngine:
         )
         self.global_step = 0
 
+    @property
+    def world_size(self) -> int:
+        """Ranks whose gradients this engine averages (1 in one process)."""
+        return self.strategy.world_size
+
     def step(
         self, micro_batches: Sequence[T], loss_fn: Callable[[T], Tensor], *, where: str = "train"
     ) -> StepStats:

@@ -136,7 +136,11 @@ class RolloutBatch:
         rows = [i for i in range(rollouts.num_rows) if not (baseline and baseline[i])]
         baseline_scores = None
         if baseline is not None and any(baseline):
-            by_group = {groups[i]: scores[i] for i in range(rollouts.num_rows) if baseline[i]}
+            by_group: dict[int, float] = {}
+            for i in (i for i in range(rollouts.num_rows) if baseline[i]):
+                if groups[i] in by_group:
+                    raise ValueError(f"prompt group {groups[i]} has more than one baseline (is_baseline) row")
+                by_group[groups[i]] = scores[i]
             missing = sorted({groups[i] for i in rows} - by_group.keys())
             if missing:
                 raise ValueError(f"no baseline (is_baseline) row for prompt group(s) {missing[:5]}")
@@ -241,20 +245,94 @@ def ppo_iteration(
     denominators (tokens, sequences) are summed over it. ``seed`` fixes the mini-batch order.
     Raises :class:`NonFiniteError` (naming ``where``) before any optimizer step when an input is NaN/Inf.
     """
+    _check_group(models, group)
     timing: dict[str, float] = defaultdict(float)
     mask = batch.response_mask.to(models.device)  # (S, R)
-    temperature = spec.actor.temperature
 
     # 1. Old log-probs, reference log-probs, values (no grad)
+    old_logp, ref_logp, values = _no_grad_forwards(models, batch, spec, mask, timing)
+
+    # 2. Token rewards r_t = score·[t = last] − β·KL_t, then advantages Â_t and returns R_t
+    with timed(timing, "adv"):
+        scores = batch.scores.to(models.device)  # (S,)
+        rewards = _token_rewards(scores, old_logp, ref_logp, mask, spec, kl_ctrl, group)
+        greedy = None if batch.baseline_scores is None else batch.baseline_scores.to(models.device)
+        if spec.adv_estimator == "remax" and greedy is None:
+            raise ValueError("adv_estimator remax needs baseline scores (the greedy is_baseline rollouts)")
+        adv = get_adv_estimator(spec.adv_estimator)(
+            token_level_rewards=rewards.token_rewards,
+            response_mask=mask,
+            index=batch.group_ids.to(models.device),
+            values=values,
+            greedy_rewards=greedy,
+            gamma=spec.gamma,
+            lam=spec.lam,
+            norm_adv_by_std_in_grpo=spec.norm_adv_by_std_in_grpo,
+        )
+        finite = {"scores": scores, "advantages": adv.advantages, "returns": adv.returns}
+        _check_finite({**finite, "old_log_probs": old_logp}, where)
+
+    # 3. Critic, then actor: epochs × shuffled mini-batches of whole groups × micro-batches
+    log = _MetricLog()
+    metrics = dict(rewards.metrics)
+    if models.critic is not None and models.critic_engine is not None and values is not None:
+        critic_loss_fn = partial(_critic_micro_loss, models.critic, batch, spec, values, adv.returns, log)
+        with timed(timing, "update_critic"):
+            for rows in minibatches(batch.group_ids, spec.critic_mini_batch_groups, spec.critic_epochs, seed):
+                norm = _agg_norm(mask[rows], spec.horizon, group)
+                mbs = micro_batches(rows, batch.lengths, spec.critic_token_budget, spec.micro_batch_size)
+                stats = models.critic_engine.step(
+                    mbs, partial(critic_loss_fn, norm, models.device), where=f"{where} critic"
+                )
+                log.step({"critic/grad_norm": stats.grad_norm})
+        # 1 − Var(R − V)/Var(R) for the values the advantages used, once over the whole batch
+        metrics["critic/vf_explained_var"] = float(explained_variance(values, adv.returns, mask))
+    if spec.update_actor:
+        actor_loss_fn = partial(
+            _actor_micro_loss, models.actor, batch, spec, old_logp, adv.advantages, ref_logp, log
+        )
+        with timed(timing, "update_actor"):
+            for rows in minibatches(batch.group_ids, spec.actor_mini_batch_groups, spec.actor_epochs, seed):
+                norm = _agg_norm(mask[rows], spec.horizon, group)
+                mbs = micro_batches(rows, batch.lengths, spec.actor_token_budget, spec.micro_batch_size)
+                stats = models.actor_engine.step(
+                    mbs, partial(actor_loss_fn, norm, models.device), where=f"{where} actor"
+                )
+                log.step({"actor/grad_norm": stats.grad_norm, "actor/lr": stats.lr})
+
+    metrics.update(log.means())
+    metrics.update(_batch_metrics(scores, rewards.token_rewards, adv.advantages, adv.returns, values, mask))
+    metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+    metrics["perf/throughput"] = sum(batch.lengths) * spec.actor_epochs / max(sum(timing.values()), 1e-9)
+    return PPOIterationResult(adv.advantages, adv.returns, rewards.kl, metrics)
+
+
+def _check_group(models: PPOModels, group: dist.ProcessGroup | None) -> None:
+    """The engines average gradients over as many ranks as the loss denominators are summed over."""
+    ranks = 1 if group is None else dist.get_world_size(group)
+    for name, engine in (("actor", models.actor_engine), ("critic", models.critic_engine)):
+        if engine is not None and engine.world_size != ranks:
+            raise ValueError(
+                f"the {name} engine averages gradients over {engine.world_size} ranks but the "
+                f"data-parallel group has {ranks}: pass group= the engines' process group"
+            )
+
+
+def _no_grad_forwards(
+    models: PPOModels, batch: RolloutBatch, spec: PPOSpec, mask: Tensor, timing: dict[str, float]
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``(S, R)`` old log-probs (recomputed, or the engine's behaviour log-probs), reference
+    log-probs (None without KL) and values (None without a critic)."""
+    temperature, device = spec.actor.temperature, models.device
     with timed(timing, "old_log_prob"):
         if spec.use_rollout_logprobs:
             if batch.behaviour_log_probs is None:
                 raise ValueError("use_rollout_logprobs needs the batch's behaviour log-probs")
-            old_logp = batch.behaviour_log_probs.to(models.device) * mask
+            old_logp = batch.behaviour_log_probs.to(device) * mask
         else:
             actor = models.actor
             old_logp = _forward(
-                batch, models.device, spec.log_prob_token_budget, mask,
+                batch, device, spec.log_prob_token_budget, mask,
                 lambda b: response_log_probs(actor, b, temperature=temperature)[0],
             )  # fmt: skip
     ref_logp = None
@@ -264,7 +342,7 @@ def ppo_iteration(
             raise ValueError("KL (actor.use_kl_loss or use_kl_in_reward) needs a reference policy")
         with timed(timing, "ref"):
             ref_logp = _forward(
-                batch, models.device, spec.ref_token_budget, mask,
+                batch, device, spec.ref_token_budget, mask,
                 lambda b: response_log_probs(ref, b, temperature=temperature)[0],
             )  # fmt: skip
     values = None
@@ -272,83 +350,48 @@ def ppo_iteration(
         critic = models.critic
         with timed(timing, "values"):
             values = _forward(
-                batch, models.device, spec.critic_token_budget, mask, lambda b: response_values(critic, b)
+                batch, device, spec.critic_token_budget, mask, lambda b: response_values(critic, b)
             )
+    return old_logp, ref_logp, values
 
-    # 2. Token rewards r_t = score·[t = last] − β·KL_t, then advantages and returns
-    metrics: dict[str, float] = {}
-    with timed(timing, "adv"):
-        scores = batch.scores.to(models.device)  # (S,)
-        token_scores = scores_to_token_rewards(scores, mask)  # (S, R)
-        kl_tokens = None
-        if spec.use_kl_in_reward:
-            assert ref_logp is not None
-            pen = apply_kl_penalty(
-                token_level_scores=token_scores,
-                old_log_prob=old_logp,
-                ref_log_prob=ref_logp,
-                response_mask=mask,
-                kl_coef=kl_ctrl.value,
-                kl_penalty=spec.kl_penalty,
-            )
-            token_scores, kl_tokens = pen.token_level_rewards, pen.kl
-            metrics["actor/reward_kl_penalty"] = float(pen.stats.kl)
-            metrics["actor/reward_kl_penalty_coeff"] = pen.stats.kl_coef
-            kl_ctrl.update(float(pen.stats.kl), n_steps=len(batch))
-        if spec.adv_estimator == "remax" and batch.baseline_scores is None:
-            raise ValueError("adv_estimator remax needs baseline scores (the greedy is_baseline rollouts)")
-        adv = get_adv_estimator(spec.adv_estimator)(
-            token_level_rewards=token_scores,
-            response_mask=mask,
-            index=batch.group_ids.to(models.device),
-            values=values,
-            greedy_rewards=None if batch.baseline_scores is None else batch.baseline_scores.to(models.device),
-            gamma=spec.gamma,
-            lam=spec.lam,
-            norm_adv_by_std_in_grpo=spec.norm_adv_by_std_in_grpo,
-        )
-        _check_finite(
-            {
-                "scores": scores,
-                "advantages": adv.advantages,
-                "returns": adv.returns,
-                "old_log_probs": old_logp,
-            },
-            where,
-        )
 
-    # 3. Critic, then actor: epochs × shuffled mini-batches of whole groups × micro-batches
-    log = _MetricLog()
-    if models.critic is not None and models.critic_engine is not None and values is not None:
-        with timed(timing, "update_critic"):
-            for rows in minibatches(batch.group_ids, spec.critic_mini_batch_groups, spec.critic_epochs, seed):
-                loss_fn = partial(
-                    _critic_micro_loss, models.critic, batch, spec, values, adv.returns, log,
-                    _agg_norm(mask[rows], spec.horizon, group), models.device,
-                )  # fmt: skip
-                budget = spec.critic_token_budget
-                mbs = micro_batches(rows, batch.lengths, budget, spec.micro_batch_size)
-                stats = models.critic_engine.step(mbs, loss_fn, where=f"{where} critic")
-                log.step({"critic/grad_norm": stats.grad_norm})
-        # 1 − Var(R − V)/Var(R) for the values the advantages used, once over the whole batch
-        metrics["critic/vf_explained_var"] = float(explained_variance(values, adv.returns, mask))
-    if spec.update_actor:
-        with timed(timing, "update_actor"):
-            for rows in minibatches(batch.group_ids, spec.actor_mini_batch_groups, spec.actor_epochs, seed):
-                loss_fn = partial(
-                    _actor_micro_loss, models.actor, batch, spec, old_logp, adv.advantages, ref_logp, log,
-                    _agg_norm(mask[rows], spec.horizon, group), models.device,
-                )  # fmt: skip
-                budget = spec.actor_token_budget
-                mbs = micro_batches(rows, batch.lengths, budget, spec.micro_batch_size)
-                stats = models.actor_engine.step(mbs, loss_fn, where=f"{where} actor")
-                log.step({"actor/grad_norm": stats.grad_norm, "actor/lr": stats.lr})
+class _TokenRewards(NamedTuple):
+    token_rewards: Tensor  # (S, R)
+    kl: Tensor | None  # (S, R) per-token KL of the in-reward penalty
+    metrics: dict[str, float]
 
-    metrics.update(log.means())
-    metrics.update(_batch_metrics(scores, token_scores, adv.advantages, adv.returns, values, mask))
-    metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
-    metrics["perf/throughput"] = sum(batch.lengths) * spec.actor_epochs / max(sum(timing.values()), 1e-9)
-    return PPOIterationResult(adv.advantages, adv.returns, kl_tokens, metrics)
+
+def _token_rewards(
+    scores: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor | None,
+    mask: Tensor,
+    spec: PPOSpec,
+    kl_ctrl: KLController,
+    group: dist.ProcessGroup | None,
+) -> _TokenRewards:
+    """r_t = score·[t = last response token] − β·KL_t (the KL term only with ``use_kl_in_reward``);
+    the controller moves β with the KL measured over the whole batch (all ranks)."""
+    token_scores = scores_to_token_rewards(scores, mask)  # (S, R)
+    if not spec.use_kl_in_reward:
+        return _TokenRewards(token_scores, None, {})
+    assert ref_logp is not None
+    pen = apply_kl_penalty(
+        token_level_scores=token_scores,
+        old_log_prob=old_logp,
+        ref_log_prob=ref_logp,
+        response_mask=mask,
+        kl_coef=kl_ctrl.value,
+        kl_penalty=spec.kl_penalty,
+    )
+    kl, n = float(pen.stats.kl), len(scores)  # mean sequence KL of this rank's samples
+    if group is not None:  # the mean over every rank's samples
+        sums = torch.tensor([kl * n, n], dtype=torch.float64)
+        dist.all_reduce(sums, group=group)
+        kl, n = float(sums[0] / sums[1]), int(sums[1])
+    kl_ctrl.update(kl, n_steps=n)
+    metrics = {"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": pen.stats.kl_coef}
+    return _TokenRewards(pen.token_level_rewards, pen.kl, metrics)
 
 
 def _actor_micro_loss(

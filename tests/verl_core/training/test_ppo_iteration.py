@@ -5,6 +5,7 @@ rollouts/rewards tables."""
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -278,13 +279,14 @@ def test_logged_losses_are_mini_batch_losses() -> None:
 
 
 def test_remax_uses_the_baseline_scores() -> None:
-    # A_t = score − baseline on every response token (undiscounted return of an outcome reward)
-    baseline = torch.tensor([0.5, 0.5, 1.0, 1.0, 0.0, 0.0])
+    # A_t = score − baseline on every response token (undiscounted return of an outcome reward);
+    # distinct baselines per group (0.25, 0.75, 0.5) so a group mix-up changes the result
+    baseline = torch.tensor([0.25, 0.25, 0.75, 0.75, 0.5, 0.5])
     result = run(make_models(), make_spec(adv_estimator="remax"), make_batch(baseline_scores=baseline))
+    # scores 1, 0 | 0, 1 | 0.5, 0 → advantages 0.75, −0.25 | −0.75, 0.25 | 0, −0.5
+    expected = [0.75, -0.25, -0.75, 0.25, 0.0, -0.5]
     for s, r in enumerate(RESPONSES):
-        assert result.advantages[s, : len(r)].tolist() == pytest.approx(
-            [SCORES[s] - float(baseline[s])] * len(r)
-        )
+        assert result.advantages[s, : len(r)].tolist() == pytest.approx([expected[s]] * len(r))
     with pytest.raises(ValueError, match="remax needs baseline scores"):
         run(make_models(), make_spec(adv_estimator="remax"))
 
@@ -300,10 +302,29 @@ def test_kl_in_reward_lowers_rewards_and_is_returned() -> None:
 
 
 def test_loss_mask_removes_tokens_from_the_update() -> None:
-    # masking a sample's every token is the same as the sample having no influence on the loss
+    # ReMax advantages are per sample (no group statistics), so masking every token of sample 3 must
+    # give exactly the gradient of the batch without sample 3 (loss denominators included)
+    baseline = torch.tensor([0.25, 0.25, 0.75, 0.75, 0.5, 0.5])
+    spec = make_spec(adv_estimator="remax", actor_epochs=1, actor_mini_batch_groups=3)
     mask = torch.ones(6, 4)
     mask[3] = 0.0
-    result = run(make_models(), make_spec(actor_epochs=1), make_batch(loss_mask=mask))
+    masked_models = make_models()
+    masked_grads = record_gradients(masked_models.actor_engine)
+    result = run(masked_models, spec, make_batch(loss_mask=mask, baseline_scores=baseline))
+    keep = [0, 1, 2, 4, 5]
+    dropped_models = make_models()
+    dropped_grads = record_gradients(dropped_models.actor_engine)
+    dropped = make_batch(
+        prompt_ids=[PROMPTS[i] for i in keep],
+        response_ids=[RESPONSES[i] for i in keep],
+        group_ids=torch.tensor([GROUPS[i] for i in keep]),
+        sample_index=torch.tensor([0, 1, 0, 0, 1]),
+        scores=torch.tensor([SCORES[i] for i in keep]),
+        baseline_scores=baseline[keep],
+    )
+    run(dropped_models, spec, dropped)
+    for g, w in zip(masked_grads[0], dropped_grads[0], strict=True):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
     assert (result.advantages[3] == 0).all()
     assert result.metrics["response_length/mean"] == pytest.approx((3 + 1 + 2 + 0 + 1 + 2) / 6)
 
@@ -383,14 +404,48 @@ def test_rollout_batch_from_tables() -> None:
 
 
 def test_rollout_batch_sets_baseline_rows_apart() -> None:
-    # rows 1, 3, 5 are each group's greedy baseline: scores 0.0, 1.0, 0.0
-    batch = RolloutBatch.from_tables(*tables([False, True] * 3))
-    assert len(batch) == 3
-    assert batch.response_ids == [RESPONSES[0], RESPONSES[2], RESPONSES[4]]
-    assert batch.scores.tolist() == [1.0, 0.0, 0.5]
-    assert batch.baseline_scores is not None and batch.baseline_scores.tolist() == [0.0, 1.0, 0.0]
-    with pytest.raises(ValueError, match=r"no baseline \(is_baseline\) row for prompt group\(s\) \[2\]"):
-        RolloutBatch.from_tables(*tables([False, True, False, True, False, False]))
+    # the rollout stage's layout: the samples, then one greedy baseline per group at the end (here
+    # groups 2, 0, 1 in that order, with distinct scores 0.25, 0.75, 0.5, so any mix-up shows)
+    rollouts, rewards = tables()
+    extra_r = pa.table(
+        {
+            "group_id": pa.array([2, 0, 1], pa.int64()),
+            "sample_index": pa.array([2, 2, 2], pa.int32()),
+            "prompt_ids": [PROMPTS[4], PROMPTS[0], PROMPTS[2]],
+            "response_ids": [[30], [31, 32], [33]],
+            "logprobs": [[-0.1], [-0.1, -0.1], [-0.1]],
+        }
+    )
+    extra_w = pa.table(
+        {
+            "group_id": pa.array([2, 0, 1], pa.int64()),
+            "sample_index": pa.array([2, 2, 2], pa.int32()),
+            "score": pa.array([0.25, 0.75, 0.5], pa.float32()),
+        }
+    )
+    flags = pa.array([False] * 6 + [True] * 3)
+    both = pa.concat_tables([rollouts, extra_r]).append_column("is_baseline", flags)
+    batch = RolloutBatch.from_tables(both, pa.concat_tables([rewards, extra_w]))
+    assert len(batch) == 6 and batch.response_ids == RESPONSES and batch.scores.tolist() == SCORES
+    # each sample gets its own group's greedy score: groups 0, 0, 1, 1, 2, 2
+    assert batch.baseline_scores is not None
+    assert batch.baseline_scores.tolist() == [0.75, 0.75, 0.5, 0.5, 0.25, 0.25]
+    # a group without its baseline, or with two, is refused
+    with pytest.raises(ValueError, match=r"no baseline \(is_baseline\) row for prompt group\(s\) \[1\]"):
+        RolloutBatch.from_tables(*tables([False, True, False, False, False, True]))
+    with pytest.raises(ValueError, match="prompt group 0 has more than one baseline"):
+        RolloutBatch.from_tables(*tables([True, True, False, True, False, True]))
+
+
+def test_data_parallel_group_must_match_the_engines() -> None:
+    # an engine that averages gradients over 2 ranks with loss denominators of one rank would train
+    # with gradients twice too large
+    models = make_models()
+    two_ranks = SimpleNamespace(world_size=2)
+    with pytest.raises(
+        ValueError, match="the actor engine averages gradients over 2 ranks but the data-parallel"
+    ):
+        run(PPOModels(models.actor, two_ranks), make_spec())  # type: ignore[arg-type]
 
 
 def test_rollout_batch_refuses_misaligned_or_malformed_tables() -> None:
