@@ -10,7 +10,6 @@ from typing import Any
 
 from torch import nn
 
-from verl_core.algorithms.registry import Registry
 from verl_core.config import ModelConfig, RewardConfig, RolloutConfig, VerlFlowConfig
 from verl_core.errors import ConfigError
 from verl_core.models.loading import (
@@ -23,6 +22,7 @@ from verl_core.models.loading import (
     scratch_config,
     unwrap,
 )
+from verl_core.registry import Registry
 from verl_core.reward import (
     FunctionScorer,
     RewardBatch,
@@ -189,14 +189,26 @@ def sampling_params(
     )
 
 
-def engine_kwargs(rollout: RolloutConfig) -> dict[str, Any]:
-    """Keyword arguments of ``verl_core.rollout.make_engine`` for ``rollout.name``."""
-    if rollout.name == "vllm":
-        return {
-            "tensor_parallel_size": rollout.tensor_parallel_size,
-            "gpu_memory_utilization": rollout.gpu_memory_utilization,
-        }
+EngineKwargs = Callable[[RolloutConfig], dict[str, Any]]
+ENGINE_KWARGS: Registry[EngineKwargs] = Registry("rollout engine")  # one entry per verl_core.rollout.ENGINES
+
+
+@ENGINE_KWARGS.register("hf")
+def _hf_engine_kwargs(rollout: RolloutConfig) -> dict[str, Any]:
     return {"max_batch_size": rollout.max_batch_size}
+
+
+@ENGINE_KWARGS.register("vllm")
+def _vllm_engine_kwargs(rollout: RolloutConfig) -> dict[str, Any]:
+    return {
+        "tensor_parallel_size": rollout.tensor_parallel_size,
+        "gpu_memory_utilization": rollout.gpu_memory_utilization,
+    }
+
+
+def engine_kwargs(rollout: RolloutConfig) -> dict[str, Any]:
+    """Keyword arguments of ``verl_core.rollout.make_engine(rollout.name, ...)``."""
+    return ENGINE_KWARGS.get(rollout.name)(rollout)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from verl_core import algorithms
-from verl_core.algorithms.registry import Registry as AlgorithmsRegistry
 from verl_core.data import adapter_names, get_adapter, register_adapter
 from verl_core.data.adapters import ADAPTERS
 from verl_core.errors import ConfigError, DataError
@@ -50,10 +49,6 @@ def test_unknown_name_without_close_match_has_no_suggestion() -> None:
     registry.register("alpha")(_double)
     with pytest.raises(UnknownNameError, match=r"^Unknown thing 'zzzzzz'. Valid names: alpha.$"):
         registry.get("zzzzzz")
-
-
-def test_old_import_path_is_the_same_class() -> None:
-    assert AlgorithmsRegistry is Registry
 
 
 @pytest.mark.parametrize(

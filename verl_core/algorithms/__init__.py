@@ -38,9 +38,9 @@ name (config key)                   reference
 ``seq-mean-token-sum-norm``         Liu et al. 2025 (Dr.GRPO)
 =================================== ==================================================================
 
-Modules: :mod:`.registry`, :mod:`.stats` (masked statistics, pack/pad), :mod:`.advantages`,
-:mod:`.policy_loss`, :mod:`.value_loss`, :mod:`.kl`, :mod:`.aggregation` (micro-batch-safe loss
-aggregation, entropy bonus).
+Modules: :mod:`.stats` (masked statistics, pack/pad), :mod:`.advantages`, :mod:`.policy_loss`,
+:mod:`.value_loss`, :mod:`.kl`, :mod:`.aggregation` (micro-batch-safe loss aggregation, entropy
+bonus); the registries are :class:`verl_core.registry.Registry`.
 """
 
 from verl_core.algorithms.advantages import (

@@ -1,0 +1,52 @@
+"""The floor's config → verl_core builders: one engine-kwargs builder per registered rollout engine,
+the PPO spec of an iteration, the update seed."""
+
+from __future__ import annotations
+
+from stages.floor.builders import ENGINE_KWARGS, engine_kwargs, ppo_spec, update_seed
+from verl_core.config import load_config
+from verl_core.rollout import ENGINES
+from verl_core.seeding import derive_seed
+
+
+def test_every_rollout_engine_has_its_kwargs_builder() -> None:
+    assert set(ENGINE_KWARGS.names()) == set(ENGINES.names())
+    cfg = load_config(None, ["rollout.max_batch_size=17", "rollout.gpu_memory_utilization=0.3"])
+    assert engine_kwargs(cfg.rollout) == {"max_batch_size": 17}
+    vllm = cfg.rollout.model_copy(update={"name": "vllm", "tensor_parallel_size": 2})
+    assert engine_kwargs(vllm) == {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.3}
+
+
+def test_ppo_spec_of_an_iteration() -> None:
+    cfg = load_config(
+        None,
+        [
+            "actor.policy_loss=gspo",
+            "actor.clip_ratio=0.3",
+            "actor.clip_ratio_high=0.28",
+            "actor.use_dynamic_bsz=false",
+            "actor.ppo_micro_batch_size_per_gpu=3",
+            "trainer.critic_warmup=2",
+            "rollout.temperature=0",
+            "data.max_response_length=99",
+        ],
+    )
+    spec = ppo_spec(cfg, 1)
+    # GSPO with loss_agg_mode unset: seq-mean-token-mean (verl's choice for GSPO)
+    assert spec.actor.loss_agg_mode == "seq-mean-token-mean"
+    # clip_ratio_low unset → clip_ratio; clip_ratio_high given
+    assert (spec.actor.clip_ratio_low, spec.actor.clip_ratio_high) == (0.3, 0.28)
+    # greedy rollouts (temperature 0) score log-probs at temperature 1
+    assert spec.actor.temperature == 1.0
+    assert spec.micro_batch_size == 3 and spec.horizon == 99.0
+    assert not spec.update_actor and ppo_spec(cfg, 2).update_actor  # critic warm-up: iterations 0, 1
+    explicit = load_config(None, ["actor.policy_loss=gspo", "actor.loss_agg_mode=token-mean"])
+    assert ppo_spec(explicit, 0).actor.loss_agg_mode == "token-mean"
+    assert ppo_spec(load_config(None, []), 0).micro_batch_size is None  # token budgets by default
+
+
+def test_update_seed_is_one_stream_per_iteration() -> None:
+    cfg = load_config(None, ["trainer.seed=2"])
+    assert update_seed(cfg, 0) == derive_seed("ppo_update", 2, 0)
+    # the old mixer (seed + iteration) gave seed 2 / iteration 0 the stream of seed 1 / iteration 1
+    assert update_seed(cfg, 0) != update_seed(load_config(None, ["trainer.seed=1"]), 1)
