@@ -9,6 +9,7 @@ orders. Hashing the whole tuple, with a name per use, gives every (use, seed, st
 from __future__ import annotations
 
 import hashlib
+import operator
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -17,5 +18,8 @@ def derive_seed(*parts: int | str) -> int:
     different → an unrelated seed (BLAKE2b of the parts, unit-separated so ("1", "2") ≠ ("12",))."""
     if not parts:
         raise ValueError("derive_seed needs at least one part")
-    data = "\x1f".join(f"{type(p).__name__}:{p}" for p in parts).encode()
+    # integers of any type (numpy, bool) are the same part as the int they equal; strings stay apart
+    data = "\x1f".join(
+        f"str:{p}" if isinstance(p, str) else f"int:{operator.index(p)}" for p in parts
+    ).encode()
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") >> 1

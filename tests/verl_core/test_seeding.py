@@ -24,6 +24,12 @@ def test_old_collisions_are_gone() -> None:
     assert derive_seed("1") != derive_seed(1)
 
 
+def test_integer_types_do_not_matter() -> None:
+    import numpy as np
+
+    assert derive_seed("x", np.int64(3), True) == derive_seed("x", 3, 1)
+
+
 def test_no_collisions_over_a_grid() -> None:
     seeds = {derive_seed("update", s, i) for s in range(50) for i in range(200)}
     assert len(seeds) == 50 * 200

@@ -26,6 +26,8 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from verl_core.seeding import derive_seed
+
 _VERBS = {"+": "add {b}", "-": "subtract {b}", "*": "multiply by {b}"}
 _OPENINGS = ("Start with {a}.", "Begin with {a}.", "Take {a}.")
 _QUESTIONS = ("What is the result?", "What number do you get?", "What is the final number?")
@@ -88,7 +90,7 @@ def generate(
     unknown = sorted(set(ops) - set(_VERBS))
     if unknown or not ops:
         raise ValueError(f"arithmetic ops must be a non-empty subset of {sorted(_VERBS)}, got {list(ops)}")
-    rng = random.Random(f"arithmetic:{seed}:{digits}:{steps}:{''.join(ops)}")
+    rng = random.Random(derive_seed("arithmetic", seed, digits, steps, "".join(ops)))
     seen: set[str] = set()
     attempts = 0
     while len(seen) < num_problems:

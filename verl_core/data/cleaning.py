@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from verl_core.errors import DataError
+from verl_core.seeding import derive_seed
 
 if TYPE_CHECKING:
     from verl_core.data.adapters import RawRow
@@ -214,7 +215,7 @@ def hold_out(split: CleanSplit, n: int, seed: int) -> tuple[CleanSplit, CleanSpl
             f"data.val_holdout_rows: cannot hold out {n} rows from a training set of {total} rows; "
             "lower it or give data.val_files"
         )
-    chosen = set(random.Random(f"holdout:{seed}").sample(range(total), n))
+    chosen = set(random.Random(derive_seed("holdout", seed)).sample(range(total), n))
     rest = split.subset(i for i in range(total) if i not in chosen)
     return rest, split.subset(sorted(chosen))
 

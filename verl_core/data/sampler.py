@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 
+from verl_core.seeding import derive_seed
+
 
 class LengthGroupedSampler:
     """Yields lists of indices into ``lengths``; every index exactly once per epoch (the last,
@@ -44,7 +46,7 @@ class LengthGroupedSampler:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
-        rng = random.Random(f"length-grouped:{self.seed}:{self.epoch}")
+        rng = random.Random(derive_seed("length_grouped", self.seed, self.epoch))
         order = list(range(len(self.lengths)))
         rng.shuffle(order)
         mega = self.batch_size * self.group_size
