@@ -5,8 +5,7 @@ samples. Only called inside a flow run."""
 from __future__ import annotations
 
 from flows.results import PipelineResult
-from stages.eval import sample_rows
-from stages.report import collect_series, metrics_markdown
+from stages.floor.reports import collect_series, eval_samples, metrics_markdown
 from verl_core.run import RunContext
 
 
@@ -33,27 +32,26 @@ def publish(ctx: RunContext, result: PipelineResult, table_rows: int) -> None:
     lines.append(f"- MLflow: {mlflow_run_link(ctx)}")
     if result.data_snapshot:
         lines.append(f"- data snapshot: `{result.data_snapshot}`")
-    if "export" in stages:
-        m = store.read_manifest(stages["export"])
+    if stages.export:
+        m = store.read_manifest(stages.export)
         lines.append(f"- exported model: `{store.file_uri(m, 'model/config.json').rsplit('/', 1)[0]}`")
         reg = m.summary.get("registered_model")
         if reg:
             lines.append(f"- registered model: `models:/{reg['name']}/{reg['version']}`")
-    if "eval" in stages:
-        ev = store.read_manifest(stages["eval"]).summary
-        k = ev["k"]
-        pk = f", pass@{k} {ev[f'pass@{k}']:.3f}" if f"pass@{k}" in ev else ""
-        lines.append(f"- eval ({ev['prompts']} held-out prompts): accuracy {ev['accuracy']:.3f}{pk}")
-    if "report" in stages:
-        m = store.read_manifest(stages["report"])
+    ev = result.eval
+    if ev is not None:
+        pk = f", pass@{ev.k} {ev.pass_at_k:.3f}" if ev.pass_at_k is not None else ""
+        lines.append(f"- eval ({ev.prompts} held-out prompts): accuracy {ev.accuracy:.3f}{pk}")
+    if stages.report:
+        m = store.read_manifest(stages.report)
         lines.append("- plots: " + ", ".join(f"`{store.file_uri(m, p)}`" for p in m.summary["plots"]))
     lines += ["", "## per-iteration metrics", "", metrics_markdown(collect_series(store, ctx.run_id))]
-    timing = ", ".join(f"{k} {v:.1f}s" for k, v in result.timing_s.items() if not k.startswith("rl/"))
+    timing = ", ".join(f"{k} {v:.1f}s" for k, v in result.timing_s.items())
     lines += ["", f"stage wall times: {timing}"]
     create_markdown_artifact("\n".join(lines), key="rlhf-run-summary", description=f"run {ctx.run_id}")
-    if "eval" in stages and table_rows:
+    if stages.eval and table_rows:
         create_table_artifact(
-            sample_rows(store, stages["eval"], table_rows),
+            [s._asdict() for s in eval_samples(store, stages.eval, table_rows)],
             key="eval-samples",
             description="greedy eval samples",
         )

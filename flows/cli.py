@@ -8,19 +8,20 @@ Errors that are the user's to fix (bad config, missing artifact) print one line 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from stages.floor.locations import REPORT, list_exports
+from stages.floor.locations import REPORT, list_exports, template_pack_uri
 from verl_core.config import StoreConfig, VerlFlowConfig, load_config, to_yaml
 from verl_core.errors import ConfigError, VerlFlowError
 from verl_core.store import ArtifactStore
 
 if TYPE_CHECKING:
     from flows.results import PipelineResult
+    from stages.floor.reports import EvalReport, EvalSample
 
 app = typer.Typer(
     name="verl-flow",
@@ -87,7 +88,7 @@ def run(
 def _print_result(result: PipelineResult) -> None:
     """The summary a quickstart ends with: stages, validation accuracy before/after RL, wall times."""
     stages = Table("stage", "manifest", "seconds", title=f"run {result.run_id}")
-    for name, uri in result.stages.items():
+    for name, uri in result.stages.ran().items():
         stages.add_row(name, uri, f"{result.timing_s.get(name, 0.0):.1f}")
     out.print(stages)
     acc = result.val_accuracy
@@ -98,11 +99,10 @@ def _print_result(result: PipelineResult) -> None:
         table.add_row("after RL", str(last), f"{acc[last]:.3f}")
         table.add_row("change", "", f"{acc[last] - acc[first]:+.3f}")
         out.print(table)
-    rl_times = {k[3:]: v for k, v in result.timing_s.items() if k.startswith("rl/")}
-    if rl_times:
+    if result.rl_timing_s:
         times = Table("RL phase", "seconds", title="time inside the RL loop")
-        for k, v in rl_times.items():
-            times.add_row(k, f"{v:.1f}")
+        for phase, seconds in result.rl_timing_s.items():
+            times.add_row(phase, f"{seconds:.1f}")
         out.print(times)
 
 
@@ -199,12 +199,13 @@ def export_cmd(
 
     set_quiet_env()
     from flows.runs import attach_run
-    from stages.export import copy_export, export_model
+    from stages.export import export_model
+    from stages.floor.artifacts import copy_export
 
     try:
         ctx, cfg = attach_run(store or StoreConfig().url, run_id)
-        uri = export_model.fn(ctx, cfg, iteration)
         st = ctx.store()
+        uri = export_model.fn(ctx, cfg, template_pack_uri(st, run_id), iteration)
         manifest = st.read_manifest(uri)
         dest = copy_export(st, manifest, to) if to else None
     except ConfigError as e:
@@ -237,13 +238,16 @@ def eval_cmd(
 
     set_quiet_env()
     from flows.runs import attach_run
-    from stages.eval import dir_source, evaluate, export_source, in_run_source, sample_rows
+    from stages.eval import evaluate
+    from stages.floor.artifacts import dir_source, export_source, in_run_source
+    from stages.floor.reports import eval_samples, read_eval_report
     from verl_core.config import with_overrides
 
     try:
         ctx, cfg = attach_run(store or StoreConfig().url, run_id)
         cfg = with_overrides(cfg, overrides or [])
         st = ctx.store()
+        tp_uri = template_pack_uri(st, run_id)
         exports = list_exports(st, run_id)
         if model:
             source = dir_source(model)
@@ -251,9 +255,9 @@ def eval_cmd(
             source = export_source(st, st.manifest_uri(run_id, exports[-1]))
         else:
             source = in_run_source(st, run_id, iteration)
-        uri = evaluate.fn(ctx, cfg, source)
-        report = st.read_manifest(uri).summary
-        samples = sample_rows(st, uri, 3)
+        uri = evaluate.fn(ctx, cfg, tp_uri, source)
+        report = read_eval_report(st, uri)
+        samples = eval_samples(st, uri, 3)
     except ConfigError as e:
         _fail(e, 2)
     except VerlFlowError as e:
@@ -262,22 +266,19 @@ def eval_cmd(
     out.print(f"samples and report: {uri}")
 
 
-def _print_eval(label: str, report: dict[str, Any], samples: list[dict[str, Any]]) -> None:
-    k = report["k"]
+def _print_eval(label: str, report: EvalReport, samples: list[EvalSample]) -> None:
+    def cell(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    k = report.k
     table = Table("data source", "prompts", "accuracy (greedy)", f"pass@{k}", title=f"eval of {label}")
-    for source, a in report["by_source"].items():
-        pk = a.get(f"pass@{k}")
-        table.add_row(source, str(a["prompts"]), f"{a['accuracy']:.3f}", "-" if pk is None else f"{pk:.3f}")
-    pk_all = report.get(f"pass@{k}")
-    table.add_row(
-        "all", str(report["prompts"]), f"{report['accuracy']:.3f}", "-" if pk_all is None else f"{pk_all:.3f}"
-    )
+    for source, a in report.by_source.items():
+        table.add_row(source, str(a.prompts), f"{a.accuracy:.3f}", cell(a.pass_at_k))
+    table.add_row("all", str(report.prompts), f"{report.accuracy:.3f}", cell(report.pass_at_k))
     out.print(table)
     for row in samples:
-        mark = "✓" if row["correct"] else "✗"
-        out.print(
-            f"{mark} {row['response']!r} (answer {row['extracted']!r}, expected {row['ground_truth']!r})"
-        )
+        mark = "✓" if row.correct else "✗"
+        out.print(f"{mark} {row.response!r} (answer {row.extracted!r}, expected {row.ground_truth!r})")
 
 
 def _store(url: str | None) -> ArtifactStore:

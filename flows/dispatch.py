@@ -76,10 +76,11 @@ def remote_rl_loop(
     return result
 
 
-def remote_export(ctx: RunContext, config: VerlFlowConfig) -> str:
+def remote_export(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str) -> str:
     """The export of the latest checkpoint as a deployment (``flows.gpu.export_flow``); returns the
     export stage's manifest URI."""
-    dispatch(ctx, config, "export_deployment", {"iteration": None})
+    params = {"template_pack_uri": template_pack_uri, "iteration": None}
+    dispatch(ctx, config, "export_deployment", params)
     uri = latest_export(ctx.store(), ctx.run_id)
     if uri is None:
         raise StageRunError(

@@ -24,6 +24,9 @@ def sft_flow(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str) ->
 
 
 @flow(name="export-model", log_prints=True)
-def export_flow(ctx: RunContext, config: VerlFlowConfig, iteration: int | None = None) -> str:
-    """Merged HF export of a policy checkpoint (None: the latest); returns the export's manifest URI."""
-    return export_model(ctx, config, iteration)
+def export_flow(
+    ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, iteration: int | None = None
+) -> str:
+    """Merged HF export of a policy checkpoint (None: the latest) with the run's tokenizer (from
+    ``template_pack_uri``); returns the export's manifest URI."""
+    return export_model(ctx, config, template_pack_uri, iteration)

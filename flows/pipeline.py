@@ -20,8 +20,10 @@ from flows.dispatch import remote_export, remote_rl_loop, remote_sft
 from flows.gpu import export_flow, sft_flow
 from flows.results import PipelineResult
 from flows.rl import rl_loop
-from stages.eval import evaluate, export_source
+from stages.eval import evaluate
+from stages.floor.artifacts import export_source
 from stages.floor.logging import timed
+from stages.floor.reports import read_eval_report
 from stages.preprocess import preprocess
 from stages.report import report
 from stages.snapshot import resolve_snapshot
@@ -56,7 +58,7 @@ def rlhf_pipeline(
     directory) + dotted ``overrides`` as run ``run_id`` (None: experiment name + config hash)."""
     cfg = with_overrides(_base_config(config, config_file), overrides or [])
     snapshot = resolve_snapshot(cfg.data)
-    cfg = with_overrides(cfg, snapshot.overrides)
+    cfg = cfg.model_copy(update={"data": snapshot.data})
     ctx = start_run_task(cfg, run_id)
     get_run_logger().info(
         "run %s (%s mode), artifacts under %s/runs/%s",
@@ -74,31 +76,27 @@ def rlhf_pipeline(
     remote = cfg.execution.mode == "deployments"
     try:
         with timed(timing, "preprocess"):
-            stages["preprocess"] = preprocess.with_options(**io_retry)(ctx, cfg.data)
+            stages.preprocess = preprocess.with_options(**io_retry)(ctx, cfg.data)
         with timed(timing, "template_pack"):
-            tp = template_pack.with_options(**io_retry)(ctx, cfg.data, cfg.model, stages["preprocess"])
-        stages["template_pack"] = tp
+            tp = template_pack.with_options(**io_retry)(ctx, cfg.data, cfg.model, stages.preprocess)
+        stages.template_pack = tp
         if cfg.sft.enable:  # compute-bound: no task retries (a rerun resumes from the last checkpoint)
             with timed(timing, "sft"):
-                stages["sft"] = remote_sft(ctx, cfg, tp) if remote else sft_flow(ctx, cfg, tp)
+                stages.sft = remote_sft(ctx, cfg, tp) if remote else sft_flow(ctx, cfg, tp)
         with timed(timing, "rl"):
-            rl = (
-                remote_rl_loop(ctx, cfg, tp, stages.get("sft"))
-                if remote
-                else rl_loop(ctx, cfg, tp, stages.get("sft"))
-            )
-        timing.update({f"rl/{phase}": seconds for phase, seconds in rl.timing_s.items()})
-        stages["rl"] = rl.checkpoint
-        result.val_accuracy = rl.val_accuracy
+            rl = remote_rl_loop(ctx, cfg, tp, stages.sft) if remote else rl_loop(ctx, cfg, tp, stages.sft)
+        stages.rl = rl.checkpoint
+        result.val_accuracy, result.rl_timing_s = rl.val_accuracy, rl.timing_s
         if cfg.export.enable:
             with timed(timing, "export"):
-                stages["export"] = remote_export(ctx, cfg) if remote else export_flow(ctx, cfg, None)
+                export_uri = remote_export(ctx, cfg, tp) if remote else export_flow(ctx, cfg, tp, None)
+            stages.export = export_uri
             if cfg.eval.enable:
-                source = export_source(ctx.store(), stages["export"])
+                source = export_source(ctx.store(), export_uri)
                 with timed(timing, "eval"):
-                    stages["eval"] = evaluate(ctx, cfg, source)
-                result.eval = ctx.store().read_manifest(stages["eval"]).summary
-        stages["report"] = report(ctx, dict(timing))
+                    eval_uri = evaluate(ctx, cfg, tp, source)
+                stages.eval, result.eval = eval_uri, read_eval_report(ctx.store(), eval_uri)
+        stages.report = report(ctx, dict(timing), dict(result.rl_timing_s))
         publish(ctx, result, cfg.eval.table_rows)
         finish_run_task(ctx, result, "FINISHED")
     except BaseException:

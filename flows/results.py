@@ -1,25 +1,45 @@
 """Typed results of the flows (what the CLI prints and the run's summary artifact shows).
 
 The RL loop's :class:`~stages.floor.state.RLResult` lives in the floor, since the floor also rebuilds
-it from the store after the loop ran as a deployment elsewhere."""
+it from the store after the loop ran as a deployment elsewhere; so does the eval's
+:class:`~stages.floor.reports.EvalReport`, which the eval stage commits and flows read back."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, Field
+
+from stages.floor.reports import EvalReport
+
+
+class StageURIs(BaseModel):
+    """Manifest URIs of the pipeline's stages, in pipeline order; None: the stage did not run."""
+
+    preprocess: str | None = None
+    template_pack: str | None = None
+    sft: str | None = Field(None, description="None with sft.enable=false")
+    rl: str | None = Field(None, description="the RL loop's final checkpoint (ckpt/iter-XXXX)")
+    export: str | None = Field(None, description="None with export.enable=false")
+    eval: str | None = Field(None, description="None with export or eval disabled")
+    report: str | None = None
+
+    def ran(self) -> dict[str, str]:
+        """``{stage: manifest URI}`` of the stages that ran, in pipeline order."""
+        return {name: uri for name, uri in self.model_dump().items() if uri is not None}
 
 
 class PipelineResult(BaseModel):
     """What :func:`flows.pipeline.rlhf_pipeline` returns (and logs to MLflow as ``pipeline_result.json``)."""
 
     run_id: str
-    stages: dict[str, str] = Field(default_factory=dict, description="stage → its manifest URI")
+    stages: StageURIs = Field(default_factory=StageURIs, description="manifest URI of each stage")
     val_accuracy: dict[int, float] = Field(
         default_factory=dict, description="RL iteration → held-out accuracy (greedy); 0: before RL"
     )
     timing_s: dict[str, float] = Field(
-        default_factory=dict, description="stage → wall seconds; rl/{phase} → seconds inside the RL loop"
+        default_factory=dict, description="stage (a StageURIs field) → wall seconds"
     )
-    eval: dict[str, Any] = Field(default_factory=dict, description="the eval stage's report")
+    rl_timing_s: dict[str, float] = Field(
+        default_factory=dict, description="RL phase (rollout, reward, update, validate) → seconds in the loop"
+    )
+    eval: EvalReport | None = Field(None, description="the eval stage's report (None: no eval ran)")
     data_snapshot: str | None = Field(None, description="the data snapshot directory the run read")

@@ -11,36 +11,33 @@ merges LoRA adapters into the base (``merge_and_unload``), and writes under the 
 
 so that ``AutoModelForCausalLM.from_pretrained(dir)`` reproduces the training policy's logits and
 ``VLLMEngine(model=dir)`` / ``vllm serve dir`` can serve it. The directory is registered in the MLflow
-model registry with lineage tags (run id, iteration, config hash, data manifest hash).
+model registry with lineage tags (run id, iteration, config hash, data manifest hash);
+``verl-flow export --to`` copies it out (:func:`stages.floor.artifacts.copy_export`).
 """
 
 from __future__ import annotations
 
-import os
-import posixpath
-import re
-import shutil
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
 from prefect import task
 from torch import nn
 
-from stages.floor.artifacts import MODEL_PREFIX, read_policy, resolve_source, run_tokenizer
+from stages.floor.artifacts import MODEL_PREFIX, load_tokenizer, read_policy, resolve_source
 from stages.floor.locations import PREPROCESS, export_stage
 from stages.floor.logging import stage_logger
 from verl_core.config import VerlFlowConfig
-from verl_core.errors import ConfigError
 from verl_core.models.checkpoint import model_files
 from verl_core.run import RunContext
-from verl_core.store import ArtifactStore, Manifest, storage_options
 
 
 @task(name="export", retries=0)
-def export_model(ctx: RunContext, cfg: VerlFlowConfig, iteration: int | None = None) -> str:
-    """Merge and export a policy version of the run; returns the export stage's manifest URI."""
+def export_model(
+    ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, iteration: int | None = None
+) -> str:
+    """Merge and export policy version ``iteration`` of the run (None: the latest checkpoint) with the
+    tokenizer of ``template_pack_uri``; returns the export stage's manifest URI."""
     log = stage_logger(__name__)
     store = ctx.store()
     # 1. Source checkpoint and tokenizer; skip when this very checkpoint was exported already
@@ -50,9 +47,8 @@ def export_model(ctx: RunContext, cfg: VerlFlowConfig, iteration: int | None = N
         "model": cfg.model.model_dump(mode="json"),
         "generation": _generation_params(cfg),
     }
-    stage = store.open_stage(
-        ctx.run_id, export_stage(source.stage), params=params, inputs={"policy": source.manifest_uri}
-    )
+    inputs = {"policy": source.manifest_uri, "tokenizer": template_pack_uri}
+    stage = store.open_stage(ctx.run_id, export_stage(source.stage), params=params, inputs=inputs)
     if stage.done:
         log.info("export: %s already exported (%s)", source.stage, stage.manifest_uri)
         return stage.manifest_uri
@@ -60,7 +56,7 @@ def export_model(ctx: RunContext, cfg: VerlFlowConfig, iteration: int | None = N
     # 2. Load the policy as it was trained, merge LoRA into the base
     policy = read_policy(store, store.read_manifest(source.manifest_uri), "policy", cfg.model)
     merged = merge_policy(policy)
-    tokenizer = run_tokenizer(store, ctx.run_id)
+    tokenizer = load_tokenizer(store, template_pack_uri)
 
     # 3. Files: HF dir with tokenizer, chat template and generation config
     files = model_files(merged, tokenizer)
@@ -148,35 +144,3 @@ def register_model(
     version = client.create_model_version(name, source=source, run_id=ctx.mlflow_run_id, tags=tags)
     client.set_tag(ctx.mlflow_run_id, "verl_flow.registered_model", f"{name}/{version.version}")
     return {"name": name, "version": str(version.version), "source": source}
-
-
-def copy_export(store: ArtifactStore, manifest: Manifest, dest: str) -> str:
-    """Copy a committed export's model dir to ``dest`` (a local directory or an fsspec URL); returns
-    the destination. A local destination appears complete or not at all (written beside, renamed)."""
-    names = [f.name for f in manifest.files if f.name.startswith(MODEL_PREFIX + "/")]
-    if "://" in dest and not dest.startswith("file://"):
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(dest, **storage_options(dest))
-        if fs.exists(posixpath.join(root, "config.json")):
-            raise ConfigError(f"--to: {dest} already holds a model (config.json); choose another place")
-        # config.json last: a reader that waits for it never sees a partial model
-        for name in sorted(names, key=lambda n: n.endswith("/config.json")):
-            rel = name[len(MODEL_PREFIX) + 1 :]
-            fs.pipe_file(posixpath.join(root, rel), store.read_bytes(manifest, name))
-        return dest
-    target = Path(re.sub(r"^file://", "", dest)).expanduser().resolve()
-    if target.exists() and any(target.iterdir()):
-        raise ConfigError(f"--to: {target} exists and is not empty; choose a new directory")
-    partial = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:8]}"
-    partial.mkdir(parents=True)
-    try:
-        for name in names:
-            (partial / name[len(MODEL_PREFIX) + 1 :]).write_bytes(store.read_bytes(manifest, name))
-        if target.exists():
-            target.rmdir()
-        os.replace(partial, target)
-    finally:
-        if partial.exists():
-            shutil.rmtree(partial)
-    return str(target)

@@ -9,8 +9,8 @@ stage ``report``::
     plots/entropy.png           policy entropy
     plots/response_length.png   mean response length (train and held-out)
     plots/timing.png            seconds per pipeline stage, and per RL phase per iteration
-    metrics.json                the series behind the plots
-    report.md                   per-iteration metrics table
+    metrics.json                the series behind the plots, the stage and RL phase seconds
+    report.md                   per-iteration metrics table (:func:`stages.floor.reports.metrics_markdown`)
 
 and logs the PNGs and the markdown to the run's MLflow run under ``plots/``.
 """
@@ -18,16 +18,14 @@ and logs the PNGs and the markdown to the run's MLflow run under ``plots/``.
 from __future__ import annotations
 
 import io
-from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
 
 from prefect import task
 
-from stages.floor.locations import REPORT, parse_iteration_stage
+from stages.floor.locations import REPORT
 from stages.floor.logging import stage_logger
+from stages.floor.reports import collect_series, metrics_markdown
 from verl_core.run import RunContext
-from verl_core.store import ArtifactStore
 from verl_core.tracking import log_bytes
 
 STAGE = REPORT
@@ -56,40 +54,6 @@ PLOTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
         [("response_length/mean", "train"), ("val/response_length", "held-out")],
     ),
 }
-TABLE_COLUMNS = [
-    ("critic/score/mean", "reward"),
-    ("reward/accuracy", "train acc"),
-    ("val/accuracy", "val acc"),
-    ("actor/ppo_kl", "ppo_kl"),
-    ("actor/entropy", "entropy"),
-    ("response_length/mean", "resp len"),
-    ("iteration_s", "seconds"),
-]
-
-
-def collect_series(store: ArtifactStore, run_id: str) -> dict[str, dict[int, float]]:
-    """``{metric: {iteration: value}}`` from the committed per-iteration manifests. ``iteration_s`` is
-    the summed time of the iteration's rollout, reward and update phases."""
-    series: dict[str, dict[int, float]] = defaultdict(dict)
-    for m in store.list_manifests(run_id):
-        parsed = parse_iteration_stage(m.stage)
-        if parsed is None:
-            continue
-        it, kind = parsed
-        summary = m.summary
-        values: Mapping[str, Any] = summary.get("metrics", summary) if kind == "reward" else summary
-        for key, value in values.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and "/" in key:
-                if kind == "reward" and key.startswith(("critic/", "response_length/")):
-                    continue  # the update stage reports the same batch figures
-                series[key][it] = float(value)
-        if kind == "rollout":
-            series["timing_s/rollout"][it] = float(summary.get("seconds", 0.0))
-    for it in set(series.get("timing_s/rollout", {})) | set(series.get("timing_s/update_actor", {})):
-        series["iteration_s"][it] = sum(
-            v[it] for k, v in series.items() if k.startswith("timing_s/") and "validate" not in k and it in v
-        )
-    return dict(series)
 
 
 def _png(title: str, lines: list[tuple[str, dict[int, float]]], xlabel: str = "iteration") -> bytes:
@@ -115,7 +79,7 @@ def _timing_png(stage_seconds: Mapping[str, float], series: Mapping[str, Mapping
 
     fig = Figure(figsize=(10, 4.0), dpi=100)
     left, right = fig.subplots(1, 2)
-    names = [k for k in stage_seconds if not k.startswith("rl/")]
+    names = list(stage_seconds)
     left.barh(names, [stage_seconds[k] for k in names])
     left.set_title("seconds per pipeline stage")
     left.invert_yaxis()
@@ -132,23 +96,13 @@ def _timing_png(stage_seconds: Mapping[str, float], series: Mapping[str, Mapping
     return buf.getvalue()
 
 
-def metrics_markdown(series: Mapping[str, Mapping[int, float]]) -> str:
-    """The per-iteration metrics table (markdown); columns the run does not have are left out."""
-    cols = [(k, label) for k, label in TABLE_COLUMNS if series.get(k)]
-    iterations = sorted({it for k, _ in cols for it in series[k]})
-    lines = [
-        "| iteration | " + " | ".join(label for _, label in cols) + " |",
-        "|---:|" + "---:|" * len(cols),
-    ]
-    for it in iterations:
-        cells = [f"{series[k][it]:.4g}" if it in series[k] else "" for k, _ in cols]
-        lines.append(f"| {it} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 @task(name="report")
-def report(ctx: RunContext, stage_seconds: dict[str, float]) -> str:
-    """Render the run's plots and metrics table; returns the report stage's manifest URI."""
+def report(
+    ctx: RunContext, stage_seconds: dict[str, float], rl_phase_seconds: dict[str, float] | None = None
+) -> str:
+    """Render the run's plots and metrics table from its committed iteration stages, the pipeline's
+    ``stage_seconds`` (stage → wall seconds) and ``rl_phase_seconds`` (RL phase → seconds inside the
+    loop, kept in metrics.json); returns the report stage's manifest URI."""
     store = ctx.store()
     series = collect_series(store, ctx.run_id)
     plots = {
@@ -161,7 +115,10 @@ def report(ctx: RunContext, stage_seconds: dict[str, float]) -> str:
     stage = store.open_stage(ctx.run_id, STAGE, force=True)
     for name, data in plots.items():
         stage.write_bytes(f"plots/{name}.png", data)
-    stage.write_json("metrics.json", {"series": series, "stage_seconds": stage_seconds})
+    stage.write_json(
+        "metrics.json",
+        {"series": series, "stage_seconds": stage_seconds, "rl_phase_seconds": rl_phase_seconds or {}},
+    )
     stage.write_bytes("report.md", markdown.encode())
     uri = stage.commit(summary={"plots": sorted(f"plots/{n}.png" for n in plots)})
     tracker = ctx.tracker()

@@ -2,15 +2,15 @@
 (``2026-11-21``, ``20261121`` or ``2026-11-21T0300Z``); the newest one is used and recorded.
 
 The config's ``data.train_files`` / ``data.val_files`` are then file names inside the snapshot; the
-resolved config (written to ``run.json``) holds the full paths and no prefix, so the run records
-exactly which snapshot it read.
+resolved ``data`` section (which the pipeline puts into the config it writes to ``run.json``) holds
+the full paths and no prefix, so the run records exactly which snapshot it read.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import task
@@ -46,30 +46,32 @@ def newest_snapshot(prefix: str) -> Path:
 @dataclass(frozen=True)
 class DataSnapshot:
     """The data snapshot a run reads: its directory (None without ``data.snapshot_prefix``) and the
-    dotted overrides that point the config's ``data`` at its files."""
+    ``data`` section pointing at its files (the given section, unchanged, without a prefix)."""
 
-    path: str | None = None
-    overrides: list[str] = field(default_factory=list)
+    path: str | None
+    data: DataConfig
 
 
 @task(name="resolve-snapshot")
 def resolve_snapshot(data: DataConfig) -> DataSnapshot:
-    """The newest snapshot under ``data.snapshot_prefix`` and the overrides that select its files
-    (an empty :class:`DataSnapshot` without a prefix)."""
+    """The newest snapshot under ``data.snapshot_prefix`` and ``data`` with its files' full paths and
+    no prefix."""
     if data.snapshot_prefix is None:
-        return DataSnapshot()
+        return DataSnapshot(None, data)
     snapshot = newest_snapshot(data.snapshot_prefix)
     if not data.train_files:
         raise ConfigError("data.train_files: name the training file(s) inside each snapshot directory")
 
-    def inside(names: list[str]) -> str:
+    def inside(names: list[str]) -> list[str]:
         paths = [os.path.join(snapshot, n) for n in names]
         for p in paths:
             if not os.path.isfile(p):
                 raise DataError(f"snapshot {snapshot.name}: {p!r} does not exist")
-        return "[" + ", ".join(repr(p) for p in paths) + "]"
+        return paths
 
-    out = [f"data.train_files={inside(data.train_files)}", "data.snapshot_prefix=null"]
+    # no field these touch has a validator (plain lists of strings, an optional string), so a copy
+    # with the update is as valid as the section it came from
+    update = {"train_files": inside(data.train_files), "snapshot_prefix": None}
     if data.val_files:
-        out.append(f"data.val_files={inside(data.val_files)}")
-    return DataSnapshot(str(snapshot), out)
+        update["val_files"] = inside(data.val_files)
+    return DataSnapshot(str(snapshot), data.model_copy(update=update))

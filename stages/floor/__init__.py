@@ -4,8 +4,10 @@ besides the stage tasks themselves.
     locations   stage names of a run (``iter-XXXX/rollout``, ``ckpt/iter-XXXX``, ``export/...``),
                 built and parsed in one place
     builders    config sections → verl_core objects (policy, scorers, sampling params, optimizer specs)
-    artifacts   readers/writers of artifacts more than one stage uses (policies, tokenizer, exports,
-                the rollouts table)
+    artifacts   readers/writers of artifacts more than one stage uses (policies, tokenizer, exports
+                and their copies, what an eval evaluates, the rollouts table)
+    reports     what eval and report commit, read back for flows: the typed eval report and its
+                samples, per-iteration metric series and their markdown table
     state       the RL loop's in-memory state and its checkpoint protocol
     logging     stage loggers, progress bars, the ``timed`` context manager
 

@@ -7,13 +7,20 @@ is reloaded from ``model.path``). Written by sft and the RL checkpoints, read by
 and eval.
 
 Also: the run's tokenizer (written by template_pack under ``tokenizer/``), export model dirs (written
-by export under ``model/``), which policy stage a run has for an iteration, and the rollouts table
-(kind "rollouts") with the deterministic prompt batches it is sampled from.
+by export under ``model/``, copied out by :func:`copy_export`), which policy stage a run has for an
+iteration, what an eval evaluates (:class:`EvalSource`), and the rollouts table (kind "rollouts") with
+the deterministic prompt batches it is sampled from.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import posixpath
+import re
+import shutil
 import tempfile
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +30,7 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from stages.floor.locations import SFT, TEMPLATE_PACK, ckpt_stage, export_stage, list_checkpoints
+from stages.floor.locations import SFT, ckpt_stage, eval_label, export_stage, list_checkpoints
 from verl_core.config import ModelConfig
 from verl_core.data import load_tokenizer_from_bytes
 from verl_core.errors import ArtifactNotFoundError, ConfigError, DataError
@@ -31,7 +38,7 @@ from verl_core.models.checkpoint import model_files, write_files
 from verl_core.models.loading import load_causal_lm, unwrap
 from verl_core.rollout import Completion
 from verl_core.seeding import derive_seed
-from verl_core.store import ArtifactStore, Manifest, StageWriter
+from verl_core.store import ArtifactStore, Manifest, StageWriter, storage_options
 
 TOKENIZER_PREFIX = "tokenizer/"  # template_pack's tokenizer files
 MODEL_PREFIX = "model"  # an export's HF model dir
@@ -119,11 +126,6 @@ def load_tokenizer(store: ArtifactStore, template_pack_uri: str) -> Any:
     return load_tokenizer_from_bytes(files)
 
 
-def run_tokenizer(store: ArtifactStore, run_id: str) -> Any:
-    """The tokenizer of run ``run_id`` (its template_pack stage)."""
-    return load_tokenizer(store, store.manifest_uri(run_id, TEMPLATE_PACK))
-
-
 def materialise_export(store: ArtifactStore, manifest: Manifest, directory: str | Path) -> Path:
     """Write a committed export's model files into ``directory`` (for loading with transformers)."""
     out = Path(directory)
@@ -132,6 +134,38 @@ def materialise_export(store: ArtifactStore, manifest: Manifest, directory: str 
         if f.name.startswith(MODEL_PREFIX + "/"):
             (out / f.name[len(MODEL_PREFIX) + 1 :]).write_bytes(store.read_bytes(manifest, f.name))
     return out
+
+
+def copy_export(store: ArtifactStore, manifest: Manifest, dest: str) -> str:
+    """Copy a committed export's model dir to ``dest`` (a local directory or an fsspec URL); returns
+    the destination. A local destination appears complete or not at all (written beside, renamed)."""
+    names = [f.name for f in manifest.files if f.name.startswith(MODEL_PREFIX + "/")]
+    if "://" in dest and not dest.startswith("file://"):
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(dest, **storage_options(dest))
+        if fs.exists(posixpath.join(root, "config.json")):
+            raise ConfigError(f"--to: {dest} already holds a model (config.json); choose another place")
+        # config.json last: a reader that waits for it never sees a partial model
+        for name in sorted(names, key=lambda n: n.endswith("/config.json")):
+            rel = name[len(MODEL_PREFIX) + 1 :]
+            fs.pipe_file(posixpath.join(root, rel), store.read_bytes(manifest, name))
+        return dest
+    target = Path(re.sub(r"^file://", "", dest)).expanduser().resolve()
+    if target.exists() and any(target.iterdir()):
+        raise ConfigError(f"--to: {target} exists and is not empty; choose a new directory")
+    partial = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:8]}"
+    partial.mkdir(parents=True)
+    try:
+        for name in names:
+            (partial / name[len(MODEL_PREFIX) + 1 :]).write_bytes(store.read_bytes(manifest, name))
+        if target.exists():
+            target.rmdir()
+        os.replace(partial, target)
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial)
+    return str(target)
 
 
 @dataclass(frozen=True)
@@ -165,6 +199,34 @@ def latest_export(store: ArtifactStore, run_id: str) -> str | None:
     iteration), or None while it is not committed."""
     stage = export_stage(resolve_source(store, run_id, None).stage)
     return store.manifest_uri(run_id, stage) if store.committed(run_id, stage) is not None else None
+
+
+@dataclass(frozen=True)
+class EvalSource:
+    """What an eval evaluates: a committed stage of the run (an export or a checkpoint), or a directory."""
+
+    label: str  # the eval stage is eval/{label}
+    manifest_uri: str | None = None
+    model_dir: str | None = None
+
+
+def in_run_source(store: ArtifactStore, run_id: str, iteration: int | None) -> EvalSource:
+    """The run's checkpoint of ``iteration`` (None: the latest; 0: the SFT policy when there is no
+    checkpoint at 0)."""
+    s = resolve_source(store, run_id, iteration)
+    return EvalSource(eval_label(s.stage), manifest_uri=s.manifest_uri)
+
+
+def export_source(store: ArtifactStore, export_uri: str) -> EvalSource:
+    """The committed export (or checkpoint) at ``export_uri``, named after its stage."""
+    stage = store.read_manifest(export_uri).stage
+    return EvalSource(eval_label(stage), manifest_uri=export_uri)
+
+
+def dir_source(model_dir: str) -> EvalSource:
+    """An exported HF model directory (anywhere), labelled by a hash of its resolved path."""
+    path = str(Path(model_dir).expanduser().resolve())
+    return EvalSource(f"dir-{hashlib.sha256(path.encode()).hexdigest()[:12]}", model_dir=path)
 
 
 # --------------------------------------------------------------------------------------------------

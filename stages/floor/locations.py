@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Literal, cast, get_args
 
+from verl_core.errors import ArtifactNotFoundError
 from verl_core.store import ArtifactStore
 
 IterationKind = Literal["rollout", "reward", "update", "val"]
@@ -86,6 +87,14 @@ def eval_label(policy_or_export_stage: str) -> str:
 
 def eval_stage(label: str) -> str:
     return f"eval/{label}"
+
+
+def template_pack_uri(store: ArtifactStore, run_id: str) -> str:
+    """Manifest URI of the run's committed template_pack stage (its tokenizer and prompt tokens), for
+    commands that start from a run id; the pipeline passes the URI template_pack returned."""
+    if store.committed(run_id, TEMPLATE_PACK) is None:
+        raise ArtifactNotFoundError(f"run {run_id!r} has no committed {TEMPLATE_PACK} stage")
+    return store.manifest_uri(run_id, TEMPLATE_PACK)
 
 
 def list_checkpoints(store: ArtifactStore, run_id: str) -> list[int]:

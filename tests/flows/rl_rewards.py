@@ -14,3 +14,10 @@ def digit_count(completion: str, **kwargs: Any) -> float:
 def infinite(completion: str, **kwargs: Any) -> float:
     """+inf for every sample (passes the reward function's NaN check)."""
     return float("inf")
+
+
+def half_credit(completion: str, *, ground_truth: str, **kwargs: Any) -> float:
+    """Partial credit, deterministic in the text: 1.0 when the character codes of the completion and
+    its ground truth sum to an even number, else 0.5. Below the default ``reward.correct_threshold``
+    (1.0), a 0.5 is not correct: the mean score and the accuracy of a batch differ."""
+    return 1.0 if sum(map(ord, completion + ground_truth)) % 2 == 0 else 0.5

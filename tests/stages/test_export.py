@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages.export import copy_export, export_model
+from stages.export import export_model
 from stages.floor.artifacts import (
+    copy_export,
     load_tokenizer,
     materialise_export,
     read_policy,
@@ -17,7 +18,7 @@ from stages.floor.artifacts import (
     write_policy,
 )
 from stages.floor.builders import build_policy
-from stages.floor.locations import ckpt_stage
+from stages.floor.locations import ckpt_stage, template_pack_uri
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, validate_config
@@ -43,7 +44,7 @@ def _checkpoint(ctx: RunContext, cfg: VerlFlowConfig, iteration: int) -> torch.n
     """A 'trained' policy committed as ckpt/iter-XXXX: random init, every weight (LoRA B included,
     which PEFT starts at zero) moved off its init so a wrong merge would show."""
     store = ctx.store()
-    tokenizer = load_tokenizer(store, store.manifest_uri(ctx.run_id, "template_pack"))
+    tokenizer = load_tokenizer(store, template_pack_uri(store, ctx.run_id))
     lm = build_policy(cfg.model, tokenizer, seed=iteration)
     g = torch.Generator().manual_seed(iteration)
     with torch.no_grad():
@@ -70,9 +71,11 @@ def test_export_reloads_with_the_training_logits(tmp_path: Path, lora_rank: int)
     _checkpoint(ctx, cfg, 1)
     _checkpoint(ctx, cfg, 2)
     store = ctx.store()
-    uri = export_model.fn(ctx, cfg, None)  # None: the latest checkpoint
+    tp = template_pack_uri(store, ctx.run_id)
+    uri = export_model.fn(ctx, cfg, tp, None)  # None: the latest checkpoint
     m = store.read_manifest(uri)
     assert m.stage == "export/iter-0002" and m.summary["iteration"] == 2
+    assert m.inputs["tokenizer"]["uri"] == tp  # the tokenizer comes from the template_pack it was given
     names = {f.name.removeprefix("model/") for f in m.files}
     assert {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json"} <= names
     assert not any(n.startswith("adapter") for n in names)  # LoRA merged, not an adapter
@@ -110,7 +113,7 @@ def test_export_reloads_with_the_training_logits(tmp_path: Path, lora_rank: int)
         store.manifest_uri(ctx.run_id, "preprocess")
     )
     # rerun: skipped, no second registry version
-    assert export_model.fn(ctx, cfg, 2) == uri and store.read_manifest(uri).attempt == m.attempt
+    assert export_model.fn(ctx, cfg, tp, 2) == uri and store.read_manifest(uri).attempt == m.attempt
     assert (
         len(
             [
@@ -132,11 +135,8 @@ def test_source_choice_and_copy(tmp_path: Path) -> None:
     assert resolve_source(store, ctx.run_id, None).stage == "ckpt/iter-0003"
     with pytest.raises(ArtifactNotFoundError, match=r"iteration 5 \(checkpoints: 3"):
         resolve_source(store, ctx.run_id, 5)
-    m = store.read_manifest(
-        export_model.fn(
-            ctx, cfg.model_copy(update={"export": cfg.export.model_copy(update={"register_model": False})}), 3
-        )
-    )
+    no_registry = cfg.model_copy(update={"export": cfg.export.model_copy(update={"register_model": False})})
+    m = store.read_manifest(export_model.fn(ctx, no_registry, template_pack_uri(store, ctx.run_id), 3))
     dest = copy_export(store, m, str(tmp_path / "out" / "model"))
     assert sorted(p.name for p in Path(dest).iterdir()) == sorted(
         f.name.removeprefix("model/") for f in m.files

@@ -1,12 +1,16 @@
 """Stages stand side by side (STYLE.md §13): an AST scan of every import in stages/, the floor,
-benchmarks/ and flows/. A stage file imports verl_core and the floor, never another stage; the floor
-never imports a stage; benchmarks and flows import no private name from stages."""
+benchmarks/ and flows/ (relative imports resolved against the file's package). A stage file imports
+verl_core and the floor, never another stage; the floor never imports a stage; benchmarks and flows
+import no private name from stages; what a flow imports from a stage module is a Prefect task or flow
+(helpers and readers live in the floor)."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
+import prefect
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,15 +19,37 @@ FLOOR_FILES = sorted((ROOT / "stages" / "floor").glob("*.py"))
 BENCHMARK_FILES = sorted((ROOT / "benchmarks").glob("*.py"))
 
 
-def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
-    """``(line, module, names)`` of every import in ``path`` (function-level ones included);
-    ``import a.b`` gives ``("a.b", [])``, ``from a import b, c`` gives ``("a", ["b", "c"])``."""
+def _package(path: Path) -> list[str]:
+    """The package a file's relative imports start from: ``flows/cli.py`` → ``["flows"]``; a
+    package's ``__init__.py`` is in the package itself (``stages/floor/__init__.py`` → ``["stages",
+    "floor"]``)."""
+    return list(path.relative_to(ROOT).with_suffix("").parts[:-1])
+
+
+def _absolute(path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module of ``from ... import``: ``from .x import y`` in ``flows/cli.py`` is
+    ``flows.x``, ``from ..stages.eval import y`` is ``stages.eval``, ``from . import y`` is ``flows``."""
+    if node.level == 0:
+        assert node.module is not None
+        return node.module
+    package = _package(path)
+    if node.level - 1 > len(package):
+        raise AssertionError(f"{_where(path, node.lineno)}: relative import beyond the top-level package")
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(path: Path, source: str | None = None) -> list[tuple[int, str, list[str]]]:
+    """``(line, module, names)`` of every import in ``path`` (function-level ones included; ``source``:
+    its text, read from ``path`` by default); ``import a.b`` gives ``("a.b", [])``, ``from a import
+    b, c`` gives ``("a", ["b", "c"])``; relative modules are made absolute."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(source if source is not None else path.read_text(), str(path))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name, []) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.lineno, node.module, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.lineno, _absolute(path, node), [alias.name for alias in node.names]))
     return found
 
 
@@ -50,9 +76,29 @@ def test_scan_sees_the_stage_files() -> None:
         "locations",
         "builders",
         "artifacts",
+        "reports",
         "state",
         "logging",
     }
+
+
+def test_scan_resolves_relative_imports() -> None:
+    source = "from .pipeline import a\nfrom ..stages.eval import b\nfrom . import rl\nimport stages.x\n"
+    assert _imports(ROOT / "flows" / "x.py", source) == [
+        (1, "flows.pipeline", ["a"]),
+        (2, "stages.eval", ["b"]),
+        (3, "flows", ["rl"]),
+        (4, "stages.x", []),
+    ]
+    # in a stage file, a sibling stage is reached relatively too
+    found = _imports(ROOT / "stages" / "eval.py", "from .floor.artifacts import y\nfrom . import rollout\n")
+    assert [m for _, module, names in found for m in _stage_modules(module, names)] == [
+        "stages.floor.artifacts",
+        "stages.rollout",
+    ]
+    assert _imports(ROOT / "stages" / "floor" / "__init__.py", "from .. import eval\n") == [
+        (1, "stages", ["eval"])
+    ]
 
 
 @pytest.mark.parametrize("path", STAGE_FILES, ids=lambda p: p.name)
@@ -82,12 +128,13 @@ def _private_stage_imports(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), str(path))
     bad, aliases = [], {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "stages" or node.module.startswith("stages."):
+        if isinstance(node, ast.ImportFrom):
+            module = _absolute(path, node)
+            if module == "stages" or module.startswith("stages."):
                 for alias in node.names:
                     if alias.name.startswith("_"):
-                        bad.append(f"{_where(path, node.lineno)}: from {node.module} import {alias.name}")
-                    elif node.module == "stages":  # a stage module under a local name
+                        bad.append(f"{_where(path, node.lineno)}: from {module} import {alias.name}")
+                    elif module == "stages":  # a stage module under a local name
                         aliases[alias.asname or alias.name] = f"stages.{alias.name}"
         elif isinstance(node, ast.Import):
             for alias in node.names:
@@ -114,3 +161,39 @@ def test_benchmarks_import_no_private_stage_name(path: Path) -> None:
 def test_flows_import_no_private_stage_name(path: Path) -> None:
     bad = _private_stage_imports(path)
     assert not bad, "flows use stage tasks and the floor's public names:\n" + "\n".join(bad)
+
+
+def _not_tasks(module: str, names: list[str]) -> list[str]:
+    """What ``from {module} import {names}`` takes from a stage module that is not a Prefect task or
+    flow (``from stages import x`` takes the module ``stages.x`` itself)."""
+    if module == "stages":
+        return [f"stages.{n} (a module)" for n in names]
+    if not names:
+        return [f"{module} (a module)"]
+    stage = importlib.import_module(module)
+    return [
+        f"{module}.{name}"
+        for name in names
+        if not isinstance(getattr(stage, name, None), (prefect.Task, prefect.Flow))
+    ]
+
+
+def test_the_task_check_catches_helpers() -> None:
+    assert _not_tasks("stages.report", ["report", "PLOTS"]) == ["stages.report.PLOTS"]
+    assert _not_tasks("stages.eval", ["evaluate"]) == []
+    assert _not_tasks("stages", ["eval"]) == ["stages.eval (a module)"]
+    assert _not_tasks("stages.eval", []) == ["stages.eval (a module)"]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "flows").glob("*.py")), ids=lambda p: p.name)
+def test_flows_take_only_tasks_and_flows_from_stage_modules(path: Path) -> None:
+    bad = [
+        f"{_where(path, line)}: {what}"
+        for line, module, names in _imports(path)
+        if (module == "stages" or module.startswith("stages.")) and not _is_floor(module)
+        for what in _not_tasks(module, [n for n in names if not _is_floor(f"{module}.{n}")])
+    ]
+    assert not bad, (
+        "a flow takes Prefect tasks/flows from stage modules; readers and helpers come from stages.floor:\n"
+        + "\n".join(bad)
+    )

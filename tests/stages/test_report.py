@@ -3,10 +3,12 @@ stage, how an iteration's seconds add up), the markdown table, and the plots it 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from stages.floor.locations import iteration_stage
-from stages.report import collect_series, metrics_markdown, report
+from stages.floor.reports import collect_series, metrics_markdown
+from stages.report import report
 from verl_core.run import RunContext
 from verl_core.store import ArtifactStore
 
@@ -63,7 +65,8 @@ def test_metrics_table(tmp_path: Path) -> None:
 
 def test_report_commits_plots_and_table(tmp_path: Path) -> None:
     store = _run(tmp_path)
-    uri = report.fn(RunContext(run_id="r", store_url=str(tmp_path)), {"preprocess": 1.0, "rl": 4.0})
+    ctx = RunContext(run_id="r", store_url=str(tmp_path))
+    uri = report.fn(ctx, {"preprocess": 1.0, "rl": 4.0}, {"rollout": 2.5, "update": 1.5})
     m = store.read_manifest(uri)
     assert m.stage == "report"
     assert m.summary["plots"] == [
@@ -75,3 +78,6 @@ def test_report_commits_plots_and_table(tmp_path: Path) -> None:
     ]
     assert all(store.read_bytes(m, p).startswith(b"\x89PNG") for p in m.summary["plots"])
     assert "| 0 | 0.5 | 0.25 |" in store.read_bytes(m, "report.md").decode()
+    metrics = json.loads(store.read_bytes(m, "metrics.json"))
+    assert metrics["stage_seconds"] == {"preprocess": 1.0, "rl": 4.0}
+    assert metrics["rl_phase_seconds"] == {"rollout": 2.5, "update": 1.5}

@@ -1,5 +1,7 @@
 """Validation stage on a tiny model: greedy held-out accuracy = mean ``correct`` of the committed
-rewards, committed with the policy lineage, skipped on rerun, refused for the wrong policy version."""
+rewards, committed with the policy lineage, skipped on rerun, refused for the wrong policy version;
+with partial-credit rewards, accuracy is the fraction scoring ≥ ``reward.correct_threshold`` (not the
+mean reward), as the eval stage counts it on the same policy."""
 
 from __future__ import annotations
 
@@ -8,11 +10,24 @@ from pathlib import Path
 
 import pytest
 
+from stages.eval import evaluate
+from stages.floor.artifacts import in_run_source
 from stages.floor.locations import iteration_stage, validations
-from stages.floor.state import drop_state, get_state, init_state
+from stages.floor.reports import read_eval_report
+from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
 from stages.validate import validate
 from tests.stages.conftest import TINY_RL
+from verl_core.config import VerlFlowConfig, validate_config
 from verl_core.run import RunContext
+
+# scores 0.5 or 1.0 (tests/flows/rl_rewards.py); the default correct_threshold is 1.0
+PARTIAL_CREDIT = validate_config(
+    {
+        **TINY_RL.model_dump(mode="json"),
+        "reward": {"scorers": [{"name": "function"}], "function": "tests.flows.rl_rewards:half_credit"},
+        "eval": {"k": 1},  # greedy only, as validation
+    }
+)
 
 
 @pytest.fixture
@@ -47,3 +62,41 @@ def test_validation_accuracy_is_the_mean_of_correct(ctx: RunContext, tiny_rl: tu
 def test_validation_needs_the_policy_of_its_iteration(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
     with pytest.raises(RuntimeError, match="validation at iteration 1 needs policy version 1, have 0"):
         validate.fn(ctx, TINY_RL, tiny_rl[1], 1)
+
+
+def test_partial_credit_accuracy_counts_scores_at_the_threshold(tiny_rl: tuple[Path, str]) -> None:
+    cfg: VerlFlowConfig = PARTIAL_CREDIT
+    assert cfg.reward.correct_threshold == 1.0
+    ctx = RunContext(run_id="validate-partial", store_url=str(tiny_rl[0]))
+    store = ctx.store()
+    init_state(ctx, cfg, tiny_rl[1], None)
+    try:
+        accuracy = validate.fn(ctx, cfg, tiny_rl[1], 0)
+        save_checkpoint(ctx, cfg, 0)  # the same policy, for the eval stage
+    finally:
+        drop_state(ctx.run_id)
+    m = store.committed(ctx.run_id, iteration_stage(0, "val"))
+    assert m is not None
+    rewards = store.read_table(m, "rewards.parquet")
+    scores = rewards.column("score").to_pylist()
+    # both kinds of score occur, so "mean score" and "fraction correct" can tell each other apart
+    assert set(scores) == {0.5, 1.0}
+    full = sum(s >= 1.0 for s in scores)
+    assert rewards.column("correct").to_pylist() == [s >= 1.0 for s in scores]
+    # as of writing 5 of 8 score 1.0 and 3 score 0.5: accuracy 5/8 = 0.625, reward mean
+    # (5·1.0 + 3·0.5)/8 = 0.8125 (mean correct ≠ mean score whenever some sample scores 0.5)
+    assert accuracy == m.summary["val/accuracy"] == full / len(scores)
+    assert m.summary["val/reward_mean"] == sum(scores) / len(scores)
+    assert m.summary["val/reward_mean"] > accuracy
+
+    # the eval stage on the same policy: the same greedy samples, the same verdicts, the same accuracy
+    uri = evaluate.fn(ctx, cfg, tiny_rl[1], in_run_source(store, ctx.run_id, 0))
+    ev = store.read_manifest(uri)
+    assert (
+        store.read_table(ev, "greedy/rollouts.parquet").column("response_text").to_pylist()
+        == store.read_table(m, "rollouts.parquet").column("response_text").to_pylist()
+    )
+    assert store.read_table(ev, "greedy/rewards.parquet").column("correct").to_pylist() == (
+        rewards.column("correct").to_pylist()
+    )
+    assert read_eval_report(store, uri).accuracy == accuracy
