@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 
@@ -9,6 +10,12 @@ def digit_count(completion: str, **kwargs: Any) -> float:
     """Number of digits in the completion: differs between samples of a tiny random policy, so GRPO
     advantages (and the gradients) are not all zero."""
     return float(sum(ch.isdigit() for ch in completion))
+
+
+def text_hash(completion: str, **kwargs: Any) -> float:
+    """A score in [0, 1) from a hash of the completion: two different samples almost surely score
+    differently, so every group of a random policy has non-zero GRPO advantages."""
+    return (zlib.crc32(completion.encode()) % 1000) / 1000
 
 
 def infinite(completion: str, **kwargs: Any) -> float:

@@ -40,7 +40,7 @@ CFG = VerlFlowConfig.model_validate(
         "critic": {"lr": 1e-3},
         "rollout": {"n": 2},
         # a reward that varies between samples of the random policy, so gradients are not zero
-        "reward": {"scorers": [{"name": "function"}], "function": "tests.flows.rl_rewards:digit_count"},
+        "reward": {"scorers": [{"name": "function"}], "function": "tests.flows.rl_rewards:text_hash"},
         "trainer": {
             "total_iterations": 3,
             "save_freq": 1,

@@ -110,10 +110,10 @@ def _gradient(value: float, state: RLState) -> Iterator[None]:
 
 
 Inject = Callable[[RLState], Any]
-LOSS_NAN = r"^ppo_update iteration 1 actor: loss is nan at step \d+, micro-batch 0$"
+LOSS_NAN = r"^ppo_update: iteration 1 actor: loss is nan at step \d+, micro-batch 0$"
 OLD_LOGP = r"^ppo_update: iteration 1: old_log_probs contains NaN/Inf \(before any optimizer step\)$"
 GRAD_INF = (
-    r"^ppo_update iteration 1 actor: grad_norm is (inf|nan) at step \d+ "
+    r"^ppo_update: iteration 1 actor: grad_norm is (inf|nan) at step \d+ "
     r"\(non-finite gradient of lm\.model\.layers\.0\.self_attn\.q_proj\.weight"
 )
 CASES: list[tuple[str, Inject, str]] = [
