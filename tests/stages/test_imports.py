@@ -101,26 +101,16 @@ def test_scan_resolves_relative_imports() -> None:
     ]
 
 
-@pytest.mark.parametrize("path", STAGE_FILES, ids=lambda p: p.name)
-def test_a_stage_imports_no_other_stage(path: Path) -> None:
+@pytest.mark.parametrize("path", STAGE_FILES + FLOOR_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_stages_and_the_floor_import_only_the_floor(path: Path) -> None:
+    # a stage file imports verl_core and stages.floor only; the floor imports verl_core and itself
     bad = [
         f"{_where(path, line)}: imports {reached}"
         for line, module, names in _imports(path)
         for reached in _stage_modules(module, names)
         if not _is_floor(reached)
     ]
-    assert not bad, "a stage file imports verl_core and stages.floor only:\n" + "\n".join(bad)
-
-
-@pytest.mark.parametrize("path", FLOOR_FILES, ids=lambda p: p.name)
-def test_the_floor_imports_no_stage(path: Path) -> None:
-    bad = [
-        f"{_where(path, line)}: imports {reached}"
-        for line, module, names in _imports(path)
-        for reached in _stage_modules(module, names)
-        if not _is_floor(reached)
-    ]
-    assert not bad, "the floor imports verl_core and itself only:\n" + "\n".join(bad)
+    assert not bad, "stages import only stages.floor (and verl_core):\n" + "\n".join(bad)
 
 
 def _private_stage_imports(path: Path) -> list[str]:
