@@ -34,7 +34,8 @@ from stages.floor.locations import SFT, ckpt_stage, eval_label, export_stage, li
 from verl_core.config import ModelConfig
 from verl_core.data import load_tokenizer_from_bytes
 from verl_core.errors import ArtifactNotFoundError, ConfigError, DataError
-from verl_core.models.checkpoint import model_files, write_files
+from verl_core.files import write_files
+from verl_core.models.checkpoint import model_files
 from verl_core.models.loading import load_causal_lm, unwrap
 from verl_core.rollout import Completion
 from verl_core.seeding import derive_seed
@@ -96,12 +97,18 @@ def read_policy(store: ArtifactStore, manifest: Manifest, prefix: str, model: Mo
         return PeftModel.from_pretrained(base, str(policy_dir), is_trainable=True)
 
 
-def _materialise(store: ArtifactStore, manifest: Manifest, prefix: str, directory: Path) -> Path:
-    files = {
-        f.name[len(prefix) + 1 :]: store.read_bytes(manifest, f.name)
+def files_under(store: ArtifactStore, manifest: Manifest, prefix: str) -> dict[str, bytes]:
+    """``{name: bytes}`` of a committed stage's files under ``prefix/`` (a model or tokenizer dir)."""
+    start = prefix.rstrip("/") + "/"
+    return {
+        f.name[len(start) :]: store.read_bytes(manifest, f.name)
         for f in manifest.files
-        if f.name.startswith(prefix + "/")
+        if f.name.startswith(start)
     }
+
+
+def _materialise(store: ArtifactStore, manifest: Manifest, prefix: str, directory: Path) -> Path:
+    files = files_under(store, manifest, prefix)
     if not files:
         raise ConfigError(
             f"stage {manifest.stage!r} of run {manifest.run_id!r} has no checkpoint under {prefix}/"
@@ -115,12 +122,7 @@ def _materialise(store: ArtifactStore, manifest: Manifest, prefix: str, director
 
 def load_tokenizer(store: ArtifactStore, template_pack_uri: str) -> Any:
     """The tokenizer template_pack wrote (same ids as when it was trained), chat template set."""
-    manifest = store.read_manifest(template_pack_uri)
-    files = {
-        f.name.removeprefix(TOKENIZER_PREFIX): store.read_bytes(manifest, f.name)
-        for f in manifest.files
-        if f.name.startswith(TOKENIZER_PREFIX)
-    }
+    files = files_under(store, store.read_manifest(template_pack_uri), TOKENIZER_PREFIX)
     if not files:
         raise DataError(f"{template_pack_uri}: the stage wrote no tokenizer files")
     return load_tokenizer_from_bytes(files)
@@ -128,12 +130,7 @@ def load_tokenizer(store: ArtifactStore, template_pack_uri: str) -> Any:
 
 def materialise_export(store: ArtifactStore, manifest: Manifest, directory: str | Path) -> Path:
     """Write a committed export's model files into ``directory`` (for loading with transformers)."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    for f in manifest.files:
-        if f.name.startswith(MODEL_PREFIX + "/"):
-            (out / f.name[len(MODEL_PREFIX) + 1 :]).write_bytes(store.read_bytes(manifest, f.name))
-    return out
+    return write_files(files_under(store, manifest, MODEL_PREFIX), directory)
 
 
 def copy_export(store: ArtifactStore, manifest: Manifest, dest: str) -> str:

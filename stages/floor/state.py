@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stages.floor.artifacts import load_tokenizer, read_policy, write_policy
+from stages.floor.artifacts import files_under, load_tokenizer, read_policy, write_policy
 from stages.floor.builders import (
     actor_spec,
     build_policy,
@@ -44,13 +44,13 @@ from stages.floor.logging import stage_logger
 from verl_core.algorithms import KLController, make_kl_controller
 from verl_core.config import VerlFlowConfig, canonical_json
 from verl_core.errors import ArtifactNotFoundError, ConfigError
+from verl_core.files import write_files
 from verl_core.models.checkpoint import (
     load_state_bytes,
     model_files,
     rng_state,
     set_rng_state,
     state_bytes,
-    write_files,
 )
 from verl_core.models.heads import load_value_model, value_model_from_policy
 from verl_core.models.loading import resolve_device
@@ -265,11 +265,7 @@ def _critic(cfg: VerlFlowConfig, store: ArtifactStore, ckpt: Manifest | None, lm
     import tempfile
 
     if ckpt is not None:
-        files = {
-            f.name[len("critic/") :]: store.read_bytes(ckpt, f.name)
-            for f in ckpt.files
-            if f.name.startswith("critic/")
-        }
+        files = files_under(store, ckpt, "critic")
         if not files:
             raise ArtifactNotFoundError(f"checkpoint {ckpt.stage} of run {ckpt.run_id} has no critic")
         with tempfile.TemporaryDirectory() as tmp:

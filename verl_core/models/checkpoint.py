@@ -17,7 +17,6 @@ from torch import nn
 
 from verl_core.errors import ArtifactCorruptError
 from verl_core.files import read_files
-from verl_core.files import write_files as write_files  # stages import it from here
 
 
 def model_files(model: nn.Module, tokenizer: Any | None = None) -> dict[str, bytes]:

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from verl_core.errors import ConfigError
-from verl_core.models.checkpoint import model_files, write_files
+from verl_core.files import write_files
+from verl_core.models.checkpoint import model_files
 from verl_core.models.loading import (
     ModelLoadError,
     QuantSpec,
