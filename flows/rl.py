@@ -1,7 +1,7 @@
 """The RL iteration loop: rollout → reward → ppo_update, × the planned iterations
-(:func:`stages.floor.builders.planned_iterations`), with validation and checkpoints. One flow run, so
-in local mode the policy, reference and critic stay in memory across iterations (artifacts are still
-written for every stage).
+(:func:`stages.floor.builders.planned_iterations`, computed once by the RL state), with validation
+and checkpoints. One flow run, so in local mode the policy, reference and critic stay in memory across
+iterations (artifacts are still written for every stage).
 
 Resume (``trainer.resume_mode``): the loop starts after the last committed checkpoint; iterations
 whose rollout/reward artifacts are committed are not sampled again (same seeds → same data).
@@ -13,10 +13,9 @@ from typing import NamedTuple
 
 from prefect import flow, get_run_logger, task
 
-from stages.floor.builders import planned_iterations
 from stages.floor.locations import ckpt_stage, validations
 from stages.floor.logging import timed
-from stages.floor.state import RLResult, drop_state, get_state, init_state, save_checkpoint, train_prompts
+from stages.floor.state import RLResult, drop_state, get_state, init_state, save_checkpoint
 from stages.ppo_update import ppo_update
 from stages.reward import reward
 from stages.rollout import rollout
@@ -80,8 +79,7 @@ def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft
     logger = get_run_logger()
     cfg, t, store = config, config.trainer, ctx.store()
     start = init_rl_state(ctx, cfg, template_pack_uri, sft_uri)
-    lineage = get_state(ctx).lineage
-    total = planned_iterations(cfg, train_prompts(store, template_pack_uri))
+    lineage, total = get_state(ctx).lineage, get_state(ctx).iterations
     val: dict[int, float] = {}
     timings = {"rollout": 0.0, "reward": 0.0, "update": 0.0, "validate": 0.0}
     try:

@@ -78,6 +78,7 @@ class RLState:
     engine: RolloutEngine
     kl_ctrl: KLController
     version: int  # PPO updates applied = the iteration whose rollout comes next
+    iterations: int  # the RL iterations the run plans (the loop's length, the LR schedule's)
     lineage: str  # identity of the starting weights (SFT manifest sha or the initial policy)
     device: torch.device
     pending: list[Manifest] = field(default_factory=list)  # sealed updates, published with the next ckpt
@@ -168,6 +169,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         engine,
         kl_ctrl,
         version,
+        iterations,
         lineage,
         device,
     )

@@ -45,6 +45,7 @@ def test_fresh_state_plans_its_lr_schedule_over_the_planned_iterations(
     assert planned_iterations(cfg, n) == min(4, -(-n // 2))
     # actor: iterations × ppo_epochs (1) × mini-batches per iteration (2 // 1)
     assert state.actor_engine.spec.total_steps == planned_iterations(cfg, n) * 1 * 2
+    assert state.iterations == planned_iterations(cfg, n)  # the loop's length too
 
 
 def test_checkpoint_publishes_pending_updates_and_resume_restores_the_optimizer(
