@@ -291,12 +291,21 @@ def test_remax_uses_the_baseline_scores() -> None:
         run(make_models(), make_spec(adv_estimator="remax"))
 
 
-def test_kl_in_reward_lowers_rewards_and_is_returned() -> None:
+def test_kl_in_reward_is_the_k1_estimate_per_token() -> None:
+    # k1: KL_t = log π_old(y_t) − log π_ref(y_t) on every response token (0 past the end); the logged
+    # penalty is the mean over samples of each sample's mean token KL
     models = make_models(ref=True)
-    result = run(models, make_spec(use_kl_in_reward=True, kl_penalty="kl"))
-    assert result.kl is not None and result.kl.shape == (6, 4)
+    batch = make_batch()
+    with torch.no_grad():
+        packed = batch.micro(range(6))
+        old = response_log_probs(models.actor, packed)[0]
+        ref = response_log_probs(models.ref, packed)[0]  # type: ignore[arg-type]
+    result = run(models, make_spec(use_kl_in_reward=True, kl_penalty="kl"), batch)
+    assert result.kl is not None
+    torch.testing.assert_close(result.kl, (old - ref) * packed.response_mask, atol=1e-5, rtol=1e-4)
+    per_sample = [float((old - ref)[s, : len(r)].mean()) for s, r in enumerate(RESPONSES)]
+    assert result.metrics["actor/reward_kl_penalty"] == pytest.approx(sum(per_sample) / 6, rel=1e-4)
     assert result.metrics["actor/reward_kl_penalty_coeff"] == 0.05
-    assert "actor/reward_kl_penalty" in result.metrics
     with pytest.raises(ValueError, match="needs a reference policy"):
         run(make_models(), make_spec(use_kl_in_reward=True))
 
