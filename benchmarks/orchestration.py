@@ -19,10 +19,10 @@ in its own run id so nothing is skipped) run three ways:
   called directly, ``task.fn``), in a plain Python loop after ``stages.floor.state.init_state``, with
   ``save_checkpoint`` at the end: artifacts written and read exactly as in the flow, no Prefect.
 - ``bare``:  the components only: ``engine.generate`` on the iteration's prompt ids, the floor's
-  ``score_batch`` on the completions, and ``verl_core.training.ppo.ppo_iteration`` on a
-  ``RolloutBatch`` built from the completions and scores (the floor's ``ppo_models``/``ppo_spec``, the
-  update stage's seed) — no artifacts, no manifests, no Prefect. It does not sample ReMax's greedy
-  baselines (refused).
+  ``score_batch`` on the completions, and ``verl_core.training.ppo.ppo_iteration`` on the
+  ``RolloutBatch`` of the in-memory rollouts and rewards tables (the floor's ``ppo_models``/``ppo_spec``,
+  the update stage's seed) — no artifacts written or read, no manifests, no Prefect. It does not
+  sample ReMax's greedy baselines (refused).
 
 Why three: "plain loop" can mean either. ``bare`` is the honest baseline for "what do the stage
 boundaries cost" (Prefect task runs + Parquet artifacts + manifests/commits + stage bookkeeping);
@@ -59,11 +59,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from verl_core.rollout import Completion
-    from verl_core.training.ppo import RolloutBatch
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -218,12 +214,12 @@ def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> dict[str, Any]:
-    from stages.floor.artifacts import batch_rows
+    from stages.floor.artifacts import batch_rows, rollouts_table
     from stages.floor.builders import build_scorers, ppo_spec, sampling_params, score_batch, update_seed
     from stages.floor.state import drop_state, get_state, init_state, ppo_models
-    from verl_core.reward import RewardBatch
+    from verl_core.reward import batch_from_columns, rewards_table
     from verl_core.run import start_run
-    from verl_core.training.ppo import ppo_iteration
+    from verl_core.training.ppo import RolloutBatch, ppo_iteration
 
     cfg = s["cfg"]
     ctx = start_run(cfg, run_id)
@@ -248,25 +244,14 @@ def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> d
             )
             parts["rollout"] += time.perf_counter() - t
             t = time.perf_counter()
-            col = {k: batch.column(k).to_pylist() for k in ("data_source", "ground_truth", "prompt_text")}
-            p = [c.prompt_index for c in completions]
-            rb = RewardBatch(
-                group_id=p,
-                sample_index=[c.sample_index for c in completions],
-                data_source=[col["data_source"][i] for i in p],
-                ground_truth=[col["ground_truth"][i] for i in p],
-                prompt_text=[col["prompt_text"][i] for i in p],
-                response_text=[c.response_text for c in completions],
-                response_length=[len(c.response_ids) for c in completions],
-                finish_reason=[c.finish_reason for c in completions],
-                extra_info=[{} for _ in completions],
-            )
+            table = rollouts_table(completions, batch, it, state.version)  # in memory, never written
+            rb = batch_from_columns(table)
             result = score_batch(cfg.reward, rb, d.max_response_length, scorers)
             parts["reward"] += time.perf_counter() - t
             t = time.perf_counter()
             update = ppo_iteration(
                 ppo_models(state),
-                bare_batch(completions, result.scores, with_logprobs=cfg.actor.use_rollout_logprobs),
+                RolloutBatch.from_tables(table, rewards_table(rb, result)),
                 ppo_spec(cfg, it),
                 kl_ctrl=state.kl_ctrl,
                 seed=update_seed(cfg, it),  # the update stage's seed
@@ -289,27 +274,6 @@ def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> d
         "scores": scores,
         "weights": weights,
     }
-
-
-def bare_batch(completions: list[Completion], scores: list[float], *, with_logprobs: bool) -> RolloutBatch:
-    """The :class:`RolloutBatch` the update stage would read back from the rollouts and rewards tables
-    (group = the prompt's position in the iteration's batch); behaviour log-probs only when used."""
-    from torch.nn.utils.rnn import pad_sequence
-
-    from verl_core.training.ppo import RolloutBatch
-
-    behaviour = None
-    if with_logprobs:
-        logprobs = [torch.tensor(c.logprobs, dtype=torch.float32) for c in completions]
-        behaviour = pad_sequence(logprobs, batch_first=True)
-    return RolloutBatch(
-        prompt_ids=[c.prompt_ids for c in completions],
-        response_ids=[c.response_ids for c in completions],
-        group_ids=torch.tensor([c.prompt_index for c in completions], dtype=torch.long),
-        sample_index=torch.tensor([c.sample_index for c in completions], dtype=torch.long),
-        scores=torch.tensor(scores, dtype=torch.float32),
-        behaviour_log_probs=behaviour,
-    )
 
 
 def _from_manifests(

@@ -127,7 +127,11 @@ class RolloutBatch:
         if rollouts.num_rows != rewards.num_rows:
             raise ValueError(f"{rollouts.num_rows} rollouts for {rewards.num_rows} rewards")
         for key in ("group_id", "sample_index"):
-            if key in rewards.column_names and not rollouts.column(key).equals(rewards.column(key)):
+            # values, not arrow types: in-memory tables may not have the stored int32/int64 widths yet
+            if (
+                key in rewards.column_names
+                and rollouts.column(key).to_pylist() != rewards.column(key).to_pylist()
+            ):
                 raise ValueError(f"rewards are not aligned with the rollouts (column {key!r} differs)")
         col = {name: rollouts.column(name).to_pylist() for name in _BATCH_COLUMNS}
         names = rollouts.column_names

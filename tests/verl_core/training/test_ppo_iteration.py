@@ -410,6 +410,10 @@ def test_rollout_batch_from_tables() -> None:
     assert batch.behaviour_log_probs is not None
     assert batch.behaviour_log_probs[0].tolist() == [-0.5, -0.5, -0.5, 0.0]
     assert batch.response_mask[1].tolist() == [1.0, 0.0, 0.0, 0.0]
+    # tables not yet conformed to the stored schema (int64 where the artifact has int32) still match
+    rollouts, rewards = tables()
+    wide = rewards.set_column(1, "sample_index", pa.array([0, 1] * 3, pa.int64()))
+    assert len(RolloutBatch.from_tables(rollouts, wide)) == 6
 
 
 def test_rollout_batch_sets_baseline_rows_apart() -> None:
