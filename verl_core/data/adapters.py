@@ -16,6 +16,7 @@ caller's mapping.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import os
@@ -113,9 +114,15 @@ def adapter_names() -> list[str]:
 
 
 def read_jsonl(path: str) -> Iterator[RawRow]:
-    """Rows of a JSON-lines file; blank lines are skipped, bad lines yielded with ``problem`` set."""
+    """Rows of a JSON-lines file; blank lines are skipped, bad lines yielded with ``problem`` set.
+
+    Read as ``utf-8-sig``: a byte-order mark at the start of the file (Windows editors, spreadsheet
+    exports) is dropped rather than failing the first row; CRLF line ends are whitespace to JSON.
+    """
     with _open(path) as f:
         for lineno, raw in enumerate(f, start=1):
+            if lineno == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             if not raw.strip():
                 continue
             try:

@@ -244,12 +244,12 @@ def _verl_row(
     ability = _text(data, "ability", required=False) or mapping.ability
     reward = data["reward_model"]
     if not isinstance(reward, Mapping):
-        raise BadRow(WRONG_TYPE, "reward_model", f"expected a mapping, got {type(reward).__name__}")
+        raise BadRow(WRONG_TYPE, "reward_model", f"expected a mapping, got {_kind(reward)}")
     ground_truth = _text(reward, "ground_truth", field_name="reward_model.ground_truth")
     style = _text(reward, "style", required=False, field_name="reward_model.style") or "rule"
     extra = data.get("extra_info") or {}
     if not isinstance(extra, Mapping):
-        raise BadRow(WRONG_TYPE, "extra_info", f"expected a mapping, got {type(extra).__name__}")
+        raise BadRow(WRONG_TYPE, "extra_info", f"expected a mapping, got {_kind(extra)}")
     index = extra.get("index")
     extra_info = {
         "split": split if extra.get("split") is None else extra["split"],
@@ -334,21 +334,29 @@ def _text(
     if allow_number and is_number and math.isfinite(value):
         value = str(value)
     if not isinstance(value, str):
-        raise BadRow(WRONG_TYPE, name, f"expected a string, got {type(value).__name__}")
+        raise BadRow(WRONG_TYPE, name, f"expected a string, got {_kind(value)}")
     if required and not value.strip():
         raise BadRow(EMPTY_FIELD, name, "empty")
     return value
 
 
+def _kind(value: Any) -> str:
+    """How a value is named in a row error: non-finite floats by what they are (NaN is what pandas
+    writes for an empty cell), everything else by its type."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN (an empty cell?)" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return type(value).__name__
+
+
 def _messages(value: Any, name: str) -> list[dict[str, str]]:
     if not isinstance(value, list):
-        raise BadRow(WRONG_TYPE, name, f"expected a list of chat messages, got {type(value).__name__}")
+        raise BadRow(WRONG_TYPE, name, f"expected a list of chat messages, got {_kind(value)}")
     if not value:
         raise BadRow(EMPTY_FIELD, name, "no messages")
     out = []
     for i, m in enumerate(value):
         if not isinstance(m, Mapping):
-            got = type(m).__name__
+            got = _kind(m)
             raise BadRow(WRONG_TYPE, f"{name}[{i}]", f"expected a {{role, content}} mapping, got {got}")
         role = _text(m, "role", field_name=f"{name}[{i}].role")
         content = _text(m, "content", field_name=f"{name}[{i}].content")

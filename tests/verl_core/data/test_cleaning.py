@@ -101,6 +101,37 @@ def test_strict_mode_names_file_line_and_field(tmp_path: Path) -> None:
         clean_rows(read_jsonl(path), gsm8k_mapping(), split="train", report=CleaningReport(strict=True))
 
 
+def test_bom_and_crlf_keep_every_row(tmp_path: Path) -> None:
+    # A file saved by a Windows editor: UTF-8 byte-order mark, CRLF line ends. Both rows are kept
+    # (the BOM once cost the first row: "not valid JSON (Unexpected UTF-8 BOM)").
+    rows = [{"question": f"q{i}", "answer": f"#### {i}"} for i in (1, 2)]
+    path = tmp_path / "windows.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b"".join(json.dumps(r).encode() + b"\r\n" for r in rows))
+    report = CleaningReport(strict=True)
+    out = clean_rows(read_jsonl(str(path)), gsm8k_mapping(), split="train", report=report)
+    assert [p["extra_info"]["question"] for p in out.prompts] == ["q1", "q2"]
+    assert [p["reward_model"]["ground_truth"] for p in out.prompts] == ["1", "2"]
+
+
+@pytest.mark.parametrize(
+    ("literal", "named"),
+    [("NaN", r"NaN \(an empty cell\?\)"), ("Infinity", "Infinity"), ("-Infinity", "-Infinity")],
+)
+def test_non_finite_values_are_named(tmp_path: Path, literal: str, named: str) -> None:
+    # Python's json reads the NaN/Infinity literals (pandas writes NaN for an empty cell) as floats;
+    # the error names the value, not "got float".
+    path = _write_lines(tmp_path / "nan.jsonl", [f'{{"question": {literal}, "answer": "#### 1"}}'.encode()])
+    with pytest.raises(
+        DataError,
+        match=rf"nan\.jsonl, line 1: field 'question': expected a string, got {named} \[wrong_type\]$",
+    ):
+        clean_rows(read_jsonl(path), gsm8k_mapping(), split="train", report=CleaningReport(strict=True))
+    # A non-finite number is no ground truth either (finite numbers are accepted as answers).
+    path = _write_lines(tmp_path / "nan.jsonl", [f'{{"question": "q", "answer": {literal}}}'.encode()])
+    with pytest.raises(DataError, match=rf"field 'answer': expected a string, got {named} \[wrong_type\]$"):
+        clean_rows(read_jsonl(path), gsm8k_mapping(), split="train", report=CleaningReport(strict=True))
+
+
 def test_generic_mapping_messages_and_regex(tmp_path: Path) -> None:
     rows = [
         {
