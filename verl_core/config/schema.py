@@ -443,35 +443,12 @@ class VerlFlowConfig(Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> VerlFlowConfig:
-        if self.model.init == "pretrained" and not self.model.path:
-            raise ValueError("model.path: required when model.init is 'pretrained'")
-        if self.reward.overlong_buffer_len > self.data.max_response_length:
-            raise ValueError(
-                f"reward.overlong_buffer_len: {self.reward.overlong_buffer_len} must be <= "
-                f"data.max_response_length ({self.data.max_response_length})"
-            )
-        if self.data.train_batch_size % self.actor.ppo_mini_batch_size:
-            raise ValueError(
-                f"actor.ppo_mini_batch_size: {self.actor.ppo_mini_batch_size} must divide "
-                f"data.train_batch_size ({self.data.train_batch_size})"
-            )
-        if self.algorithm.adv_estimator == "gae" and self.critic.enable is False:
-            raise ValueError(
-                "critic.enable: got false, expected true or unset when algorithm.adv_estimator is 'gae' "
-                "(GAE needs the critic's values)"
-            )
-        if self.use_critic and self.data.train_batch_size % self.critic.ppo_mini_batch_size:
-            raise ValueError(
-                f"critic.ppo_mini_batch_size: {self.critic.ppo_mini_batch_size} must divide "
-                f"data.train_batch_size ({self.data.train_batch_size})"
-            )
-        if self.ref.path and not (self.actor.use_kl_loss or self.algorithm.use_kl_in_reward):
-            raise ValueError(
-                f"ref.path: {self.ref.path!r} is set but nothing uses a reference "
-                "(set actor.use_kl_loss or algorithm.use_kl_in_reward, or unset ref.path)"
-            )
-        if self.execution.mode == "deployments":
-            _check_shared_locations(self)
+        # every problem on its own line (verl_core.config.preflight), all of them at once
+        from verl_core.config.preflight import problems
+
+        found = problems(self)
+        if found:
+            raise ValueError("\n".join(found))
         return self
 
     @property
@@ -486,34 +463,3 @@ class VerlFlowConfig(Section):
         from verl_core.config.loader import config_hash
 
         return config_hash(self)
-
-
-def _check_shared_locations(cfg: VerlFlowConfig) -> None:
-    """In deployments mode stages run in other processes, possibly on other machines, and meet only
-    through the store (and MLflow): refuse locations only this machine can see, unless the user says
-    they are on a shared filesystem."""
-    url = cfg.store.url
-    scheme = url.split("://", 1)[0] if "://" in url else "file"
-    if scheme == "memory":
-        raise ValueError(
-            f"store.url: {url!r} lives inside one process; execution.mode=deployments needs a store "
-            "every worker can reach (s3://bucket/prefix)"
-        )
-    if scheme == "file" and not cfg.execution.shared_filesystem:
-        raise ValueError(
-            f"store.url: {url!r} is local to this machine; execution.mode=deployments needs a store "
-            "every worker can reach (s3://bucket/prefix), or execution.shared_filesystem=true if it is "
-            "a shared mount"
-        )
-    uri = cfg.tracking.uri
-    if (
-        cfg.tracking.enabled
-        and not cfg.execution.shared_filesystem
-        and (uri is None or "://" not in uri or uri.startswith(("sqlite:", "file:")))
-    ):
-        given = "not set (the default is a sqlite file beside the store)" if uri is None else repr(uri)
-        raise ValueError(
-            f"tracking.uri: {given} is a local MLflow store; execution.mode=deployments needs an MLflow "
-            "server every worker can reach (http://...), or execution.shared_filesystem=true if it is a "
-            "shared mount"
-        )

@@ -1,0 +1,96 @@
+"""Preflight: cross-field problems found at config load, one line each, all of them at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_core.config import load_config
+from verl_core.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (  # GRPO's baseline is the group mean: one sample per prompt has no group
+            ["algorithm.adv_estimator=grpo", "rollout.n=1"],
+            "rollout.n: 1 sample per prompt gives algorithm.adv_estimator 'grpo' no group baseline; "
+            "expected rollout.n >= 2 (or an estimator without groups: gae, reinforce_plus_plus, remax)",
+        ),
+        (  # arithmetic data of 6 problems cannot fill a batch of 8 prompts
+            ["data.arithmetic_train_size=6", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4"],
+            "data.train_batch_size: 8 prompts per iteration, but the data holds at most 6",
+        ),
+        (  # a cap on the cleaned rows bounds any source
+            ["data.source=gsm8k", "data.max_train_samples=5"],
+            "data.train_batch_size: 8 prompts per iteration, but the data holds at most 5",
+        ),
+        (  # defaults: 128 prompt + 64 response tokens = 192 per sample
+            ["actor.ppo_max_token_len_per_gpu=100"],
+            "actor.ppo_max_token_len_per_gpu: 100 tokens cannot hold one full-length sample "
+            "(data.max_prompt_length + data.max_response_length = 192); expected >= 192",
+        ),
+        (
+            ["rollout.log_prob_max_token_len_per_gpu=191"],
+            "rollout.log_prob_max_token_len_per_gpu: 191 tokens cannot hold one full-length sample "
+            "(data.max_prompt_length + data.max_response_length = 192); expected >= 192",
+        ),
+        (
+            ["algorithm.adv_estimator=gae", "critic.ppo_max_token_len_per_gpu=64"],
+            "critic.ppo_max_token_len_per_gpu: 64 tokens cannot hold one full-length sample",
+        ),
+        (
+            ["actor.use_kl_loss=true", "ref.log_prob_max_token_len_per_gpu=64"],
+            "ref.log_prob_max_token_len_per_gpu: 64 tokens cannot hold one full-length sample",
+        ),
+        (
+            ["sft.max_token_len_per_batch=64"],
+            "sft.max_token_len_per_batch: 64 tokens cannot hold one full-length sample",
+        ),
+        (  # 128 + 64 = 192 positions needed
+            ["model.max_position_embeddings=160"],
+            "model.max_position_embeddings: 160 is shorter than the longest sequence "
+            "(data.max_prompt_length + data.max_response_length = 192)",
+        ),
+        (
+            ["trainer.total_iterations=3", "trainer.critic_warmup=3", "algorithm.adv_estimator=gae"],
+            "trainer.critic_warmup: 3 warm-up iterations leave none of the trainer.total_iterations (3) "
+            "to update the actor; expected < 3",
+        ),
+    ],
+)
+def test_each_problem_is_one_line_naming_its_fields(overrides: list[str], line: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    assert str(info.value).startswith(line)
+    assert "\n" not in str(info.value)
+
+
+def test_budgets_of_parts_that_do_not_run_are_not_checked() -> None:
+    # no critic (GRPO), no reference (no KL term), no SFT, no reward model: their budgets are unused
+    cfg = load_config(
+        None,
+        [
+            "critic.ppo_max_token_len_per_gpu=1",
+            "ref.log_prob_max_token_len_per_gpu=1",
+            "sft.enable=false",
+            "sft.max_token_len_per_batch=1",
+            "reward.model_max_tokens_per_batch=1",
+        ],
+    )
+    assert not cfg.use_critic
+
+
+def test_estimators_without_groups_accept_one_sample() -> None:
+    for estimator in ("gae", "reinforce_plus_plus", "remax"):
+        assert load_config(None, [f"algorithm.adv_estimator={estimator}", "rollout.n=1"]).rollout.n == 1
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["actor.ppo_mini_batch_size=3", "rollout.n=1", "actor.ppo_max_token_len_per_gpu=8"])
+    lines = str(info.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "actor.ppo_mini_batch_size",
+        "rollout.n",
+        "actor.ppo_max_token_len_per_gpu",
+    ]

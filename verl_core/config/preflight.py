@@ -1,0 +1,172 @@
+"""Cross-field checks of a whole config, run when it is loaded, before any work.
+
+Each check returns one line that names the field(s), the value given and what was expected, so a run
+that cannot work (or would silently not do what it says) is refused at ``verl-flow run`` with every
+problem listed, instead of failing an hour in or shipping an under-trained model.
+
+What is checked:
+
+* batch sizes: mini-batches divide the prompts of an iteration (whole prompt groups per optimizer step);
+  group-relative estimators get more than one sample per prompt; the data can fill one batch;
+* token budgets: every micro-batch budget holds one full-length sample (prompt + response), so a budget
+  set for memory is a bound, not a hint; the longest sequence fits the model's positions;
+* schedule: the actor is updated at least once (``trainer.critic_warmup``);
+* placement: in deployments mode every location is reachable from every worker.
+
+Micro-batch sizes need not divide mini-batches: loss denominators are summed over the whole mini-batch
+(:mod:`verl_core.training.ppo`), so an uneven last micro-batch weighs its tokens exactly like the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from verl_core.config.schema import VerlFlowConfig
+
+# Estimators whose baseline is the other samples of the same prompt (a group of one has none).
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+def problems(cfg: VerlFlowConfig) -> list[str]:
+    """Every cross-field problem of ``cfg``, one line each (empty: the config can run)."""
+    found: list[str] = []
+    for check in CHECKS:
+        found.extend(check(cfg))
+    return found
+
+
+def _required_fields(cfg: VerlFlowConfig) -> list[str]:
+    out = []
+    if cfg.model.init == "pretrained" and not cfg.model.path:
+        out.append("model.path: required when model.init is 'pretrained'")
+    if cfg.algorithm.adv_estimator == "gae" and cfg.critic.enable is False:
+        out.append(
+            "critic.enable: got false, expected true or unset when algorithm.adv_estimator is 'gae' "
+            "(GAE needs the critic's values)"
+        )
+    if cfg.ref.path and not (cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward):
+        out.append(
+            f"ref.path: {cfg.ref.path!r} is set but nothing uses a reference "
+            "(set actor.use_kl_loss or algorithm.use_kl_in_reward, or unset ref.path)"
+        )
+    return out
+
+
+def _batch_sizes(cfg: VerlFlowConfig) -> list[str]:
+    out = []
+    prompts = cfg.data.train_batch_size
+    minis = {"actor.ppo_mini_batch_size": cfg.actor.ppo_mini_batch_size}
+    if cfg.use_critic:
+        minis["critic.ppo_mini_batch_size"] = cfg.critic.ppo_mini_batch_size
+    for name, size in minis.items():
+        if prompts % size:
+            out.append(f"{name}: {size} must divide data.train_batch_size ({prompts})")
+    if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS and cfg.rollout.n < 2:
+        out.append(
+            f"rollout.n: {cfg.rollout.n} sample per prompt gives algorithm.adv_estimator "
+            f"'{cfg.algorithm.adv_estimator}' no group baseline; expected rollout.n >= 2 "
+            "(or an estimator without groups: gae, reinforce_plus_plus, remax)"
+        )
+    available = _training_prompts(cfg)
+    if available is not None and available < prompts:
+        out.append(
+            f"data.train_batch_size: {prompts} prompts per iteration, but the data holds at most {available}"
+        )
+    return out
+
+
+def _training_prompts(cfg: VerlFlowConfig) -> int | None:
+    """Most training prompts the data can hold, where the config alone says (else None)."""
+    d = cfg.data
+    bounds = [d.max_train_samples] if d.max_train_samples else []
+    if d.source == "arithmetic":
+        bounds.append(d.arithmetic_train_size)
+    return min(bounds) if bounds else None
+
+
+def _token_budgets(cfg: VerlFlowConfig) -> list[str]:
+    d = cfg.data
+    sample = d.max_prompt_length + d.max_response_length
+    lengths = f"data.max_prompt_length + data.max_response_length = {sample}"
+    uses_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    reward_model = any(s.name == "model" for s in cfg.reward.scorers)
+    budgets = {  # the budgets this run uses (None: the part does not run)
+        "actor.ppo_max_token_len_per_gpu": cfg.actor.ppo_max_token_len_per_gpu,
+        "rollout.log_prob_max_token_len_per_gpu": cfg.rollout.log_prob_max_token_len_per_gpu,
+        "sft.max_token_len_per_batch": cfg.sft.max_token_len_per_batch if cfg.sft.enable else None,
+        "critic.ppo_max_token_len_per_gpu": cfg.critic.ppo_max_token_len_per_gpu if cfg.use_critic else None,
+        "ref.log_prob_max_token_len_per_gpu": cfg.ref.log_prob_max_token_len_per_gpu if uses_ref else None,
+        "reward.model_max_tokens_per_batch": cfg.reward.model_max_tokens_per_batch if reward_model else None,
+    }
+    out = [
+        f"{name}: {budget} tokens cannot hold one full-length sample ({lengths}); expected >= {sample}"
+        for name, budget in budgets.items()
+        if budget is not None and budget < sample
+    ]
+    if cfg.model.init == "scratch" and sample > cfg.model.max_position_embeddings:
+        out.append(
+            f"model.max_position_embeddings: {cfg.model.max_position_embeddings} is shorter than the longest "
+            f"sequence ({lengths})"
+        )
+    if cfg.reward.overlong_buffer_len > d.max_response_length:
+        out.append(
+            f"reward.overlong_buffer_len: {cfg.reward.overlong_buffer_len} must be <= "
+            f"data.max_response_length ({d.max_response_length})"
+        )
+    return out
+
+
+def _schedule(cfg: VerlFlowConfig) -> list[str]:
+    warmup, total = cfg.trainer.critic_warmup, cfg.trainer.total_iterations
+    if warmup >= total:
+        return [
+            f"trainer.critic_warmup: {warmup} warm-up iterations leave none of the trainer.total_iterations "
+            f"({total}) to update the actor; expected < {total}"
+        ]
+    return []
+
+
+def _shared_locations(cfg: VerlFlowConfig) -> list[str]:
+    """In deployments mode stages run in other processes, possibly on other machines, and meet only
+    through the store (and MLflow): refuse locations only this machine can see, unless the user says
+    they are on a shared filesystem."""
+    if cfg.execution.mode != "deployments":
+        return []
+    out = []
+    url = cfg.store.url
+    scheme = url.split("://", 1)[0] if "://" in url else "file"
+    if scheme == "memory":
+        out.append(
+            f"store.url: {url!r} lives inside one process; execution.mode=deployments needs a store "
+            "every worker can reach (s3://bucket/prefix)"
+        )
+    if scheme == "file" and not cfg.execution.shared_filesystem:
+        out.append(
+            f"store.url: {url!r} is local to this machine; execution.mode=deployments needs a store "
+            "every worker can reach (s3://bucket/prefix), or execution.shared_filesystem=true if it is "
+            "a shared mount"
+        )
+    uri = cfg.tracking.uri
+    if (
+        cfg.tracking.enabled
+        and not cfg.execution.shared_filesystem
+        and (uri is None or "://" not in uri or uri.startswith(("sqlite:", "file:")))
+    ):
+        given = "not set (the default is a sqlite file beside the store)" if uri is None else repr(uri)
+        out.append(
+            f"tracking.uri: {given} is a local MLflow store; execution.mode=deployments needs an MLflow "
+            "server every worker can reach (http://...), or execution.shared_filesystem=true if it is a "
+            "shared mount"
+        )
+    return out
+
+
+CHECKS: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (
+    _required_fields,
+    _batch_sizes,
+    _token_budgets,
+    _schedule,
+    _shared_locations,
+)
