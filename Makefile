@@ -1,12 +1,16 @@
 # Two commands do all set-up on a fresh machine:
 #   make quickstart   the pipeline end to end on the embedded defaults (CPU, local store, local MLflow)
 #   make test         lint, type check and the test suite
-# Both create .venv when it is missing: torch first (constraints.txt pins the CPU build that lies on
-# these machines), then the project with that constraint so nothing pulls a CUDA build.
+# Both create .venv when it is missing: torch first with pip (constraints.txt pins the CPU build that
+# lies on these machines), then the project with uv under that constraint, so nothing pulls a CUDA build.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
+BASE := $(VENV)/.base-stamp
 STAMP := $(VENV)/.installed-stamp
+UV_PIN := 'uv>=0.9,<1'
+install = $(VENV)/bin/uv pip install -q --python $(PY) -c constraints.txt $(1) \
+	|| $(PY) -m pip install -q -c constraints.txt $(1)
 export DO_NOT_TRACK := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
@@ -15,16 +19,22 @@ export HF_DATASETS_OFFLINE := 1
 
 .PHONY: install quickstart test lint typecheck pytest clean
 
-$(STAMP): pyproject.toml constraints.txt
+# torch comes from pip, which finds the CPU wheel on these machines (uv does not look there and would
+# fetch a multi-GB CUDA build); everything else from uv, under the same constraint, pip as the fallback.
+$(BASE): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r constraints.txt
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q -r constraints.txt $(UV_PIN)
+	$(call install,-e .)
+	touch $(BASE)
+
+# The test extras (pytest, ruff, mypy, moto ...) on top; the quickstart's environment does without them.
+$(STAMP): $(BASE)
+	$(call install,-e '.[dev]')
 	touch $(STAMP)
 
 install: $(STAMP)
 
-quickstart: $(STAMP)
+quickstart: $(BASE)
 	$(VENV)/bin/verl-flow run configs/quickstart.yaml
 
 lint: $(STAMP)
