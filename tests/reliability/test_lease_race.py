@@ -68,7 +68,13 @@ def _readline(proc: subprocess.Popen[str]) -> str:
 
 def _expired_lease(store: ArtifactStore, run_id: str) -> None:
     now = time.time()
-    record = {"holder": "gone", "host": "elsewhere", "pid": 1, "acquired_at": now - 300, "expires_at": now - 1}
+    record = {
+        "holder": "gone",
+        "host": "elsewhere",
+        "pid": 1,
+        "acquired_at": now - 300,
+        "expires_at": now - 1,
+    }
     store.put_atomic(store.path("runs", run_id, LEASE), json.dumps(record).encode())
 
 
