@@ -110,10 +110,11 @@ class RunLease:
     def renew(self) -> bool:
         """Push the expiry ``ttl_s`` ahead if the lease is still ours; False if it was taken over."""
         assert self.version is not None, "renew() before acquire()"
-        version = self.cas.replace(self.path, self._record(), self.version)
-        if version is None:  # taken over, or our last write went through with its answer lost
-            found = self._ours()
-            version = self.cas.replace(self.path, self._record(), found.version) if found else None
+        record = self._record()
+        version = self.cas.replace(self.path, record, self.version)
+        if version is None and (found := self._ours()) is not None:  # a write of ours lost its answer
+            same = found.data == record  # this one (then it is done) or an earlier one
+            version = found.version if same else self.cas.replace(self.path, record, found.version)
         if version is not None:
             self.version = version
         return version is not None
@@ -146,11 +147,14 @@ class RunLease:
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
             try:
-                if not self.renew():
-                    current = self.read()
-                    holder = current.describe() if current else "nobody (deleted)"
-                    log.error("run %s: lease taken over by %s; renewal stopped", self.run_id, holder)
-                    return
+                if self.renew():
+                    continue
+                current = self.read()
+                if current is not None and current.holder == self.token:
+                    continue  # still ours (a renewal lost its answer twice): again at the next beat
+                holder = current.describe() if current else "nobody (deleted)"
+                log.error("run %s: lease taken over by %s; renewal stopped", self.run_id, holder)
+                return
             except Exception as e:  # a flaky store: try again at the next beat, the TTL has slack
                 log.warning("run %s: could not renew the lease (%s)", self.run_id, e)
 
