@@ -9,7 +9,8 @@ Each request is, with probability ``rate`` (seeded), hit by one fault drawn from
                  response: the client cannot tell whether it happened and must retry safely
     delay        forwarded after ``delay_s`` seconds
 
-Everything else is forwarded unchanged. ``counts`` holds the faults injected by kind, ``requests``
+Only requests whose method is in ``methods`` (all when None) draw a fault; everything else is forwarded
+unchanged. ``counts`` holds the faults injected by kind, ``requests``
 the requests seen. The clients under test are expected to survive through their configured retries
 (botocore's standard retry mode through s3fs, Prefect task retries) - nothing here retries.
 """
@@ -43,10 +44,11 @@ class FaultProxy:
         seed: int = 0,
         kinds: tuple[str, ...] = KINDS,
         delay_s: float = 0.3,
+        methods: tuple[str, ...] | None = None,
     ) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
-        self.rate, self.kinds, self.delay_s = rate, kinds, delay_s
+        self.rate, self.kinds, self.delay_s, self.methods = rate, kinds, delay_s, methods
         self.counts: Counter[str] = Counter()
         self.requests = 0
         self._rng = random.Random(seed)
@@ -78,10 +80,12 @@ class FaultProxy:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def draw(self) -> str | None:
+    def draw(self, method: str) -> str | None:
         """The fault for the next request, or None."""
         with self._lock:
             self.requests += 1
+            if self.methods is not None and method not in self.methods:
+                return None
             if self._rng.random() >= self.rate:
                 return None
             kind = self._rng.choice(self.kinds)
@@ -150,7 +154,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _proxy(self) -> None:
             body = self._body()
-            fault = proxy.draw()
+            fault = proxy.draw(self.command)
             if fault in ("500", "503"):
                 self._error(int(fault))
                 return

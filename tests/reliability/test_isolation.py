@@ -44,17 +44,17 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> ArtifactStore:
 
 
 def test_a_live_lease_refuses_another_holder(store: ArtifactStore) -> None:
-    first = RunLease(store, "r", ttl_s=60, settle_s=0)
+    first = RunLease(store, "r", ttl_s=60)
     first.acquire()
     try:
-        second = RunLease(store, "r", ttl_s=60, settle_s=0)
+        second = RunLease(store, "r", ttl_s=60)
         with pytest.raises(RunInUseError, match=r"^run 'r' is in use by pid \d+ on .* \(since .*lease until"):
             second.acquire()
-        RunLease(store, "other", ttl_s=60, settle_s=0).acquire()  # other run ids are free
+        RunLease(store, "other", ttl_s=60).acquire()  # other run ids are free
     finally:
         first.release()
     assert not store.exists(store.path("runs", "r", LEASE))
-    RunLease(store, "r", ttl_s=60, settle_s=0).acquire()  # released: free again
+    RunLease(store, "r", ttl_s=60).acquire()  # released: free again
 
 
 def _write(store: ArtifactStore, run_id: str, **fields: object) -> None:
@@ -71,13 +71,13 @@ def test_a_crashed_holder_does_not_block_for_ever(store: ArtifactStore) -> None:
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
     _write(store, "same-host", host=os.uname().nodename, pid=int(dead.stdout))
-    RunLease(store, "same-host", ttl_s=60, settle_s=0).acquire()
+    RunLease(store, "same-host", ttl_s=60).acquire()
     # another host, not expired: refused; expired: taken over
     _write(store, "remote", expires_at=time.time() + 60)
     with pytest.raises(RunInUseError, match="pid 1 on elsewhere"):
-        RunLease(store, "remote", ttl_s=60, settle_s=0).acquire()
+        RunLease(store, "remote", ttl_s=60).acquire()
     _write(store, "remote", expires_at=time.time() - 1)
-    lease = RunLease(store, "remote", ttl_s=60, settle_s=0)
+    lease = RunLease(store, "remote", ttl_s=60)
     lease.acquire()
     assert lease.read() is not None and lease.read().holder == lease.token  # type: ignore[union-attr]
 

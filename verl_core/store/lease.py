@@ -1,22 +1,29 @@
 """Run leases: at most one live process writes a run.
 
 The lease is one small object in the store, ``runs/{run_id}/lease.json``: who holds it (a random
-token, host, pid) and until when. A process that starts a run
+token, host, pid) and until when. Every write of it is conditional (:mod:`verl_core.store.cas`), so of
+any number of processes starting the same run id at once, on one machine or many, exactly one wins:
 
-1. reads the lease; a lease held by someone else, not expired, and (same host) by a live process
-   refuses the start with :class:`RunInUseError`;
-2. otherwise writes its own lease, waits ``settle_s`` and reads it back: if another starter's write
-   came last, that one wins and this one is refused;
-3. renews the lease every ``ttl_s / 3`` from a daemon thread, and deletes it when the run ends.
+1. a process that starts a run reads the lease. None there: it *creates* it (create-if-absent); a
+   lease held by someone else, not expired and (same host) by a live process: the start is refused
+   with :class:`RunInUseError` naming the holder; expired, or its holder's pid dead on this host: it
+   *replaces* it if it is still the version it read (takeover). A failed condition means another
+   starter got there first: it reads again and is refused (or takes over if that one is gone too);
+2. the holder renews the lease every ``ttl_s / 3`` from a daemon thread, again only if it is still
+   the version it last wrote: a holder whose lease was taken over stops renewing and logs it;
+3. when the run ends it deletes the lease, only if it is still its own version.
+
+Guaranteed on ``s3://`` (``If-None-Match: *`` / ``If-Match: <etag>`` on PUT and DELETE), local and
+shared file systems (hard-link create, lock-file compare-and-swap) and ``memory://`` (one process);
+any other store is refused with a ConfigError at the first lease. A PUT whose answer was lost and
+that botocore retried shows up as a failed condition: the lease recognises its own token when it
+reads the object back. Deployments (``execution.mode=deployments``) hold the same lease: the pipeline
+flow takes it in ``start_run`` wherever it runs, and the stage flows it dispatches write under it.
 
 A holder killed with ``kill -9`` leaves its lease behind: on the same host it is taken over at once
 (the pid is dead), from another host after ``ttl_s`` at most - a crashed holder never blocks a run id
 for ever. Within one process the lease is re-entrant (reference counted), so a flow may be called
-twice in a row, e.g. by tests.
-
-Limit: object stores have no atomic compare-and-swap through fsspec, so two starters whose
-read→write gaps both exceed ``settle_s`` could both win; ``settle_s`` (0.5 s) is far above a PUT's
-latency, which is where that gap comes from.
+twice in a row, e.g. by tests. Expiry compares wall clocks: hosts must agree to well within ``ttl_s``.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
 from verl_core.errors import VerlFlowError
+from verl_core.store.cas import Versioned, conditional_writes
 from verl_core.store.store import ArtifactStore
 
 LEASE = "lease.json"
@@ -58,58 +66,95 @@ class LeaseRecord:
 class RunLease:
     """The lease of ``run_id`` in ``store`` for this process (see the module docstring)."""
 
-    def __init__(self, store: ArtifactStore, run_id: str, ttl_s: float, settle_s: float = 0.5) -> None:
-        self.store, self.run_id, self.ttl_s, self.settle_s = store, run_id, ttl_s, settle_s
+    def __init__(self, store: ArtifactStore, run_id: str, ttl_s: float) -> None:
+        self.store, self.run_id, self.ttl_s = store, run_id, ttl_s
         self.path = posixpath.join(store.run_dir(run_id), LEASE)
+        self.cas = conditional_writes(store.fs, store.url)  # refuses a store without conditional writes
         self.token = uuid.uuid4().hex
+        self.version: str | None = None  # of the lease as this process last wrote it
+        self._acquired_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def read(self) -> LeaseRecord | None:
-        if not self.store.exists(self.path):
-            return None
-        try:
-            return LeaseRecord(**json.loads(self.store.cat(self.path)))
-        except (ValueError, TypeError, FileNotFoundError):
-            return None  # unreadable or deleted meanwhile: nobody holds it
+        found = self.cas.read(self.path)
+        return _parse(found) if found else None
 
     def acquire(self) -> None:
         """Take the lease or raise :class:`RunInUseError` naming the holder."""
-        current = self.read()
-        if current is not None and current.holder != self.token and _alive(current):
-            raise RunInUseError(self._refusal(current))
-        if current is not None and current.holder != self.token:
-            log.warning("run %s: lease of %s lapsed, taking over", self.run_id, current.describe())
-        self._write(acquired_at=time.time())
-        time.sleep(self.settle_s)
-        back = self.read()
-        if back is None or back.holder != self.token:
-            raise RunInUseError(self._refusal(back) if back else f"run {self.run_id!r}: lost the lease race")
+        self._acquired_at = time.time()
+        current: LeaseRecord | None = None
+        for _ in range(3):  # each failed condition means another process wrote the lease meanwhile
+            found = self.cas.read(self.path)
+            current = _parse(found) if found else None
+            if found is None:
+                self.version = self.cas.create(self.path, self._record())
+            elif current is not None and current.holder == self.token:
+                self.version = found.version  # our last write went through, its answer was lost
+            elif current is not None and _alive(current):
+                raise RunInUseError(self._refusal(current))
+            else:
+                self.version = self.cas.replace(self.path, self._record(), found.version)
+                what = current.describe() if current else "an unreadable lease"
+                if self.version is not None:
+                    log.warning("run %s: lease of %s lapsed, took it over", self.run_id, what)
+            if self.version is not None:
+                break
+        else:
+            raise RunInUseError(
+                self._refusal(current) if current else f"run {self.run_id!r}: lost the lease race"
+            )
         self._thread = threading.Thread(target=self._heartbeat, name=f"lease-{self.run_id}", daemon=True)
         self._thread.start()
+
+    def renew(self) -> bool:
+        """Push the expiry ``ttl_s`` ahead if the lease is still ours; False if it was taken over."""
+        assert self.version is not None, "renew() before acquire()"
+        record = self._record()
+        version = self.cas.replace(self.path, record, self.version)
+        if version is None and (found := self._ours()) is not None:  # a write of ours lost its answer
+            same = found.data == record  # this one (then it is done) or an earlier one
+            version = found.version if same else self.cas.replace(self.path, record, found.version)
+        if version is not None:
+            self.version = version
+        return version is not None
 
     def release(self) -> None:
         """Stop renewing and delete the lease if it is still ours."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        current = self.read()
-        if current is not None and current.holder == self.token:
-            self.store.fs.rm(self.path)
+        if self.version is None:
+            return
+        deleted = self.cas.delete(self.path, self.version)
+        if not deleted and (found := self._ours()) is not None:
+            deleted = self.cas.delete(self.path, found.version)
+        if not deleted:
+            log.warning("run %s: the lease is no longer ours, left in place", self.run_id)
+        self.version = None
 
-    def _write(self, acquired_at: float) -> None:
-        record = LeaseRecord(self.token, _host(), os.getpid(), acquired_at, time.time() + self.ttl_s)
-        self.store.put_atomic(self.path, json.dumps(asdict(record), indent=2).encode())
+    def _ours(self) -> Versioned | None:
+        """The lease as it is now, if it carries our token."""
+        found = self.cas.read(self.path)
+        current = _parse(found) if found else None
+        return found if current is not None and current.holder == self.token else None
+
+    def _record(self) -> bytes:
+        now = time.time()
+        record = LeaseRecord(self.token, _host(), os.getpid(), self._acquired_at, now + self.ttl_s)
+        return json.dumps(asdict(record), indent=2).encode()
 
     def _heartbeat(self) -> None:
-        acquired = time.time()
         while not self._stop.wait(self.ttl_s / 3):
             try:
+                if self.renew():
+                    continue
                 current = self.read()
-                if current is not None and current.holder != self.token:
-                    log.error("run %s: lease taken over by %s", self.run_id, current.describe())
-                    return
-                self._write(acquired_at=current.acquired_at if current else acquired)
+                if current is not None and current.holder == self.token:
+                    continue  # still ours (a renewal lost its answer twice): again at the next beat
+                holder = current.describe() if current else "nobody (deleted)"
+                log.error("run %s: lease taken over by %s; renewal stopped", self.run_id, holder)
+                return
             except Exception as e:  # a flaky store: try again at the next beat, the TTL has slack
                 log.warning("run %s: could not renew the lease (%s)", self.run_id, e)
 
@@ -149,6 +194,14 @@ def release_run_lease(store_url: str, run_id: str) -> None:
             _HELD[key] = (lease, count - 1)
             return
     lease.release()
+
+
+def _parse(found: Versioned) -> LeaseRecord | None:
+    """The lease record, or None when unreadable (then anyone may take it over)."""
+    try:
+        return LeaseRecord(**json.loads(found.data))
+    except (ValueError, TypeError):
+        return None
 
 
 def _alive(record: LeaseRecord) -> bool:

@@ -1,0 +1,68 @@
+"""Run leases on memory://, a local directory and S3 (moto): an expired holder is taken over and can
+no longer renew; a release deletes only our own lease; a write whose answer was lost (reset after S3
+applied it, then retried) is recognised as ours; stores without conditional writes are refused.
+Refusal, dead-pid takeover, renewal and re-entrancy: tests/reliability/test_isolation.py; the
+two-process race: tests/reliability/test_lease_race.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.reliability.fault_proxy import FaultProxy
+from verl_core.errors import ConfigError
+from verl_core.store import ArtifactStore
+from verl_core.store.lease import RunInUseError, RunLease, acquire_run_lease
+
+
+def test_an_expired_holder_is_taken_over_and_cannot_renew(store: ArtifactStore) -> None:
+    stalled = RunLease(store, "r", ttl_s=0.3)
+    stalled.acquire()
+    stalled._stop.set()  # hung: no more renewals
+    with pytest.raises(RunInUseError, match=f"in use by pid {os.getpid()} "):
+        RunLease(store, "r", ttl_s=60).acquire()  # still within its TTL
+    time.sleep(0.35)
+    taker = RunLease(store, "r", ttl_s=60)
+    taker.acquire()
+    assert not stalled.renew()  # its ETag / version is stale: refused
+    current = taker.read()
+    assert current is not None and current.holder == taker.token
+    taker.release()
+
+
+def test_a_release_does_not_delete_someone_elses_lease(store: ArtifactStore) -> None:
+    first = RunLease(store, "r", ttl_s=60)
+    first.acquire()
+    first._stop.set()
+    # another process takes it over (as it would after the TTL) with a conditional replace
+    found = first.cas.read(first.path)
+    assert found is not None
+    other = {"holder": "other", "host": "elsewhere", "pid": 1, "acquired_at": 0.0, "expires_at": 1e10}
+    assert first.cas.replace(first.path, json.dumps(other).encode(), found.version) is not None
+    first.release()
+    current = first.read()
+    assert current is not None and current.holder == "other"
+
+
+@pytest.mark.s3
+def test_a_write_whose_answer_was_lost_is_recognised(s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # seed 21 with rate 0.5 resets the 1st and 3rd PUT after S3 applied them (create, renewal); their
+    # retries (2nd, 4th) fail their condition, since the first attempt already changed the object
+    with FaultProxy(
+        os.environ["AWS_ENDPOINT_URL_S3"], rate=0.5, seed=21, kinds=("reset-after",), methods=("PUT",)
+    ) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
+        lease = RunLease(ArtifactStore(f"{s3_bucket}/team"), "r", ttl_s=60)
+        lease.acquire()
+        assert lease.renew()
+        lease.release()
+        assert lease.read() is None
+    assert proxy.counts == {"reset-after": 2}
+
+
+def test_a_store_without_conditional_writes_holds_no_lease() -> None:
+    with pytest.raises(ConfigError, match="offers no conditional write"):
+        acquire_run_lease(ArtifactStore("nocas://runs"), "r", ttl_s=60)
