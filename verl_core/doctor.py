@@ -25,7 +25,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -332,9 +332,20 @@ def _writable_dir(path: Path) -> tuple[bool, Path]:
     return True, probe
 
 
+def _redacted(check: Check) -> Check:
+    """``check`` without ``user:password@`` in the URLs it quotes."""
+    from verl_core.config.loader import redact_url
+
+    return check._replace(found=redact_url(check.found), fix=redact_url(check.fix))
+
+
 def store_check(url: str, *, timeout_s: float = 5.0) -> Check:
     """The artifact store at ``url`` reachable: a local root writable, ``s3://`` listable with the
     endpoint and credentials of the environment (one attempt, ``timeout_s`` in all)."""
+    return _redacted(_store_check(url, timeout_s))
+
+
+def _store_check(url: str, timeout_s: float) -> Check:
     from verl_core.store.store import normalize_url
 
     url = normalize_url(url)
@@ -352,11 +363,15 @@ def store_check(url: str, *, timeout_s: float = 5.0) -> Check:
             f"check that the S3 endpoint ({endpoint}, from AWS_ENDPOINT_URL_S3) is up and that "
             "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are exported"
         )
-        return _within(timeout_s, lambda: _s3_check(url, timeout_s, fix), "store", url, fix)
+        fs, bucket = _s3_filesystem(url, timeout_s)  # imports and set-up, no request yet
+        # botocore's connect and read timeouts apply one after the other: guard the pair
+        return _within(2 * timeout_s + 1, lambda: _s3_list(fs, bucket, url, fix), "store", url, fix)
     return Check("store", "warn", f"{url}: not checked (scheme not known to the doctor)")
 
 
-def _s3_check(url: str, timeout_s: float, fix: str) -> Check:
+def _s3_filesystem(url: str, timeout_s: float) -> tuple[Any, str]:
+    """A private s3fs filesystem for ``url`` (the store's options: endpoint from the environment),
+    one attempt with ``timeout_s`` connect and read timeouts; and the bucket name."""
     import fsspec
 
     from verl_core.store.store import storage_options
@@ -365,7 +380,11 @@ def _s3_check(url: str, timeout_s: float, fix: str) -> Check:
     opts["config_kwargs"].update({"connect_timeout": timeout_s, "read_timeout": timeout_s})
     opts["skip_instance_cache"] = True
     fs, root = fsspec.core.url_to_fs(url, **opts)
-    bucket = root.split("/", 1)[0]
+    fs.retries = 1  # s3fs's own retry loop on connection errors (5 with backoff by default)
+    return fs, root.split("/", 1)[0]
+
+
+def _s3_list(fs: Any, bucket: str, url: str, fix: str) -> Check:
     try:
         fs.ls(bucket)
     except FileNotFoundError:
@@ -387,6 +406,10 @@ def _s3_check(url: str, timeout_s: float, fix: str) -> Check:
 def tracking_check(uri: str | None, store_url: str, *, enabled: bool = True, timeout_s: float = 5.0) -> Check:
     """MLflow's tracking URI (None: the default sqlite file beside a local store) reachable: a sqlite
     file writable, an http(s) server answering ``/health`` within ``timeout_s``."""
+    return _redacted(_tracking_check(uri, store_url, enabled, timeout_s))
+
+
+def _tracking_check(uri: str | None, store_url: str, enabled: bool, timeout_s: float) -> Check:
     if not enabled:
         return Check("tracking", "ok", "disabled (tracking.enabled=false)")
     from verl_core.tracking import default_tracking_uri
@@ -415,9 +438,12 @@ def tracking_check(uri: str | None, store_url: str, *, enabled: bool = True, tim
 
 
 def _http_health(uri: str, timeout_s: float) -> Check:
+    import urllib.parse
     import urllib.request
 
-    url = f"{uri.rstrip('/')}/health"
+    parts = urllib.parse.urlsplit(uri.rstrip("/"))
+    host = parts.netloc.rsplit("@", 1)[-1]  # /health needs no credentials (MLflow reads them from env)
+    url = urllib.parse.urlunsplit((parts.scheme, host, f"{parts.path}/health", "", ""))
     with urllib.request.urlopen(url, timeout=timeout_s) as response:  # http(s) only: checked above
         status = response.status
     if status == 200:
