@@ -2,7 +2,7 @@
 check (:func:`preflight`) the GPU stage flows run before any work.
 
 The config is unpacked here into plain values (:class:`Needs`); the checks themselves are the plain
-functions of :mod:`verl_core.doctor`.
+functions of :mod:`verl_core.doctor` and :mod:`verl_core.reachability`.
 """
 
 from __future__ import annotations
@@ -10,15 +10,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from verl_core.config import VerlFlowConfig
-from verl_core.doctor import (
-    Check,
-    cuda_checks,
-    environment_checks,
-    package_checks,
-    require,
-    store_check,
-    tracking_check,
-)
+from verl_core.doctor import Check, cuda_checks, environment_checks, package_checks, require
+from verl_core.reachability import store_check, tracking_check
 
 
 class Needs(NamedTuple):

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from verl_core import doctor
-from verl_core.doctor import Check, package_checks, problems, require, store_check, tracking_check
+from verl_core.doctor import Check, package_checks, problems, require
 from verl_core.errors import ConfigError
+from verl_core.reachability import store_check, tracking_check
 
 REAL_VERSION = doctor.installed_version
 REAL_REQUIRES = doctor.declared_requirements
