@@ -32,9 +32,11 @@ def doctor(
         float, typer.Option("--timeout", help="Seconds each reachability check (store, MLflow) may take")
     ] = 5.0,
 ) -> None:
-    """Check the environment: package versions against the project's pins and known cross-package
-    constraints, the torch build; with --config or overrides also what that config needs (vLLM,
-    DeepSpeed, bitsandbytes, CUDA) and whether its artifact store and MLflow are reachable."""
+    """Check versions and pins, the torch build, and (with a config) its needs, store and MLflow.
+
+    Installed packages against the project's declared ranges and the pins installed packages declare
+    (vLLM's torch and transformers ...); with --config or overrides also what that config needs (vLLM,
+    DeepSpeed, bitsandbytes, CUDA) and whether its artifact store and MLflow answer."""
     from stages.floor.preflight import doctor_checks
     from verl_core.config import load_config
     from verl_core.errors import ConfigError
