@@ -1,6 +1,6 @@
 """``verl-flow doctor [--config CONFIG] [OVERRIDES...]``: versions, pins and reachability, as a table.
 
-The checks are :func:`stages.floor.preflight.doctor_checks` (plain functions returning
+The checks are :func:`stages.floor.environment.doctor_checks` (plain functions returning
 :class:`verl_core.doctor.Check` rows); this module only formats them. Exit 0 when nothing is an
 error (warnings do not fail), 1 with each problem and its fix on one line of stderr, 2 for a bad config.
 """
@@ -37,7 +37,7 @@ def doctor(
     Installed packages against the project's declared ranges and the pins installed packages declare
     (vLLM's torch and transformers ...); with --config or overrides also what that config needs (vLLM,
     DeepSpeed, bitsandbytes, CUDA) and whether its artifact store and MLflow answer."""
-    from stages.floor.preflight import doctor_checks
+    from stages.floor.environment import doctor_checks
     from verl_core.config import load_config
     from verl_core.errors import ConfigError
 

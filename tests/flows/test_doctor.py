@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from flows.cli import app
-from stages.floor.preflight import config_needs, preflight
+from stages.floor.environment import check_environment, config_needs
 from verl_core import doctor
 from verl_core.config import load_config
 
@@ -137,5 +137,5 @@ def test_gpu_paths_fail_fast_with_the_doctor_lines() -> None:
     with pytest.raises(ConfigError, match=r"^torch CUDA build: .*reward.model_device: 'cuda'"):
         resolve_device("cuda", "reward.model_device")
     with pytest.raises(ConfigError, match=r"^torch CUDA build: "):
-        preflight(load_config(None, ["trainer.device=cuda"]))
-    preflight(load_config(None, []))  # the quickstart defaults need nothing more
+        check_environment(load_config(None, ["trainer.device=cuda"]))
+    check_environment(load_config(None, []))  # the quickstart defaults need nothing more

@@ -1,5 +1,5 @@
 """What a config needs of the environment: the checks of ``verl-flow doctor --config`` and the fast
-check (:func:`preflight`) the GPU stage flows run before any work.
+check (:func:`check_environment`) the GPU stage flows run before any work.
 
 The config is unpacked here into plain values (:class:`Needs`); the checks themselves are the plain
 functions of :mod:`verl_core.doctor` and :mod:`verl_core.reachability`.
@@ -43,7 +43,7 @@ def config_needs(cfg: VerlFlowConfig) -> Needs:
     return Needs(packages, ", ".join(cuda) or None)
 
 
-def preflight(cfg: VerlFlowConfig) -> None:
+def check_environment(cfg: VerlFlowConfig) -> None:
     """Fail fast (a :class:`~verl_core.errors.ConfigError`, one line per problem) when this process's
     packages or torch build cannot run ``cfg``: metadata reads only, no network."""
     needs = config_needs(cfg)
@@ -56,7 +56,7 @@ def doctor_checks(cfg: VerlFlowConfig | None, *, timeout_s: float = 5.0) -> list
 
     In ``execution.mode=deployments`` the GPU stages run on the gpu pool's workers, whose environment
     is not this one: their packages and CUDA are reported as a warning here and checked there, by the
-    stage flows' :func:`preflight`."""
+    stage flows' :func:`check_environment`."""
     needs = config_needs(cfg) if cfg is not None else Needs({}, None)
     remote = cfg is not None and cfg.execution.mode == "deployments"
     local = Needs({}, None) if remote else needs
