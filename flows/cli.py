@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flows.doctor import doctor
 from stages.floor.locations import REPORT, list_exports, template_pack_uri
 from verl_core.config import StoreConfig, VerlFlowConfig, load_config, to_yaml
 from verl_core.errors import ConfigError, VerlFlowError
@@ -34,6 +35,7 @@ config_app = typer.Typer(help="Inspect configurations.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect runs in an artifact store.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(runs_app, name="runs")
+app.command("doctor")(doctor)  # flows/doctor.py: versions, pins, store and MLflow reachable
 
 out = Console()
 err = Console(stderr=True)

@@ -4,7 +4,9 @@ context and the config, and meet the pipeline only through artifacts in the shar
 
 Every stage flow names its config parameter ``config`` (see :func:`flows.dispatch.dispatch`). The RL
 loop's flow is :func:`flows.rl.rl_loop` itself (one flow run for all iterations, so the
-policy, reference and critic stay in GPU memory between them).
+policy, reference and critic stay in GPU memory between them). Each starts with
+:func:`stages.floor.environment.check_environment`: the worker's packages and torch build against what the
+config needs, the fast part of ``verl-flow doctor``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from prefect import flow
 
 from stages.export import export_model
+from stages.floor.environment import check_environment
 from stages.sft import sft_warmup
 from verl_core.config import VerlFlowConfig
 from verl_core.run import RunContext
@@ -20,6 +23,7 @@ from verl_core.run import RunContext
 @flow(name="sft-warmup", log_prints=True)
 def sft_flow(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str) -> str:
     """SFT warm-up of the run; returns the sft stage's manifest URI."""
+    check_environment(config)  # this worker's packages and torch build can run the config (no network)
     return sft_warmup(ctx, config.model, config.sft, config.trainer, template_pack_uri)
 
 
@@ -29,4 +33,5 @@ def export_flow(
 ) -> str:
     """Merged HF export of a policy checkpoint (None: the latest) with the run's tokenizer (from
     ``template_pack_uri``); returns the export's manifest URI."""
+    check_environment(config)
     return export_model(ctx, config, template_pack_uri, iteration)

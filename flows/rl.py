@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from prefect import flow, get_run_logger, task
 
+from stages.floor.environment import check_environment
 from stages.floor.locations import ckpt_stage, validations
 from stages.floor.logging import timed
 from stages.floor.state import RLResult, drop_state, get_state, init_state, save_checkpoint
@@ -77,6 +78,7 @@ def run_iteration(
 def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None) -> RLResult:
     """Run the RL iterations; returns the final checkpoint URI, validation accuracies and timings."""
     logger = get_run_logger()
+    check_environment(config)  # this worker's packages and torch build can run the config (no network)
     cfg, t, store = config, config.trainer, ctx.store()
     start = init_rl_state(ctx, cfg, template_pack_uri, sft_uri)
     lineage, total = get_state(ctx).lineage, get_state(ctx).iterations

@@ -57,12 +57,13 @@ class NullTracker:
         pass
 
 
-def default_tracking_uri(store_url: str) -> str:
+def default_tracking_uri(store_url: str, *, create: bool = True) -> str:
     """``sqlite:///<store root>/mlflow.db`` for a local store; for a remote store (which cannot hold a
-    SQLite file) ``sqlite:///<cwd>/mlflow.db``."""
+    SQLite file) ``sqlite:///<cwd>/mlflow.db``. ``create`` makes the directory."""
     url = normalize_url(store_url)
     root = Path(url[len("file://") :]) if url.startswith("file://") else Path.cwd()
-    root.mkdir(parents=True, exist_ok=True)
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{root / 'mlflow.db'}"
 
 

@@ -10,6 +10,8 @@ besides the stage tasks themselves.
                 samples, per-iteration metric series and their markdown table
     state       the RL loop's in-memory state and its checkpoint protocol
     logging     stage loggers, progress bars, the ``timed`` context manager
+    environment what a config needs of the environment (packages, CUDA): the fast check the GPU
+                stage flows run at start, and ``verl-flow doctor``'s checks
 
 Rule: a floor module imports verl_core and other floor modules, never a stage file.
 """

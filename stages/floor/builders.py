@@ -139,7 +139,7 @@ def _model(cfg: RewardConfig) -> Scorer:
     from verl_core.reward.model import ModelScorer, load_reward_scorer
 
     assert cfg.model_path is not None  # the config requires it with this scorer
-    device = resolve_device(cfg.model_device)
+    device = resolve_device(cfg.model_device, "reward.model_device")
     model, tokenizer = load_reward_scorer(cfg.model_path, dtype=cfg.model_dtype, device=device)
     return ModelScorer(model, tokenizer, cfg.model_max_tokens_per_batch)
 

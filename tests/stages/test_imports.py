@@ -79,6 +79,7 @@ def test_scan_sees_the_stage_files() -> None:
         "reports",
         "state",
         "logging",
+        "environment",
     }
 
 

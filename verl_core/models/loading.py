@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from verl_core.doctor import require
 from verl_core.errors import ConfigError, VerlFlowError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -52,12 +53,14 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ConfigError(f"dtype {name!r}: expected one of {', '.join(_DTYPES)}") from None
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` → cuda when available else cpu; ``cuda`` without a GPU is a clear error."""
+def resolve_device(name: str, field: str = "trainer.device") -> torch.device:
+    """``auto`` → cuda when available else cpu. ``cuda`` runs the environment check first
+    (:func:`verl_core.doctor.require`): a CPU build of torch, no visible GPU or a broken pin is a
+    :class:`ConfigError` naming ``field`` and the fix."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("trainer.device: got 'cuda', but no CUDA device is available on this machine")
+    if name == "cuda":
+        require(cuda_needed_by=f"{field}: 'cuda'")
     return torch.device(name)
 
 
@@ -65,13 +68,8 @@ def check_attention(attn_implementation: str) -> None:
     """flash_attention_2 needs the flash-attn package and a CUDA device; say so before loading."""
     if attn_implementation != "flash_attention_2":
         return
-    import importlib.util
-
-    if importlib.util.find_spec("flash_attn") is None or not torch.cuda.is_available():
-        raise ConfigError(
-            "model.attn_implementation: 'flash_attention_2' needs the flash-attn package and a CUDA GPU "
-            "(pip install 'verl-flow[gpu]'); use 'sdpa' on CPU"
-        )
+    field = "model.attn_implementation: 'flash_attention_2' (use 'sdpa' on CPU)"
+    require({"flash-attn": field}, cuda_needed_by=field)
 
 
 def scratch_config(spec: ScratchSpec, vocab_size: int, *, eos_token_id: int, pad_token_id: int) -> Any:
@@ -164,13 +162,9 @@ def load_causal_lm(
 
 def bnb_config(spec: QuantSpec) -> Any:
     """``BitsAndBytesConfig`` for ``spec``; a clear error where bitsandbytes is not installed."""
-    try:
-        import bitsandbytes  # noqa: F401
-        from transformers import BitsAndBytesConfig
-    except ImportError:
-        raise ConfigError(
-            "model.quantization: needs the bitsandbytes package (pip install 'verl-flow[qlora]')"
-        ) from None
+    require({"bitsandbytes": "model.quantization"})
+    from transformers import BitsAndBytesConfig
+
     if spec.bits == 4:
         return BitsAndBytesConfig(
             load_in_4bit=True,

@@ -1,7 +1,9 @@
 """Rollouts with vLLM (GPU worker image only: ``pip install 'verl-flow[gpu]'``).
 
 ``vllm`` is imported inside the constructor, so this module imports on any machine; constructing
-:class:`VLLMEngine` without vllm or without a CUDA GPU raises a :class:`ConfigError`.
+:class:`VLLMEngine` runs :func:`verl_core.doctor.require` first: without vllm, with a torch or
+transformers that vLLM's own metadata does not accept, or without a CUDA torch and GPU it raises a
+:class:`ConfigError` (the lines of ``verl-flow doctor``).
 
 Mapping onto the contract of :mod:`verl_core.rollout.base`:
 - prompts are always sent as ``TokensPrompt(prompt_token_ids=...)`` (strings are encoded here with
@@ -39,15 +41,11 @@ import torch
 from torch import Tensor, nn
 
 from verl_core.data.tokenizer import IM_END
+from verl_core.doctor import require
 from verl_core.errors import ConfigError
 from verl_core.models.loading import unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
 from verl_core.rollout.hf import encode_prompts
-
-NEEDS_VLLM = (
-    "rollout.name: 'vllm' needs the vllm package and a CUDA GPU "
-    "(pip install 'verl-flow[gpu]' in the GPU worker image)"
-)
 
 
 def vllm_available() -> bool:
@@ -73,8 +71,8 @@ class VLLMEngine:
         trust_remote_code: bool = False,
         max_model_len: int | None = None,
     ) -> None:
-        if not vllm_available():
-            raise ConfigError(NEEDS_VLLM)
+        # vllm present, its own torch/transformers pins met, a CUDA torch and a GPU (verl_core.doctor)
+        require({"vllm": "rollout.name: 'vllm'"}, cuda_needed_by="rollout.name: 'vllm'")
         import vllm
 
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model pickles a function

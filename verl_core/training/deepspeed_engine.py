@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
-from verl_core.errors import ConfigError
+from verl_core.doctor import require
 from verl_core.training.engine import NonFiniteError, OptimSpec, StepStats, lr_multiplier, param_groups
 
 T = TypeVar("T")
@@ -31,10 +31,7 @@ class DeepSpeedTrainEngine:
     """ZeRO-``zero_stage`` over every rank of the default process group."""
 
     def __init__(self, model: nn.Module, spec: OptimSpec, *, zero_stage: int = 2, bf16: bool = False) -> None:
-        if not deepspeed_available():
-            raise ConfigError(
-                "actor.strategy: 'deepspeed' needs the deepspeed package (pip install 'verl-flow[deepspeed]')"
-            )
+        require({"deepspeed": "actor.strategy: 'deepspeed'"})  # installed, its torch pin met
         import deepspeed
         import torch.distributed as dist
 

@@ -1,0 +1,77 @@
+"""What a config needs of the environment: the checks of ``verl-flow doctor --config`` and the fast
+check (:func:`check_environment`) the GPU stage flows run before any work.
+
+The config is unpacked here into plain values (:class:`Needs`); the checks themselves are the plain
+functions of :mod:`verl_core.doctor` and :mod:`verl_core.reachability`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from verl_core.config import VerlFlowConfig
+from verl_core.doctor import Check, cuda_checks, environment_checks, package_checks, require
+from verl_core.reachability import store_check, tracking_check
+
+
+class Needs(NamedTuple):
+    """Optional packages (distribution → the config field asking for it) and the field asking for a
+    CUDA device (None: the config runs on CPU or picks the device itself, ``device: auto``)."""
+
+    packages: dict[str, str]
+    cuda: str | None
+
+
+def config_needs(cfg: VerlFlowConfig) -> Needs:
+    """The optional packages and the CUDA device ``cfg`` asks for."""
+    packages: dict[str, str] = {}
+    cuda: list[str] = []
+    if cfg.rollout.name == "vllm":
+        packages["vllm"] = "rollout.name: 'vllm'"
+        cuda.append("rollout.name: 'vllm'")
+    if cfg.actor.strategy == "deepspeed":
+        packages["deepspeed"] = "actor.strategy: 'deepspeed'"
+    if cfg.model.quantization is not None:
+        packages["bitsandbytes"] = "model.quantization"
+    if cfg.model.attn_implementation == "flash_attention_2":
+        packages["flash-attn"] = "model.attn_implementation: 'flash_attention_2'"
+        cuda.append("model.attn_implementation: 'flash_attention_2'")
+    if cfg.trainer.device == "cuda":
+        cuda.append("trainer.device: 'cuda'")
+    if cfg.reward.model_device == "cuda" and any(s.name == "model" for s in cfg.reward.scorers):
+        cuda.append("reward.model_device: 'cuda'")
+    return Needs(packages, ", ".join(cuda) or None)
+
+
+def check_environment(cfg: VerlFlowConfig) -> None:
+    """Fail fast (a :class:`~verl_core.errors.ConfigError`, one line per problem) when this process's
+    packages or torch build cannot run ``cfg``: metadata reads only, no network."""
+    needs = config_needs(cfg)
+    require(needs.packages, cuda_needed_by=needs.cuda)
+
+
+def doctor_checks(cfg: VerlFlowConfig | None, *, timeout_s: float = 5.0) -> list[Check]:
+    """Everything ``verl-flow doctor`` reports: versions and pins, and with a config what it needs, the
+    artifact store and MLflow reachable (each within ``timeout_s``).
+
+    In ``execution.mode=deployments`` the GPU stages run on the gpu pool's workers, whose environment
+    is not this one: their packages and CUDA are reported as a warning here and checked there, by the
+    stage flows' :func:`check_environment`."""
+    needs = config_needs(cfg) if cfg is not None else Needs({}, None)
+    remote = cfg is not None and cfg.execution.mode == "deployments"
+    local = Needs({}, None) if remote else needs
+    checks = environment_checks() + package_checks(local.packages)
+    if local.cuda:
+        checks += cuda_checks(local.cuda)
+    if remote and (needs.packages or needs.cuda):
+        asked = [*needs.packages.values(), *([needs.cuda] if needs.cuda else [])]
+        what = ", ".join([*needs.packages, *(["CUDA"] if needs.cuda else [])])
+        found = f"{what} needed on the gpu workers ({'; '.join(asked)})"
+        fix = "run `verl-flow doctor --config ...` on a gpu worker (the stage flows check it at start)"
+        checks.append(Check("gpu pool", "warn", found, "", fix))
+    if cfg is not None:
+        checks.append(store_check(cfg.store.url, timeout_s=timeout_s))
+        checks.append(
+            tracking_check(cfg.tracking.uri, cfg.store.url, enabled=cfg.tracking.enabled, timeout_s=timeout_s)
+        )
+    return checks
