@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from stages.floor.locations import REPORT, list_exports, template_pack_uri
@@ -48,8 +49,8 @@ StoreOpt = Annotated[
 ]
 
 
-def _fail(exc: Exception, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+def _fail(exc: Exception | str, code: int) -> NoReturn:
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -68,21 +69,34 @@ def run(
         str | None,
         typer.Option("--run-id", help="Run id (default: experiment name + config hash; reruns resume)"),
     ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show Prefect's failure lines and tracebacks")
+    ] = False,
 ) -> None:
-    """Run the pipeline for CONFIG with OVERRIDES (the config is validated before any work)."""
+    """Run the pipeline for CONFIG with OVERRIDES (the config is validated before any work).
+    The full log goes to a file (runs/RUN_ID/logs/ for a local store); a failure prints one line."""
     cfg = _load(config, overrides)
     from verl_core.env import set_quiet_env
 
     set_quiet_env()
+    from flows.prefect_api import check_api
+    from flows.run_log import RunLog, log_path
+
+    try:
+        check_api()
+    except VerlFlowError as e:
+        _fail(e, 1)
+    log = RunLog(log_path(cfg, run_id), verbose)
     from flows.pipeline import rlhf_pipeline
 
     try:
         result = rlhf_pipeline(config=cfg, run_id=run_id)
-    except ConfigError as e:
-        _fail(e, 2)
-    except VerlFlowError as e:
-        _fail(e, 1)
+    except Exception as e:
+        _fail(log.failure_line(e), 2 if isinstance(e, ConfigError) else 1)
+    finally:
+        log.close()
     _print_result(result)
+    out.print(f"full log: {log.path}", highlight=False, soft_wrap=True)
 
 
 def _print_result(result: PipelineResult) -> None:
