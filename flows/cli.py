@@ -2,7 +2,8 @@
 
 Heavy modules (Prefect, torch, MLflow) are imported only by the commands that need them.
 Errors that are the user's to fix (bad config, missing artifact) print one line and exit 2
-(config) or 1 (anything else), without a traceback.
+(config) or 1 (anything else), without a traceback. A failed ``run`` prints one line too (stage,
+iteration, what failed, the log file; ``flows.run_log``), the traceback goes to the log file.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def run(
     ] = False,
 ) -> None:
     """Run the pipeline for CONFIG with OVERRIDES (the config is validated before any work).
-    The full log goes to a file (runs/RUN_ID/logs/ for a local store); a failure prints one line."""
+    The full log goes to a file (logs/RUN_ID/ beside runs/ in a local store); a failure prints one line."""
     cfg = _load(config, overrides)
     from verl_core.env import set_quiet_env
 

@@ -1,8 +1,8 @@
 """The console and the log file of ``verl-flow run``: one failure story.
 
 Every log record of the run (Prefect's task and flow states, retries, tracebacks, the temporary
-server's start and stop, the stages' own lines) goes to a log file: ``logs/`` in the run's directory
-for a local store, else ``./logs``. The console keeps the progress lines but not Prefect's lines
+server's start and stop, the stages' own lines) goes to a log file (:func:`log_path`): ``logs/`` at
+the root of a local store, else ``./logs``. The console keeps the progress lines but not Prefect's lines
 about a failed task or flow nor any traceback (unless ``verbose``); on failure the CLI prints one
 line naming the stage (and iteration), what failed and where the log file is. With a Prefect server
 the run's records also reach its UI (Prefect's API log handler is left alone).
@@ -152,14 +152,13 @@ def _console_handlers() -> list[logging.Handler]:
 
 
 def log_path(cfg: VerlFlowConfig, run_id: str | None) -> Path:
-    """Where ``verl-flow run`` writes its full log: ``runs/{run_id}/logs/`` of a local store when the
-    run id is known before the flow starts (given, or the default of a config without data
-    snapshots, whose run id depends on the snapshot); else ``./logs/``. One file per process."""
-    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    """Where ``verl-flow run`` writes its full log, one file per process:
+    ``logs/{run_id}/{time}-{pid}.log`` at the root of a local store (beside ``runs/`` and
+    ``mlflow.db``; not inside the run's directory, which holds only its record and committed
+    artifacts), else under the working directory. Without ``--run-id``, a config with data snapshots
+    learns its run id only inside the flow: then ``logs/{time}-{pid}.log``."""
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     rid = run_id or (default_run_id(cfg) if cfg.data.snapshot_prefix is None else None)
-    try:
-        if rid is not None and normalize_url(cfg.store.url).startswith("file://"):
-            return Path(ArtifactStore(cfg.store.url).run_dir(rid)) / "logs" / stamp
-    except (VerlFlowError, ValueError):
-        pass  # an unusable store URL or run id: the run itself reports it
-    return Path("logs").absolute() / (f"{rid}-{stamp}" if rid else stamp)
+    local = normalize_url(cfg.store.url).startswith("file://")
+    base = Path(ArtifactStore(cfg.store.url).root) if local else Path.cwd()
+    return base / "logs" / rid / name if rid else base / "logs" / name

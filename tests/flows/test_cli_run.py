@@ -135,7 +135,7 @@ def test_failed_run_prints_one_line_and_logs_the_traceback(server: Server, tmp_p
     m = re.search(r"\(full log: (.+\.log)\)$", line)
     assert m, line
     log = Path(m.group(1))
-    assert log.parent == tmp_path / "store" / "runs" / "broken" / "logs"
+    assert log.parent == tmp_path / "store" / "logs" / "broken"  # beside runs/, not in the run's dir
     text = log.read_text()
     assert "Traceback (most recent call last)" in text and "the grader's database is down" in text
     assert "Finished in state Failed" in text
