@@ -2,16 +2,19 @@
 
 Heavy modules (Prefect, torch, MLflow) are imported only by the commands that need them.
 Errors that are the user's to fix (bad config, missing artifact) print one line and exit 2
-(config) or 1 (anything else), without a traceback.
+(config) or 1 (anything else), without a traceback. A failed ``run`` prints one line too (stage,
+iteration, what failed, the log file; ``flows.run_log``), the traceback goes to the log file.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from flows.doctor import doctor
@@ -50,8 +53,8 @@ StoreOpt = Annotated[
 ]
 
 
-def _fail(exc: Exception, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+def _fail(exc: Exception | str, code: int) -> NoReturn:
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -70,21 +73,34 @@ def run(
         str | None,
         typer.Option("--run-id", help="Run id (default: experiment name + config hash; reruns resume)"),
     ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show Prefect's failure lines and tracebacks")
+    ] = False,
 ) -> None:
-    """Run the pipeline for CONFIG with OVERRIDES (the config is validated before any work)."""
+    """Run the pipeline for CONFIG with OVERRIDES (the config is validated before any work).
+    The full log goes to a file (logs/RUN_ID/ beside runs/ in a local store); a failure prints one line."""
     cfg = _load(config, overrides)
     from verl_core.env import set_quiet_env
 
     set_quiet_env()
+    from flows.prefect_api import check_api
+    from flows.run_log import RunLog, log_path
+
+    try:
+        check_api()
+    except VerlFlowError as e:
+        _fail(e, 1)
+    log = RunLog(log_path(cfg, run_id), verbose)
     from flows.pipeline import rlhf_pipeline
 
     try:
         result = rlhf_pipeline(config=cfg, run_id=run_id)
-    except ConfigError as e:
-        _fail(e, 2)
-    except VerlFlowError as e:
-        _fail(e, 1)
+    except Exception as e:
+        _fail(log.failure_line(e), 2 if isinstance(e, ConfigError) else 1)
+    finally:
+        log.close()
     _print_result(result)
+    out.print(f"full log: {log.path}", highlight=False, soft_wrap=True)
 
 
 def _print_result(result: PipelineResult) -> None:
@@ -92,7 +108,7 @@ def _print_result(result: PipelineResult) -> None:
     stages = Table("stage", "manifest", "seconds", title=f"run {result.run_id}")
     for name, uri in result.stages.ran().items():
         stages.add_row(name, uri, f"{result.timing_s.get(name, 0.0):.1f}")
-    out.print(stages)
+    _print_table(stages)
     acc = result.val_accuracy
     if acc:
         first, last = min(acc), max(acc)
@@ -100,12 +116,12 @@ def _print_result(result: PipelineResult) -> None:
         table.add_row("SFT checkpoint" if first == 0 else "first", str(first), f"{acc[first]:.3f}")
         table.add_row("after RL", str(last), f"{acc[last]:.3f}")
         table.add_row("change", "", f"{acc[last] - acc[first]:+.3f}")
-        out.print(table)
+        _print_table(table)
     if result.rl_timing_s:
         times = Table("RL phase", "seconds", title="time inside the RL loop")
         for phase, seconds in result.rl_timing_s.items():
             times.add_row(phase, f"{seconds:.1f}")
-        out.print(times)
+        _print_table(times)
 
 
 @config_app.command("show")
@@ -116,24 +132,45 @@ def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
     sys.stdout.write(f"# config_hash: {cfg.config_hash()}\n")
 
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")]
+
+
 @runs_app.command("list")
-def runs_list(store: StoreOpt = None) -> None:
+def runs_list(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List the runs in the store: id, experiment, created, updated, stages committed."""
     st = _store(store)
-    table = Table("run_id", "experiment", "created", "updated", "stages", "config_hash")
+    rows = []
     try:
         for run_id in st.list_runs():
             rec = st.read_run_record(run_id)
-            n = len(st.list_manifests(run_id))
-            exp = rec.config.get("trainer", {}).get("experiment_name", "")
-            table.add_row(run_id, exp, rec.created_at[:19], rec.updated_at[:19], str(n), rec.config_hash[:12])
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "experiment": rec.config.get("trainer", {}).get("experiment_name", ""),
+                    "created_at": rec.created_at,
+                    "updated_at": rec.updated_at,
+                    "stages": len(st.list_manifests(run_id)),
+                    "config_hash": rec.config_hash,
+                }
+            )
     except VerlFlowError as e:
         _fail(e, 1)
-    out.print(table)
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("run_id", "experiment", "created", "updated", "stages", "config_hash")
+    for r in rows:
+        table.add_row(
+            r["run_id"], r["experiment"], r["created_at"][:19], r["updated_at"][:19], str(r["stages"]),
+            r["config_hash"][:12],
+        )  # fmt: skip
+    _print_table(table)
 
 
 @runs_app.command("show")
-def runs_show(run_id: Annotated[str, typer.Argument(help="Run id")], store: StoreOpt = None) -> None:
+def runs_show(
+    run_id: Annotated[str, typer.Argument(help="Run id")], store: StoreOpt = None, as_json: JsonOpt = False
+) -> None:
     """Stages committed in RUN_ID and their artifacts with row counts and sizes."""
     st = _store(store)
     try:
@@ -141,7 +178,37 @@ def runs_show(run_id: Annotated[str, typer.Argument(help="Run id")], store: Stor
         manifests = st.list_manifests(run_id)
     except VerlFlowError as e:
         _fail(e, 1)
-    out.print(f"run [bold]{run_id}[/] in {st.url}  config {rec.config_hash[:12]}  code {rec.code_version}")
+    report = next((m for m in manifests if m.stage == REPORT), None)
+    if as_json:
+        stages = [
+            {
+                "stage": m.stage,
+                "committed": m.producer.created_at,
+                "manifest": st.manifest_uri(run_id, m.stage),
+                "files": [
+                    {
+                        "name": f.name,
+                        "kind": f.kind,
+                        "rows": f.rows,
+                        "size": f.size,
+                        "uri": st.file_uri(m, f.name),
+                    }
+                    for f in m.files
+                ],
+            }
+            for m in manifests
+        ]
+        shown = {"run_id": run_id, "store": st.url, "config_hash": rec.config_hash}
+        shown |= {"code_version": rec.code_version, "stages": stages}
+        if report is not None:
+            shown["plots"] = [st.file_uri(report, name) for name in report.summary.get("plots", [])]
+            shown["report"] = st.file_uri(report, "report.md")
+        _print_json(shown)
+        return
+    out.print(
+        f"run [bold]{escape(run_id)}[/] in {st.url}  config {rec.config_hash[:12]}  code {rec.code_version}",
+        soft_wrap=True,
+    )
     table = Table("stage", "artifact", "kind", "rows", "size", "committed")
     for m in manifests:
         for i, f in enumerate(m.files):
@@ -153,8 +220,7 @@ def runs_show(run_id: Annotated[str, typer.Argument(help="Run id")], store: Stor
                 _human(f.size),
                 m.producer.created_at[:19] if i == 0 else "",
             )
-    out.print(table)
-    report = next((m for m in manifests if m.stage == REPORT), None)
+    _print_table(table)
     if report is not None:
         out.print("plots:")
         for name in report.summary.get("plots", []):
@@ -176,6 +242,19 @@ def _print_mlflow_location(store_url: str, run_id: str) -> None:
             highlight=False,
             soft_wrap=True,
         )
+
+
+def _print_table(table: Table) -> None:
+    """On a terminal, fitted to its width; piped (a file, a CI log), at the table's natural width so
+    that no value is cut or ellipsized."""
+    if out.is_terminal:
+        out.print(table)
+    else:
+        Console(width=1 << 20, highlight=False).print(table)
+
+
+def _print_json(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
 
 RunIdArg = Annotated[str, typer.Argument(help="Run id")]
@@ -277,7 +356,7 @@ def _print_eval(label: str, report: EvalReport, samples: list[EvalSample]) -> No
     for source, a in report.by_source.items():
         table.add_row(source, str(a.prompts), f"{a.accuracy:.3f}", cell(a.pass_at_k))
     table.add_row("all", str(report.prompts), f"{report.accuracy:.3f}", cell(report.pass_at_k))
-    out.print(table)
+    _print_table(table)
     for row in samples:
         mark = "✓" if row.correct else "✗"
         out.print(f"{mark} {row.response!r} (answer {row.extracted!r}, expected {row.ground_truth!r})")

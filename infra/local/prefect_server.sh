@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Start a Prefect server on 127.0.0.1 (the UI at http://127.0.0.1:4200) and point this shell's
-# Prefect profile at it:  infra/local/prefect_server.sh [PORT]
+# Start a Prefect server on 127.0.0.1 (the UI at http://127.0.0.1:PORT) in this shell:
+#   infra/local/prefect_server.sh [PORT]
+# Changes no Prefect profile: every shell that should use the server runs the printed
+#   export PREFECT_API_URL=http://127.0.0.1:PORT/api
+# (without it, `verl-flow run` starts a temporary server for the run, as before).
 set -euo pipefail
 PORT="${1:-4200}"
-BIN="$(dirname "$0")/../../.venv/bin"
+PREFECT="$(dirname "$0")/../../.venv/bin/prefect"
+[ -x "$PREFECT" ] || PREFECT=prefect  # no .venv in this checkout: the prefect on PATH
 export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
-"$BIN/prefect" config set PREFECT_API_URL="http://127.0.0.1:${PORT}/api" >/dev/null
-exec "$BIN/prefect" server start --host 127.0.0.1 --port "$PORT" --analytics-off
+echo "In every shell that should use this server:  export PREFECT_API_URL=http://127.0.0.1:${PORT}/api"
+exec "$PREFECT" server start --host 127.0.0.1 --port "$PORT" --analytics-off

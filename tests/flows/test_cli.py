@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -76,3 +77,38 @@ def test_help_on_each_command() -> None:
     for args in (["--help"], ["run", "--help"], ["config", "show", "--help"], ["runs", "list", "--help"]):
         result = runner.invoke(app, args)
         assert result.exit_code == 0 and "Usage" in result.stdout
+
+
+def test_runs_list_and_show_piped_keep_whole_values_and_json(tmp_path: Path) -> None:
+    # CliRunner's stdout is not a terminal, as in `verl-flow runs list > file` or a CI log
+    run_id = "a-run-id-long-enough-to-be-cut-at-eighty-columns-by-a-fitted-table-0123456789"
+    experiment = "an-experiment-name-just-as-long-as-the-run-id-to-push-the-table-past-80-columns"
+    store = ArtifactStore(str(tmp_path))
+    store.write_run_record(run_id, {"trainer": {"experiment_name": experiment}}, "cd" * 32)
+    stage = store.open_stage(run_id, "preprocess")
+    stage.write_json("a/report-with-a-long-artifact-name-that-a-fitted-table-would-ellipsize.json", {"x": 1})
+    stage.commit()
+
+    listed = runner.invoke(app, ["runs", "list", "--store", str(tmp_path)], env={"COLUMNS": "80"})
+    assert listed.exit_code == 0, listed.output
+    assert run_id in listed.stdout and experiment in listed.stdout and "…" not in listed.stdout
+    shown = runner.invoke(app, ["runs", "show", run_id, "--store", str(tmp_path)], env={"COLUMNS": "80"})
+    assert shown.exit_code == 0, shown.output
+    assert "a/report-with-a-long-artifact-name-that-a-fitted-table-would-ellipsize.json" in shown.stdout
+    assert run_id in shown.stdout and "…" not in shown.stdout
+
+    as_json = runner.invoke(app, ["runs", "list", "--store", str(tmp_path), "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    [row] = json.loads(as_json.stdout)
+    assert row["run_id"] == run_id and row["experiment"] == experiment
+    assert row["config_hash"] == "cd" * 32 and row["stages"] == 1
+
+    shown_json = runner.invoke(app, ["runs", "show", run_id, "--store", str(tmp_path), "--json"])
+    assert shown_json.exit_code == 0, shown_json.output
+    run = json.loads(shown_json.stdout)
+    assert run["run_id"] == run_id and run["config_hash"] == "cd" * 32
+    [pre] = run["stages"]
+    assert pre["stage"] == "preprocess" and pre["manifest"].endswith("/preprocess/manifest.json")
+    [f] = pre["files"]
+    assert f["name"].endswith("would-ellipsize.json") and f["rows"] is None and f["size"] > 0
+    assert f["uri"].startswith("file://")
