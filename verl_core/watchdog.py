@@ -102,7 +102,7 @@ class Heartbeat:
 
     def beat(self, **progress: Any) -> None:
         """Progress was made; ``progress`` (steps, tokens, ...) is what the stall error reports."""
-        self._last = (time.monotonic(), time.time(), {**self._last[2], **progress})
+        self._last = (time.monotonic(), time.time(), progress)
 
     def last_progress(self) -> str:
         """``"step=12 tokens=4096 at 14:03:07 (95 s ago)"``, or since when the stage ran without any."""
