@@ -15,6 +15,7 @@ from prefect import flow
 
 from stages.export import export_model
 from stages.floor.environment import check_environment
+from stages.floor.logging import watched
 from stages.sft import sft_warmup
 from verl_core.config import VerlFlowConfig
 from verl_core.run import RunContext
@@ -24,7 +25,8 @@ from verl_core.run import RunContext
 def sft_flow(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str) -> str:
     """SFT warm-up of the run; returns the sft stage's manifest URI."""
     check_environment(config)  # this worker's packages and torch build can run the config (no network)
-    return sft_warmup(ctx, config.model, config.sft, config.trainer, template_pack_uri)
+    with watched(ctx, "sft", config.execution.stall_timeout_s):
+        return sft_warmup(ctx, config.model, config.sft, config.trainer, template_pack_uri)
 
 
 @flow(name="export-model", log_prints=True)
@@ -34,4 +36,5 @@ def export_flow(
     """Merged HF export of a policy checkpoint (None: the latest) with the run's tokenizer (from
     ``template_pack_uri``); returns the export's manifest URI."""
     check_environment(config)
-    return export_model(ctx, config, template_pack_uri, iteration)
+    with watched(ctx, "export", config.execution.stall_timeout_s, iteration):
+        return export_model(ctx, config, template_pack_uri, iteration)

@@ -22,8 +22,8 @@ from flows.results import PipelineResult
 from flows.rl import rl_loop
 from stages.eval import evaluate
 from stages.floor.artifacts import export_source
-from stages.floor.logging import timed
-from stages.floor.reports import read_eval_report
+from stages.floor.logging import timed, watched
+from stages.floor.reports import read_eval_report, sft_step_count
 from stages.preprocess import preprocess
 from stages.report import report
 from stages.snapshot import resolve_snapshot
@@ -31,6 +31,7 @@ from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, load_config, with_overrides
 from verl_core.errors import ConfigError
 from verl_core.run import RunContext, end_run, start_run
+from verl_core.run_length import StepCount, check_completed
 
 
 @task(name="start-run")
@@ -83,17 +84,20 @@ def rlhf_pipeline(
         if cfg.sft.enable:  # compute-bound: no task retries (a rerun resumes from the last checkpoint)
             with timed(timing, "sft"):
                 stages.sft = remote_sft(ctx, cfg, tp) if remote else sft_flow(ctx, cfg, tp)
+            result.sft_steps = sft_step_count(ctx.store(), stages.sft)
+            _check_completed("sft", result.sft_steps)
         with timed(timing, "rl"):
             rl = remote_rl_loop(ctx, cfg, tp, stages.sft) if remote else rl_loop(ctx, cfg, tp, stages.sft)
-        stages.rl = rl.checkpoint
+        stages.rl, result.rl_iterations = rl.checkpoint, rl.iterations
         result.val_accuracy, result.rl_timing_s = rl.val_accuracy, rl.timing_s
+        _check_completed("rl", result.rl_iterations)
         if cfg.export.enable:
             with timed(timing, "export"):
                 export_uri = remote_export(ctx, cfg, tp) if remote else export_flow(ctx, cfg, tp, None)
             stages.export = export_uri
             if cfg.eval.enable:
                 source = export_source(ctx.store(), export_uri)
-                with timed(timing, "eval"):
+                with timed(timing, "eval"), watched(ctx, "eval", cfg.execution.stall_timeout_s):
                     eval_uri = evaluate(ctx, cfg, tp, source)
                 stages.eval, result.eval = eval_uri, read_eval_report(ctx.store(), eval_uri)
         stages.report = report(ctx, dict(timing), dict(result.rl_timing_s))
@@ -103,6 +107,13 @@ def rlhf_pipeline(
         finish_run_task(ctx, result, "FAILED")
         raise
     return result
+
+
+def _check_completed(where: str, count: StepCount | None) -> None:
+    """The stages check their own counts; this catches a short count committed elsewhere (a stage
+    flow run as a deployment, an older run resumed)."""
+    if count is not None:
+        check_completed(where, count)
 
 
 def _base_config(config: VerlFlowConfig, config_file: str | None) -> VerlFlowConfig:

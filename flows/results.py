@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from stages.floor.reports import EvalReport
+from verl_core.run_length import StepCount
 
 
 class StageURIs(BaseModel):
@@ -42,4 +43,6 @@ class PipelineResult(BaseModel):
         default_factory=dict, description="RL phase (rollout, reward, update, validate) → seconds in the loop"
     )
     eval: EvalReport | None = Field(None, description="the eval stage's report (None: no eval ran)")
+    sft_steps: StepCount | None = Field(None, description="SFT optimizer steps, planned vs completed")
+    rl_iterations: StepCount | None = Field(None, description="RL iterations, planned vs completed")
     data_snapshot: str | None = Field(None, description="the data snapshot directory the run read")

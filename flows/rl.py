@@ -5,6 +5,10 @@ iterations (artifacts are still written for every stage).
 
 Resume (``trainer.resume_mode``): the loop starts after the last committed checkpoint; iterations
 whose rollout/reward artifacts are committed are not sampled again (same seeds → same data).
+
+The loop ends with the policy holding every planned update or fails (:mod:`verl_core.run_length`):
+a policy short of the plan never gets the final checkpoint. Each stage runs under the hang watchdog
+(``execution.stall_timeout_s``, :func:`stages.floor.logging.watched`).
 """
 
 from __future__ import annotations
@@ -15,14 +19,22 @@ from prefect import flow, get_run_logger, task
 
 from stages.floor.environment import check_environment
 from stages.floor.locations import ckpt_stage, validations
-from stages.floor.logging import timed
-from stages.floor.state import RLResult, drop_state, get_state, init_state, save_checkpoint
+from stages.floor.logging import timed, watched
+from stages.floor.state import (
+    RLResult,
+    completed_iterations,
+    drop_state,
+    get_state,
+    init_state,
+    save_checkpoint,
+)
 from stages.ppo_update import ppo_update
 from stages.reward import reward
 from stages.rollout import rollout
 from stages.validate import validate
 from verl_core.config import VerlFlowConfig
 from verl_core.run import RunContext
+from verl_core.run_length import check_completed
 
 
 @task(name="init_rl_state")
@@ -58,18 +70,19 @@ def run_iteration(
     """rollout → reward → ppo_update of one iteration, adding each stage's seconds to ``timings``.
     ``as_tasks=False`` calls the stage functions without Prefect task runs (the benchmarks' baseline)."""
     cfg = config
+    e = cfg.execution
     if as_tasks:
-        e = cfg.execution
         score = reward.with_options(retries=e.task_retries, retry_delay_seconds=e.retry_delay_s)
         roll, update = rollout, ppo_update
     else:
         roll, score, update = rollout.fn, reward.fn, ppo_update.fn  # type: ignore[assignment]
-    with timed(timings, "rollout"):
+    stall = e.stall_timeout_s
+    with timed(timings, "rollout"), watched(ctx, "rollout", stall, iteration):
         baseline = cfg.algorithm.greedy_baseline
         r = roll(ctx, cfg.data, cfg.rollout, template_pack_uri, iteration, lineage, baseline)
-    with timed(timings, "reward"):
+    with timed(timings, "reward"), watched(ctx, "reward", stall, iteration):
         w = score(ctx, cfg.reward, r, iteration, cfg.data.max_response_length)
-    with timed(timings, "update"):
+    with timed(timings, "update"), watched(ctx, "ppo_update", stall, iteration):
         u = update(ctx, cfg, r, w, iteration)
     return IterationArtifacts(r, w, u)
 
@@ -82,27 +95,31 @@ def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft
     cfg, t, store = config, config.trainer, ctx.store()
     start = init_rl_state(ctx, cfg, template_pack_uri, sft_uri)
     lineage, total = get_state(ctx).lineage, get_state(ctx).iterations
+    stall = cfg.execution.stall_timeout_s
     val: dict[int, float] = {}
     timings = {"rollout": 0.0, "reward": 0.0, "update": 0.0, "validate": 0.0}
     try:
         if t.val_before_train and start == 0 and t.test_freq:
-            with timed(timings, "validate"):
+            with timed(timings, "validate"), watched(ctx, "validate", stall, 0):
                 val[0] = validate(ctx, cfg, template_pack_uri, 0)
         last_ckpt = None
         for it in range(start, total):
             run_iteration(ctx, cfg, template_pack_uri, it, lineage, timings)
             done = it + 1
             if t.test_freq and (done % t.test_freq == 0 or done == total):
-                with timed(timings, "validate"):
+                with timed(timings, "validate"), watched(ctx, "validate", stall, done):
                     val[done] = validate(ctx, cfg, template_pack_uri, done)
+            if done == total:  # the final checkpoint marks the plan done: not for a policy short of it
+                check_completed("rl", completed_iterations(ctx, cfg))
             if done == total or (t.save_freq and done % t.save_freq == 0):
                 last_ckpt = checkpoint(ctx, cfg, done)
             acc = f", val accuracy {val[done]:.3f}" if done in val else ""
             logger.info("rl: iteration %d/%d done%s", done, total, acc)
+        iterations = check_completed("rl", completed_iterations(ctx, cfg))
         if last_ckpt is None:  # nothing left to run: the final checkpoint is already committed
             last_ckpt = store.manifest_uri(ctx.run_id, ckpt_stage(total))
         for done, accuracy in validations(store, ctx.run_id, lineage).items():  # of earlier (resumed) runs
             val.setdefault(done, accuracy)
     finally:
         drop_state(ctx.run_id)
-    return RLResult(last_ckpt, val, timings)
+    return RLResult(last_ckpt, val, timings, iterations)

@@ -30,6 +30,7 @@ from verl_core.models.checkpoint import load_state_bytes, rng_state, set_rng_sta
 from verl_core.models.loading import count_parameters, resolve_device
 from verl_core.models.packed import PackedCausalLM
 from verl_core.run import RunContext
+from verl_core.run_length import StepCount, check_completed
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
 from verl_core.training.engine import OptimSpec, TrainEngine
@@ -69,11 +70,8 @@ def sft_warmup(
     device = resolve_device(trainer.device)
     lm = build_policy(model, tokenizer, seed=trainer.seed)
     steps_per_epoch = math.ceil(len(train[0]) / sft.batch_size)
-    total = (
-        sft.epochs * steps_per_epoch
-        if sft.max_steps == 0
-        else min(sft.max_steps, sft.epochs * steps_per_epoch)
-    )
+    requested = sft.max_steps or sft.epochs * steps_per_epoch
+    total = min(requested, sft.epochs * steps_per_epoch)
     spec = OptimSpec(
         lr=sft.lr,
         weight_decay=sft.weight_decay,
@@ -110,15 +108,18 @@ def sft_warmup(
     tokens, t0 = 0, time.perf_counter()
     if start == 0:
         history.append((0, "sft/val_loss", _val_loss(engine, val, sft.max_token_len_per_batch, device)))
+    completed = start
     with progress("sft", total, completed=start) as advance:
         for step in range(start, total):
             rows = _batch_rows(len(train[0]), sft.batch_size, step, steps_per_epoch, trainer.seed)
+            if not rows:  # the loader ran out before the plan: the step count check below fails the stage
+                break
             micro = _micro_batches(train, rows, sft.max_token_len_per_batch, device)
             n_loss = count_loss_tokens([train[1][i] for i in rows])
             stats = engine.step(micro, _loss_fn(engine, n_loss), where="sft")
             tokens += sum(mb.num_tokens for mb in micro)
             metrics = {"sft/loss": stats.loss, "sft/grad_norm": stats.grad_norm, "sft/lr": stats.lr}
-            done = step + 1
+            done = completed = step + 1
             if sft.val_every and done % sft.val_every == 0 and done < total:
                 metrics["sft/val_loss"] = _val_loss(engine, val, sft.max_token_len_per_batch, device)
             if done % sft.log_every == 0 or done == total:
@@ -132,7 +133,12 @@ def sft_warmup(
                 )
             advance(1, status=f"loss {stats.loss:.4f}")
 
-    # 6. Final validation, policy files, metrics, commit
+    # 6. Every planned step done (nothing under-trained is committed), final validation, files, commit
+    cap = f"sft.epochs={sft.epochs} over {len(train[0])} rows" if total < requested else None
+    count = StepCount(
+        unit="SFT optimizer steps", requested=requested, planned=total, completed=completed, cap=cap
+    )
+    check_completed("sft", count)
     final_val = _val_loss(engine, val, sft.max_token_len_per_batch, device)
     tracker.log_metrics({"sft/val_loss": final_val}, step=total)
     history.append((total, "sft/val_loss", final_val))
@@ -140,7 +146,8 @@ def sft_warmup(
     stage.write_table("metrics.parquet", _metrics_table(history), "metrics")
     first_val = next((v for s, k, v in history if k == "sft/val_loss"), final_val)
     report = {
-        "steps": total,
+        "steps": completed,
+        "step_count": count.model_dump(mode="json"),
         "train_rows": len(train[0]),
         "val_rows": len(val[0]),
         "first_val_loss": first_val,

@@ -35,6 +35,7 @@ from verl_core.reward import (
     score_rollouts,
 )
 from verl_core.rollout import SamplingParams
+from verl_core.run_length import StepCount
 from verl_core.seeding import derive_seed
 from verl_core.training.engine import OptimSpec
 from verl_core.training.ppo import ActorLossSpec, PPOSpec
@@ -220,6 +221,18 @@ def planned_iterations(cfg: VerlFlowConfig, n_prompts: int) -> int:
     over the ``n_prompts`` training prompts (each iteration takes ``data.train_batch_size`` of them)."""
     t = cfg.trainer
     return min(t.total_iterations, math.ceil(t.total_epochs * n_prompts / cfg.data.train_batch_size))
+
+
+def iteration_count(cfg: VerlFlowConfig, planned: int, completed: int) -> StepCount:
+    """The RL loop's :class:`StepCount`: ``planned`` from :func:`planned_iterations`, the reason when
+    it is below ``trainer.total_iterations`` (the epoch cap, the only one)."""
+    t = cfg.trainer
+    cap = None
+    if planned < t.total_iterations:
+        cap = f"trainer.total_epochs={t.total_epochs} passes over the training prompts"
+    return StepCount(
+        unit="RL iterations", requested=t.total_iterations, planned=planned, completed=completed, cap=cap
+    )
 
 
 def actor_spec(cfg: VerlFlowConfig, iterations: int) -> OptimSpec:

@@ -1,6 +1,6 @@
 """Console feedback for stages: the run logger, a rich progress bar for long loops when a terminal is
-attached (silent otherwise: stages log their figures every few steps either way), and :func:`timed`
-for wall-time accounting."""
+attached (silent otherwise: stages log their figures every few steps either way), :func:`timed`
+for wall-time accounting and :func:`watched`, the hang watchdog around a stage."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from verl_core.run import RunContext, end_run
 from verl_core.timing import timed as timed  # re-exported: stages and flows time their phases with it
+from verl_core.watchdog import Heartbeat
+
+STALL_GRACE_S = 60.0  # after failing a stalled stage, how long it may take to unwind before the process ends
 
 
 def stage_logger(name: str = "verl_flow") -> Any:
@@ -51,3 +55,24 @@ def progress(description: str, total: int, completed: int = 0) -> Iterator[Advan
             bar.update(task, advance=steps, status=status)
 
         yield advance
+
+
+@contextmanager
+def watched(
+    ctx: RunContext, stage: str, stall_timeout_s: float, iteration: int | None = None
+) -> Iterator[None]:
+    """``with watched(ctx, "rollout", cfg.execution.stall_timeout_s, iteration=i): rollout(...)``: the
+    stage fails with :class:`~verl_core.watchdog.StallError` after ``stall_timeout_s`` seconds without
+    a :func:`~verl_core.watchdog.beat` (training steps, generation batches and scorers beat). Wrap the
+    task *call* (the flow's side), so the error leaves the task as a crash, never as a retried failure.
+    Last resort (the stage does not unwind within :data:`STALL_GRACE_S`): the tracking run is marked
+    FAILED and the run's lease released before the process exits."""
+
+    def abort() -> None:
+        ctx.tracker().end("FAILED")
+        end_run(ctx)
+
+    with Heartbeat(
+        stage, stall_timeout_s, iteration=iteration, grace_s=STALL_GRACE_S, log=stage_logger(), on_abort=abort
+    ):
+        yield

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict
 
 from stages.floor.locations import parse_iteration_stage
+from verl_core.run_length import StepCount
 from verl_core.store import ArtifactStore
 
 # --------------------------------------------------------------------------------------------------
@@ -172,3 +173,10 @@ def metrics_markdown(series: Mapping[str, Mapping[int, float]]) -> str:
         cells = [f"{series[k][it]:.4g}" if it in series[k] else "" for k, _ in cols]
         lines.append(f"| {it} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def sft_step_count(store: ArtifactStore, sft_uri: str) -> StepCount | None:
+    """Planned vs completed optimizer steps the SFT stage committed (None: a manifest from before they
+    were recorded)."""
+    recorded = store.read_manifest(sft_uri).summary.get("step_count")
+    return StepCount.model_validate(recorded) if recorded is not None else None

@@ -36,6 +36,7 @@ from stages.floor.builders import (
     build_policy,
     critic_spec,
     engine_kwargs,
+    iteration_count,
     load_reference,
     planned_iterations,
 )
@@ -57,6 +58,7 @@ from verl_core.models.loading import resolve_device
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
 from verl_core.rollout import RolloutEngine, make_engine
 from verl_core.run import RunContext
+from verl_core.run_length import StepCount
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
 from verl_core.training.engine import SingleStrategy, TrainEngine
@@ -219,7 +221,8 @@ def save_checkpoint(ctx: RunContext, cfg: VerlFlowConfig, iteration: int) -> str
     for m in state.pending:  # updates whose weights this checkpoint makes durable
         stage.write_bytes(f"{PENDING}/{m.stage}.json", m.to_bytes())
     pending = [m.stage for m in state.pending]
-    uri = stage.commit(summary={"iteration": iteration, "lineage": state.lineage, "pending": pending})
+    summary = {"iteration": iteration, "planned_iterations": state.iterations, "lineage": state.lineage}
+    uri = stage.commit(summary={**summary, "pending": pending})
     publish_pending(store, store.read_manifest(uri))
     state.pending.clear()
     for old in list_checkpoints(store, ctx.run_id)[: -cfg.trainer.max_ckpt_to_keep]:
@@ -287,6 +290,7 @@ class RLResult:
     checkpoint: str
     val_accuracy: dict[int, float]
     timing_s: dict[str, float] = field(default_factory=dict)
+    iterations: StepCount | None = None  # planned vs completed (None: rebuilt from an older checkpoint)
 
 
 def committed_rl_result(
@@ -298,7 +302,18 @@ def committed_rl_result(
     if not ckpts:
         return None
     lineage = policy_lineage(cfg, store.manifest_sha256(sft_uri) if sft_uri else None)
-    return RLResult(store.manifest_uri(run_id, ckpt_stage(ckpts[-1])), validations(store, run_id, lineage))
+    last = store.committed(run_id, ckpt_stage(ckpts[-1]))
+    planned = last.summary.get("planned_iterations") if last is not None else None
+    count = iteration_count(cfg, int(planned), ckpts[-1]) if planned is not None else None
+    uri = store.manifest_uri(run_id, ckpt_stage(ckpts[-1]))
+    return RLResult(uri, validations(store, run_id, lineage), iterations=count)
+
+
+def completed_iterations(ctx: RunContext, cfg: VerlFlowConfig) -> StepCount:
+    """The loaded RL state's planned vs completed iterations (completed: PPO updates the policy holds,
+    those restored from a checkpoint included)."""
+    state = get_state(ctx)
+    return iteration_count(cfg, state.iterations, state.version)
 
 
 def ppo_models(state: RLState) -> PPOModels:

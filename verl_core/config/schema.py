@@ -420,6 +420,9 @@ class ExecutionConfig(Section):
     poll_interval_s: PositiveFloat = _f(5.0, "deployments: seconds between checks of a dispatched flow run")
     task_retries: NonNegInt = _f(2, "Prefect retries of I/O-bound stage tasks")
     retry_delay_s: NonNegFloat = _f(5.0, "Seconds between task retries")
+    stall_timeout_s: NonNegFloat = _f(
+        1800.0, "Fail a compute stage (or collective) with no progress for this many seconds (0: never)"
+    )
 
 
 class VerlFlowConfig(Section):

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from verl_core.errors import DataError, VerlFlowError
 from verl_core.reward.scorers import RewardBatch, Scorer, ScorerOutput
+from verl_core.watchdog import beat
 
 OnError = Literal["fail", "zero"]
 OVERLONG = "overlong"
@@ -132,6 +133,7 @@ def score_rollouts(
             scores[i] += value
         if rule is None and out.extracted is not None:
             rule = out
+        beat(scored_rows=n, scorer=ws.name)
     if overlong_buffer_len > 0:
         penalty = overlong_penalty(
             batch.response_length, max_response_length=max_response_length, buffer_len=overlong_buffer_len

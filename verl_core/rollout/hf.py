@@ -31,6 +31,7 @@ from verl_core.data.tokenizer import IM_END
 from verl_core.errors import ConfigError
 from verl_core.models.loading import load_causal_lm, resolve_device, unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
+from verl_core.watchdog import beat
 
 
 class _Request(NamedTuple):
@@ -103,10 +104,13 @@ class HFEngine:
         stop_ids = self._stop_token_ids(params)
         samples: dict[int, _Sample] = {}
         with _seeded(params.seed, _device(self.model)), _generation_mode(self.model):
+            tokens = 0
             for batch in batches:
                 rows = [requests[k].ids for k in batch]
                 for k, sample in zip(batch, self._generate_batch(rows, params, stop_ids), strict=True):
                     samples[k] = sample
+                    tokens += len(sample.response_ids)
+                beat(sequences=f"{len(samples)}/{len(requests)}", generated_tokens=tokens)
         return [self._completion(r, samples[k], params, stop_ids) for k, r in enumerate(requests)]
 
     def update_weights(self, model: nn.Module) -> None:

@@ -46,6 +46,7 @@ from verl_core.errors import ConfigError
 from verl_core.models.loading import unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
 from verl_core.rollout.hf import encode_prompts
+from verl_core.watchdog import beat
 
 
 def vllm_available() -> bool:
@@ -122,6 +123,7 @@ class VLLMEngine:
             lora_request=self._lora,
             use_tqdm=False,
         )
+        beat(sequences=sum(len(o.outputs) for o in outputs))
         completions = []
         for i, (ids, out) in enumerate(zip(prompt_ids, outputs, strict=True)):
             for sample in sorted(out.outputs, key=lambda o: o.index):

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from verl_core.doctor import require
 from verl_core.training.engine import NonFiniteError, OptimSpec, StepStats, lr_multiplier, param_groups
+from verl_core.watchdog import beat
 
 T = TypeVar("T")
 
@@ -78,6 +79,7 @@ class DeepSpeedTrainEngine:
                 )
             self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
             total += float(loss.detach())
+            beat(optimizer_step=self.global_step + 1, micro_batch=f"{i + 1}/{len(micro_batches)}")
         lr = float(self.scheduler.get_last_lr()[0])
         self.engine.step()
         grad_norm = self.engine.get_global_grad_norm()

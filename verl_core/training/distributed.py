@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -20,13 +21,18 @@ from verl_core.data.packing import karmarkar_karp
 from verl_core.models.loading import unwrap
 
 
-def init_distributed(device_type: str = "cpu") -> tuple[int, int]:
+def init_distributed(device_type: str = "cpu", timeout_s: float = 0.0) -> tuple[int, int]:
     """Initialise the default process group from torchrun's environment (gloo on CPU, nccl on GPU);
-    returns ``(rank, world_size)``. Without torchrun's variables: a single process, (0, 1)."""
+    returns ``(rank, world_size)``. Without torchrun's variables: a single process, (0, 1).
+
+    ``timeout_s > 0``: a collective that waits longer raises (a rank stuck or gone) instead of
+    hanging; pass ``execution.stall_timeout_s``, the same bound as the stage watchdog
+    (:mod:`verl_core.watchdog`). 0: torch's default (10 min for NCCL, 30 min for gloo)."""
     if "WORLD_SIZE" not in os.environ:
         return 0, 1
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        timeout = timedelta(seconds=timeout_s) if timeout_s > 0 else None  # None: torch's default
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", timeout=timeout)
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     return dist.get_rank(), dist.get_world_size()

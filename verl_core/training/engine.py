@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from verl_core.errors import VerlFlowError
+from verl_core.watchdog import beat
 
 T = TypeVar("T")
 
@@ -155,6 +156,7 @@ class TrainEngine:
                 )
             (loss * self.strategy.world_size).backward()
             total += float(loss.detach())
+            beat(optimizer_step=self.global_step + 1, micro_batch=f"{i + 1}/{len(micro_batches)}")
         grad_norm = self.strategy.clip_grad_norm(self.params, self.spec.grad_clip)
         if not torch.isfinite(grad_norm):
             bad = [

@@ -46,6 +46,7 @@ from verl_core.training.ppo_kernels import (
     response_log_probs,
     response_values,
 )
+from verl_core.watchdog import beat
 
 __all__ = [
     "ActorLossSpec",
@@ -255,6 +256,7 @@ def ppo_iteration(
 
     # 1. Old log-probs, reference log-probs, values (no grad)
     old_logp, ref_logp, values = _no_grad_forwards(models, batch, spec, mask, timing)
+    beat(phase="old/ref log-probs and values", sequences=len(batch))
 
     # 2. Token rewards r_t = score·[t = last] − β·KL_t, then advantages Â_t and returns R_t
     with timed(timing, "adv"):
