@@ -81,8 +81,8 @@ def ppo_update(
     tracker = ctx.tracker()
     tracker.log_metrics(result.metrics, step=iteration)
     if cfg.tracking.log_samples:
-        advantage = masked_mean(result.advantages, batch.response_mask, dim=-1)  # (S,) per-sample mean
-        columns = sample_columns(rollouts, batch.scores.tolist(), cfg.tracking.log_samples, advantage.tolist())
+        advantage = masked_mean(result.advantages, batch.response_mask, dim=-1).tolist()  # (S,) mean
+        columns = sample_columns(rollouts, batch.scores.tolist(), cfg.tracking.log_samples, advantage)
         log_samples(tracker, "train", iteration, columns)
     return stage.manifest_uri
 

@@ -44,7 +44,9 @@ class RunContext(BaseModel):
         if self.tracking_uri is not None and self.mlflow_run_id is not None:
             trackers.append(MlflowTracker(self.tracking_uri, self.mlflow_run_id))
         if self.wandb_run_id is not None:
-            trackers.append(WandbTracker(self.wandb_run_id, self.wandb_project, self.run_id, self.wandb_entity))
+            trackers.append(
+                WandbTracker(self.wandb_run_id, self.wandb_project, self.run_id, self.wandb_entity)
+            )
         if not trackers:
             return NullTracker()
         return trackers[0] if len(trackers) == 1 else FanOutTracker(trackers)

@@ -95,8 +95,9 @@ class WandbTracker:
         """A ``wandb.Table`` under the key ``artifact_file`` without its extension."""
         import wandb
 
-        columns = list(data)
-        rows = [list(r) for r in zip(*(data[c] for c in columns), strict=True)]
+        names = list(data)
+        rows = [list(r) for r in zip(*(data[c] for c in names), strict=True)]
+        columns: list[str | int] = [*names]  # wandb's annotation
         self.run.log({_key(artifact_file): wandb.Table(columns=columns, data=rows)})
 
     def log_dict(self, obj: Any, artifact_file: str) -> None:

@@ -383,7 +383,7 @@ class StoreConfig(Section):
 
 class TrackingConfig(Section):
     enabled: bool = _f(
-        True, "Log params, metrics, sample tables and plots to every backend of tracking.backends (false: none)"
+        True, "Log params, metrics, sample tables and plots to each of tracking.backends (false: to none)"
     )
     backends: list[Literal["mlflow", "wandb"]] = _f(
         ["mlflow"],
