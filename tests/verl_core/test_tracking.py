@@ -135,7 +135,7 @@ def test_backends_choose_the_trackers_and_missing_wandb_is_one_line(
     ctx = RunContext(run_id="r", store_url=str(tmp_path), **wandb_fields(cfg, str(tmp_path), "r"))
     assert isinstance(ctx.tracker(), WandbTracker) and ctx.wandb_project == "verl-flow"
     assert ctx.wandb_run_id == wandb_fields(cfg, str(tmp_path), "r")["wandb_run_id"]
-    both = ctx.model_copy(update={"tracking_uri": "sqlite:///x.db", "mlflow_run_id": "m"})
+    both = ctx.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path / 'm.db'}", "mlflow_run_id": "m"})
     assert isinstance(both.tracker(), FanOutTracker)
     off = load_config(None, [f"store.url={tmp_path}", "tracking.backends=[wandb]", "tracking.enabled=false"])
     assert wandb_fields(off, str(tmp_path), "r") == {}
