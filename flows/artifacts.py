@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from flows.results import PipelineResult
 from stages.floor.reports import collect_series, eval_samples, metrics_markdown
+from stages.floor.samples import table_artifact
 from verl_core.run import RunContext
 
 
@@ -24,7 +25,7 @@ def mlflow_run_link(ctx: RunContext) -> str:
 
 def publish(ctx: RunContext, result: PipelineResult, table_rows: int) -> None:
     """Create the run's markdown and table artifacts from ``result`` (the pipeline's return value)."""
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    from prefect.artifacts import create_markdown_artifact
 
     store = ctx.store()
     stages = result.stages
@@ -50,8 +51,5 @@ def publish(ctx: RunContext, result: PipelineResult, table_rows: int) -> None:
     lines += ["", f"stage wall times: {timing}"]
     create_markdown_artifact("\n".join(lines), key="rlhf-run-summary", description=f"run {ctx.run_id}")
     if stages.eval and table_rows:
-        create_table_artifact(
-            [s._asdict() for s in eval_samples(store, stages.eval, table_rows)],
-            key="eval-samples",
-            description="greedy eval samples",
-        )
+        rows = [s._asdict() for s in eval_samples(store, stages.eval, table_rows)]
+        table_artifact(rows, key="eval-samples", description="greedy eval samples")

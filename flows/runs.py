@@ -1,11 +1,11 @@
 """Attach to an existing run (for ``verl-flow export`` / ``eval`` / ``runs show``): its resolved config
-from ``run.json`` and a :class:`RunContext` pointing at its MLflow run, without resuming or
+from ``run.json`` and a :class:`RunContext` pointing at its MLflow (and W&B) run, without resuming or
 re-marking anything."""
 
 from __future__ import annotations
 
 from verl_core.config import VerlFlowConfig, validate_config
-from verl_core.run import RunContext
+from verl_core.run import RunContext, wandb_fields
 from verl_core.store import ArtifactStore
 from verl_core.tracking import RUN_ID_TAG, default_tracking_uri
 
@@ -19,7 +19,7 @@ def attach_run(store_url: str, run_id: str) -> tuple[RunContext, VerlFlowConfig]
     raw["execution"] = {**raw.get("execution", {}), "mode": "local"}
     cfg = validate_config(raw)
     tracking_uri = mlflow_run_id = None
-    if cfg.tracking.enabled:
+    if cfg.tracking.enabled and "mlflow" in cfg.tracking.backends:
         tracking_uri = cfg.tracking.uri or default_tracking_uri(store.url)
         mlflow_run_id = find_mlflow_run(tracking_uri, cfg.trainer.project_name, run_id)
     ctx = RunContext(
@@ -28,6 +28,7 @@ def attach_run(store_url: str, run_id: str) -> tuple[RunContext, VerlFlowConfig]
         store_max_attempts=cfg.store.max_attempts,
         tracking_uri=tracking_uri if mlflow_run_id else None,
         mlflow_run_id=mlflow_run_id,
+        **wandb_fields(cfg, store.url, run_id),
         config_hash=record.config_hash,
     )
     return ctx, cfg

@@ -1,6 +1,7 @@
 """PPO / GRPO update stage: rollouts + rewards → :func:`verl_core.training.ppo.ppo_iteration`.
 
-Writes ``iter-XXXX/update/update.parquet`` (per-sample score, advantages, returns, KL) and moves the
+Writes ``iter-XXXX/update/update.parquet`` (per-sample score, advantages, returns, KL), logs the first
+``tracking.log_samples`` samples (prompt, response, score, mean advantage) as a table, and moves the
 in-memory policy from version i to i+1. The new weights live in memory until the next checkpoint
 (every ``trainer.save_freq`` iterations), so the stage's manifest is sealed, not published: the
 checkpoint that makes the weights durable publishes it (see :mod:`stages.floor.state`). A committed
@@ -16,7 +17,9 @@ from torch import Tensor
 
 from stages.floor.builders import ppo_spec, update_seed
 from stages.floor.locations import iteration_stage
+from stages.floor.samples import log_samples, sample_columns
 from stages.floor.state import get_state, ppo_models
+from verl_core.algorithms.stats import masked_mean
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
 from verl_core.run import RunContext
@@ -75,7 +78,12 @@ def ppo_update(
     state.version = iteration + 1
     summary = {"policy_version": state.version, **{k: result.metrics[k] for k in sorted(result.metrics)}}
     state.pending.append(stage.seal(summary))  # published by the next checkpoint
-    ctx.tracker().log_metrics(result.metrics, step=iteration)
+    tracker = ctx.tracker()
+    tracker.log_metrics(result.metrics, step=iteration)
+    if cfg.tracking.log_samples:
+        advantage = masked_mean(result.advantages, batch.response_mask, dim=-1).tolist()  # (S,) mean
+        columns = sample_columns(rollouts, batch.scores.tolist(), cfg.tracking.log_samples, advantage)
+        log_samples(tracker, "train", iteration, columns)
     return stage.manifest_uri
 
 

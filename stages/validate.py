@@ -1,6 +1,7 @@
 """Validation stage: greedy (``rollout.val_temperature``) generation on the held-out prompts with the
 current policy, scored by the run's reward scorers. Writes ``iter-XXXX/val/{rollouts,rewards}.parquet``
-and logs ``val/accuracy``, ``val/reward_mean``, ``val/response_length`` at step = iteration."""
+and logs ``val/accuracy``, ``val/reward_mean``, ``val/response_length`` at step = iteration, and the
+first ``tracking.log_samples`` samples (prompt, response, score) as a table."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from prefect import task
 from stages.floor.artifacts import rollouts_table
 from stages.floor.builders import sampling_params, score_batch
 from stages.floor.locations import iteration_stage
+from stages.floor.samples import log_samples, sample_columns
 from stages.floor.state import get_state
 from verl_core.config import VerlFlowConfig
 from verl_core.reward import batch_from_columns, rewards_table
@@ -69,5 +71,9 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
     stage.write_table("rollouts.parquet", rollouts, "rollouts")
     stage.write_table("rewards.parquet", rewards_table(batch, result), "rewards")
     stage.commit(summary={"accuracy": accuracy, "iteration_lineage": state.lineage, **metrics})
-    ctx.tracker().log_metrics(metrics, step=iteration)
+    tracker = ctx.tracker()
+    tracker.log_metrics(metrics, step=iteration)
+    if cfg.tracking.log_samples:
+        columns = sample_columns(rollouts, result.scores, cfg.tracking.log_samples)
+        log_samples(tracker, "val", iteration, columns)
     return accuracy

@@ -3,17 +3,21 @@
 Small, serialisable (a Prefect task parameter), no tensors: stages rebuild the store and the tracker
 from it. ``start_run`` creates or resumes a run: takes the run's lease (one live process per run id, see
 :mod:`verl_core.store.lease`), writes ``run.json`` and creates/resumes the MLflow run; ``end_run``
-releases the lease.
+releases the lease. With ``tracking.backends`` naming several backends the context carries each
+one's run id and :meth:`RunContext.tracker` logs to all of them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from verl_core.config import VerlFlowConfig, flatten_config
 from verl_core.store import ArtifactStore
 from verl_core.store.lease import acquire_run_lease, release_run_lease
-from verl_core.tracking import MlflowTracker, NullTracker, Tracker, default_tracking_uri
+from verl_core.tracking import FanOutTracker, MlflowTracker, NullTracker, Tracker, default_tracking_uri
+from verl_core.wandb_tracking import WandbTracker, require_wandb, wandb_run_id
 
 
 class RunContext(BaseModel):
@@ -26,15 +30,38 @@ class RunContext(BaseModel):
     store_max_attempts: int = 10
     tracking_uri: str | None = None
     mlflow_run_id: str | None = None
+    wandb_run_id: str | None = None  # None: no W&B tracking
+    wandb_project: str = ""
+    wandb_entity: str | None = None
     config_hash: str = ""
 
     def store(self) -> ArtifactStore:
         return ArtifactStore(self.store_url, max_attempts=self.store_max_attempts)
 
     def tracker(self) -> Tracker:
-        if self.tracking_uri is None or self.mlflow_run_id is None:
+        """The run's tracker: MLflow, W&B, both (:class:`FanOutTracker`) or none."""
+        trackers: list[Tracker] = []
+        if self.tracking_uri is not None and self.mlflow_run_id is not None:
+            trackers.append(MlflowTracker(self.tracking_uri, self.mlflow_run_id))
+        if self.wandb_run_id is not None:
+            trackers.append(
+                WandbTracker(self.wandb_run_id, self.wandb_project, self.run_id, self.wandb_entity)
+            )
+        if not trackers:
             return NullTracker()
-        return MlflowTracker(self.tracking_uri, self.mlflow_run_id)
+        return trackers[0] if len(trackers) == 1 else FanOutTracker(trackers)
+
+
+def wandb_fields(cfg: VerlFlowConfig, store_url: str, run_id: str) -> dict[str, Any]:
+    """The W&B fields of the :class:`RunContext` of ``run_id`` (none without W&B tracking)."""
+    t = cfg.tracking
+    if not (t.enabled and "wandb" in t.backends):
+        return {}
+    return {
+        "wandb_run_id": wandb_run_id(store_url, run_id),
+        "wandb_project": t.wandb_project or cfg.trainer.project_name,
+        "wandb_entity": t.wandb_entity,
+    }
 
 
 def end_run(ctx: RunContext) -> None:
@@ -48,8 +75,11 @@ def default_run_id(cfg: VerlFlowConfig) -> str:
 
 
 def start_run(cfg: VerlFlowConfig, run_id: str | None = None) -> RunContext:
-    """Write ``run.json`` (resolved config, hash, code version) and create/resume the MLflow run."""
+    """Write ``run.json`` (resolved config, hash, code version) and create/resume the MLflow and W&B
+    runs of ``tracking.backends``."""
     run_id = run_id or default_run_id(cfg)
+    if cfg.tracking.enabled and "wandb" in cfg.tracking.backends:
+        require_wandb()  # before any work: one line naming the fix
     store = ArtifactStore(cfg.store.url, max_attempts=cfg.store.max_attempts)
     acquire_run_lease(store, run_id, cfg.store.lease_ttl_s)  # refuses a run id another process holds
     try:
@@ -63,7 +93,8 @@ def _start(cfg: VerlFlowConfig, store: ArtifactStore, run_id: str) -> RunContext
     config_hash = cfg.config_hash()
     store.write_run_record(run_id, cfg.model_dump(mode="json"), config_hash)
     tracking_uri = mlflow_run_id = None
-    if cfg.tracking.enabled:
+    tags = {"verl_flow.config_hash": config_hash, "verl_flow.store": store.url}
+    if cfg.tracking.enabled and "mlflow" in cfg.tracking.backends:
         tracking_uri = cfg.tracking.uri or default_tracking_uri(store.url)
         tracker = MlflowTracker.start(
             tracking_uri,
@@ -72,13 +103,24 @@ def _start(cfg: VerlFlowConfig, store: ArtifactStore, run_id: str) -> RunContext
             params=flatten_config(cfg),
             store_url=store.url,
         )
-        tracker.set_tags({"verl_flow.config_hash": config_hash, "verl_flow.store": store.url})
+        tracker.set_tags(tags)
         mlflow_run_id = tracker.run_id
+    wandb = wandb_fields(cfg, store.url, run_id)
+    if wandb:
+        w = WandbTracker.start(
+            wandb["wandb_run_id"],
+            wandb["wandb_project"],
+            name=run_id,
+            entity=wandb["wandb_entity"],
+            params=flatten_config(cfg),
+        )
+        w.set_tags(tags)
     return RunContext(
         run_id=run_id,
         store_url=store.url,
         store_max_attempts=cfg.store.max_attempts,
         tracking_uri=tracking_uri,
         mlflow_run_id=mlflow_run_id,
+        **wandb,
         config_hash=config_hash,
     )

@@ -1,4 +1,5 @@
-"""MLflow tracking: one MLflow run per verl-flow run, resumed when the run is rerun.
+"""Tracking: one MLflow run (and with ``tracking.backends`` [..., "wandb"] one W&B run, see
+:mod:`verl_core.wandb_tracking`) per verl-flow run, resumed when the run is rerun.
 
 Default backend: a SQLite database ``mlflow.db`` at the root of a local artifact store (one database
 for every run under that root, so ``mlflow ui`` compares them), artifacts beside it in
@@ -6,6 +7,7 @@ for every run under that root, so ``mlflow ui`` compares them), artifacts beside
 flattened config with secrets redacted; metrics are logged in batches with their step.
 
 Uses ``MlflowClient`` directly (no global active run), so stages can attach to the run by id.
+Several backends at once: :class:`FanOutTracker`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,12 +24,19 @@ from verl_core.store.store import normalize_url
 
 RUN_ID_TAG = "verl_flow.run_id"
 _BATCH = 100
+# MLflow lists a run's tables (what mlflow.load_table searches) in one tag of at most this many characters
+_LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
+_MAX_TAG_CHARS = 8000
+
+Columns = Mapping[str, Sequence[Any]]  # a table: column name → values, every column the same length
 
 
 class Tracker(Protocol):
-    """What stages log to. :class:`MlflowTracker` and :class:`NullTracker` implement it."""
+    """What stages log to. :class:`MlflowTracker`, :class:`~verl_core.wandb_tracking.WandbTracker`,
+    :class:`FanOutTracker` and :class:`NullTracker` implement it."""
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def log_table(self, data: Columns, artifact_file: str) -> None: ...
     def log_dict(self, obj: Any, artifact_file: str) -> None: ...
     def log_text(self, text: str, artifact_file: str) -> None: ...
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None: ...
@@ -39,6 +48,9 @@ class NullTracker:
     """Tracking disabled: every call does nothing."""
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_table(self, data: Columns, artifact_file: str) -> None:
         pass
 
     def log_dict(self, obj: Any, artifact_file: str) -> None:
@@ -139,6 +151,22 @@ class MlflowTracker:
         for i in range(0, len(items), _BATCH):
             self.client.log_batch(self.run_id, metrics=items[i : i + _BATCH])
 
+    def log_table(self, data: Columns, artifact_file: str) -> None:
+        """Log ``data`` as the JSON table ``artifact_file`` (``*.json``), readable with
+        ``mlflow.load_table``. Unlike ``MlflowClient.log_table`` a second call replaces the table
+        rather than appending to it (a re-run stage logs its rows once), and the run's list of tables
+        keeps only the newest names that fit MLflow's tag limit (older tables stay as files)."""
+        import pandas as pd
+
+        self.log_text(pd.DataFrame(dict(data)).to_json(orient="split", index=False), artifact_file)
+        run = self.client.get_run(self.run_id)
+        entry = {"path": artifact_file, "type": "table"}
+        tables = [t for t in json.loads(run.data.tags.get(_LOGGED_ARTIFACTS_TAG, "[]")) if t != entry]
+        tables.append(entry)
+        while len(json.dumps(tables)) > _MAX_TAG_CHARS:
+            tables.pop(0)
+        self.client.set_tag(self.run_id, _LOGGED_ARTIFACTS_TAG, json.dumps(tables))
+
     def log_dict(self, obj: Any, artifact_file: str) -> None:
         self.log_text(json.dumps(obj, indent=2, sort_keys=True, default=str), artifact_file)
 
@@ -156,6 +184,41 @@ class MlflowTracker:
     def end(self, status: str = "FINISHED") -> None:
         """Mark the MLflow run FINISHED / FAILED / KILLED."""
         self.client.set_terminated(self.run_id, status=status)
+
+
+class FanOutTracker:
+    """Every call goes to each of ``trackers`` in turn (``tracking.backends`` with several names)."""
+
+    def __init__(self, trackers: Sequence[Tracker]) -> None:
+        self.trackers = tuple(trackers)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        for t in self.trackers:
+            t.log_metrics(metrics, step)
+
+    def log_table(self, data: Columns, artifact_file: str) -> None:
+        for t in self.trackers:
+            t.log_table(data, artifact_file)
+
+    def log_dict(self, obj: Any, artifact_file: str) -> None:
+        for t in self.trackers:
+            t.log_dict(obj, artifact_file)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        for t in self.trackers:
+            t.log_text(text, artifact_file)
+
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        for t in self.trackers:
+            t.log_artifact(local_path, artifact_path)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        for t in self.trackers:
+            t.set_tags(tags)
+
+    def end(self, status: str = "FINISHED") -> None:
+        for t in self.trackers:
+            t.end(status)
 
 
 def log_bytes(tracker: Tracker, data: bytes, artifact_file: str) -> None:

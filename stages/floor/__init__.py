@@ -8,6 +8,7 @@ besides the stage tasks themselves.
                 and their copies, what an eval evaluates, the rollouts table)
     reports     what eval and report commit, read back for flows: the typed eval report and its
                 samples, per-iteration metric series and their markdown table
+    samples     per-sample tables (train/val rollouts) for the tracker, Prefect table artifacts
     state       the RL loop's in-memory state and its checkpoint protocol
     logging     stage loggers, progress bars, the ``timed`` context manager
     environment what a config needs of the environment (packages, CUDA): the fast check the GPU

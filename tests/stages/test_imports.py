@@ -77,6 +77,7 @@ def test_scan_sees_the_stage_files() -> None:
         "builders",
         "artifacts",
         "reports",
+        "samples",
         "state",
         "logging",
         "environment",

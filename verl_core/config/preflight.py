@@ -151,6 +151,7 @@ def _shared_locations(cfg: VerlFlowConfig) -> list[str]:
     uri = cfg.tracking.uri
     if (
         cfg.tracking.enabled
+        and "mlflow" in cfg.tracking.backends
         and not cfg.execution.shared_filesystem
         and (uri is None or "://" not in uri or uri.startswith(("sqlite:", "file:")))
     ):

@@ -382,9 +382,20 @@ class StoreConfig(Section):
 
 
 class TrackingConfig(Section):
-    enabled: bool = _f(True, "Log params, metrics and artifacts to MLflow")
+    enabled: bool = _f(
+        True, "Log params, metrics, sample tables and plots to each of tracking.backends (false: to none)"
+    )
+    backends: list[Literal["mlflow", "wandb"]] = _f(
+        ["mlflow"],
+        "Where tracking.enabled logs, all at once; wandb needs pip install 'verl-flow[wandb]', its API key, "
+        "mode and directory come from WANDB_API_KEY, WANDB_MODE, WANDB_DIR only",
+    )
     uri: str | None = _f(None, "MLflow tracking URI (None: sqlite mlflow.db beside a local store)")
-    log_samples: NonNegInt = _f(8, "Sample completions logged per iteration")
+    wandb_project: str | None = _f(None, "W&B project (None: trainer.project_name)")
+    wandb_entity: str | None = _f(None, "W&B entity, a user or team (None: the API key's default)")
+    log_samples: NonNegInt = _f(
+        8, "Samples per RL iteration (and validation) logged as a table: prompt, response, score, advantage"
+    )
 
 
 class ExportConfig(Section):
@@ -439,7 +450,7 @@ class VerlFlowConfig(Section):
     algorithm: AlgorithmConfig = _f(AlgorithmConfig(), "Advantages and KL")
     trainer: TrainerConfig = _f(TrainerConfig(), "The RL loop, checkpoints, seeds")
     store: StoreConfig = _f(StoreConfig(), "Artifact store")
-    tracking: TrackingConfig = _f(TrackingConfig(), "MLflow tracking")
+    tracking: TrackingConfig = _f(TrackingConfig(), "Experiment tracking (MLflow, W&B)")
     export: ExportConfig = _f(ExportConfig(), "Merged HF model export and registry")
     eval: EvalConfig = _f(EvalConfig(), "Evaluation of the exported policy")
     execution: ExecutionConfig = _f(ExecutionConfig(), "Where stages run")

@@ -43,7 +43,6 @@ SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
 NOT_YET_READ = {
     "actor.strategy": "the distributed issue (fsdp2 / deepspeed engines from the config)",
     "actor.zero_stage": "the distributed issue (DeepSpeedTrainEngine(zero_stage=...))",
-    "tracking.log_samples": "the reliability issue (sample completions logged per iteration)",
 }
 
 
