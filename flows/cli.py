@@ -53,8 +53,13 @@ StoreOpt = Annotated[
 ]
 
 
-def _fail(exc: Exception | str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+def _fail(exc: Exception | str, code: int, *, one_line: bool = True) -> NoReturn:
+    """Print the error and exit with ``code``: one line, or (``one_line=False``) one line per line of
+    the message, each its own problem (a config can have several, see verl_core.config.preflight)."""
+    text = str(exc)
+    lines = [" ".join(text.split("\n"))] if one_line else text.splitlines()
+    for line in lines:
+        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -62,7 +67,7 @@ def _load(config: str, overrides: list[str] | None) -> VerlFlowConfig:
     try:
         return load_config(config, overrides or [])
     except ConfigError as e:
-        _fail(e, 2)
+        _fail(e, 2, one_line=False)
 
 
 @app.command()

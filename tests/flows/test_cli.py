@@ -49,6 +49,19 @@ def test_run_validates_config_before_any_work(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # nothing was written
 
 
+def test_run_lists_every_preflight_problem_before_any_work(tmp_path: Path) -> None:
+    # quickstart: 32 prompts, mini-batches of 8; defaults 128 + 64 tokens per sample
+    args = ["actor.ppo_mini_batch_size=5", "actor.ppo_max_token_len_per_gpu=100"]
+    result = runner.invoke(app, ["run", QUICKSTART, f"store.url={tmp_path}", *args])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: actor.ppo_mini_batch_size: 5 must divide data.train_batch_size (32)",
+        "error: actor.ppo_max_token_len_per_gpu: 100 tokens cannot hold one full-length sample "
+        "(data.max_prompt_length + data.max_response_length = 192); expected >= 192",
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_runs_list_and_show(tmp_path: Path) -> None:
     store = ArtifactStore(str(tmp_path))
     store.write_run_record("run-x", {"trainer": {"experiment_name": "exp"}}, "ab" * 32)
