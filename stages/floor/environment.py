@@ -36,6 +36,8 @@ def config_needs(cfg: VerlFlowConfig) -> Needs:
     if cfg.model.attn_implementation == "flash_attention_2":
         packages["flash-attn"] = "model.attn_implementation: 'flash_attention_2'"
         cuda.append("model.attn_implementation: 'flash_attention_2'")
+    if cfg.tracking.enabled and "wandb" in cfg.tracking.backends:
+        packages["wandb"] = "tracking.backends: 'wandb'"
     if cfg.trainer.device == "cuda":
         cuda.append("trainer.device: 'cuda'")
     if cfg.reward.model_device == "cuda" and any(s.name == "model" for s in cfg.reward.scorers):

@@ -113,13 +113,20 @@ def test_bad_config_exits_2() -> None:
 def test_config_needs() -> None:
     cfg = load_config(
         None,
-        ["rollout.name=vllm", "actor.strategy=deepspeed", "model.quantization.bits=4", "trainer.device=cuda"],
+        [
+            "rollout.name=vllm",
+            "actor.strategy=deepspeed",
+            "model.quantization.bits=4",
+            "trainer.device=cuda",
+            "tracking.backends=[mlflow,wandb]",
+        ],
     )
     needs = config_needs(cfg)
     assert needs.packages == {
         "vllm": "rollout.name: 'vllm'",
         "deepspeed": "actor.strategy: 'deepspeed'",
         "bitsandbytes": "model.quantization",
+        "wandb": "tracking.backends: 'wandb'",
     }
     assert needs.cuda == "rollout.name: 'vllm', trainer.device: 'cuda'"
     assert config_needs(load_config(None, [])) == ({}, None)
