@@ -184,7 +184,11 @@ class SFTConfig(Section):
 
 
 class ActorConfig(Section):
-    strategy: Literal["single", "fsdp2", "deepspeed"] = _f("single", "Training engine")
+    strategy: Literal["single", "fsdp2", "deepspeed"] = _f(
+        "single",
+        "Training engine (so far only `verl-flow doctor` reads fsdp2/deepspeed: the stages build 'single' "
+        "until the distributed issue wires the torchrun engines)",
+    )
     lr: PositiveFloat = _f(1e-6, "Actor learning rate")
     weight_decay: NonNegFloat = _f(0.01, "AdamW weight decay")
     warmup_steps_ratio: Prob = _f(0.0, "Fraction of updates in linear warm-up")

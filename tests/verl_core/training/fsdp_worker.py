@@ -75,6 +75,7 @@ def main() -> None:
     if rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump({"losses": losses, "world_size": world}, f)
+    dist.barrier()  # both ranks done before teardown (gloo could abort a rank still in flight: SIGABRT)
     dist.destroy_process_group()
 
 
