@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.prefect_server import wait_healthy
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "tests" / "reliability" / "tiny.yaml")
 # the tiny pipeline with a reward function that raises: preprocess, template_pack and SFT commit,
@@ -83,19 +85,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     )
     srv = Server(f"http://127.0.0.1:{port}/api", home, proc)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{srv.api_url}/health", timeout=2) as r:
-                    if r.read().strip() == b"true":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}"
-                )
-            time.sleep(0.5)
+        wait_healthy(srv.api_url, proc=proc, log=home / "server.log")
         yield srv
     finally:
         srv.stop()

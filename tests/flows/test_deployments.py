@@ -23,6 +23,7 @@ from typing import IO, Any
 
 import pytest
 
+from tests.prefect_server import wait_healthy
 from verl_core.store import ArtifactStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,19 +86,6 @@ class Processes:
             f.close()
 
 
-def _wait_healthy(url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if json.loads(r.read()) is True:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"Prefect server at {url} not healthy after {timeout} s")
-
-
 @pytest.fixture
 def prefect_env(tmp_path: Path, s3_bucket: str) -> Iterator[tuple[dict[str, str], Processes, str]]:
     port = _free_port()
@@ -129,7 +117,7 @@ def prefect_env(tmp_path: Path, s3_bucket: str) -> Iterator[tuple[dict[str, str]
             str(port),
             "--analytics-off",
         )
-        _wait_healthy(api, 90)
+        wait_healthy(api, 90)
         yield env, procs, api
     finally:
         procs.stop_all()

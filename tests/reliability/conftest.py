@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from tests.prefect_server import wait_healthy
 from verl_core.models.checkpoint import load_state_bytes
 from verl_core.store import ArtifactStore, Manifest
 
@@ -161,18 +161,7 @@ def prefect_server(home: Path) -> Iterator[Pipeline]:
     )
     api = f"http://127.0.0.1:{port}/api"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
-                    if r.read().strip() == b"true":
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                tail = (home / "server.log").read_text()[-2000:]
-                raise RuntimeError(f"prefect server did not start: {tail}")
-            time.sleep(0.5)
+        wait_healthy(api, proc=server, log=home / "server.log")
         yield Pipeline(api, home)
     finally:
         server.terminate()
