@@ -229,7 +229,7 @@ def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> d
     init_state(ctx, cfg, s["tp"], s["sft"])
     state = get_state(ctx)
     prompts = store.read_table(store.read_manifest(s["tp"]), "prompt_tokens/train.parquet")
-    scorers = build_scorers(cfg.reward)
+    scorers = build_scorers(cfg.reward, cfg.sandbox)
     d = cfg.data
     tokens: list[int] = []
     scores: list[float] = []
@@ -246,7 +246,7 @@ def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> d
             t = time.perf_counter()
             table = rollouts_table(completions, batch, it, state.version)  # in memory, never written
             rb = batch_from_columns(table)
-            result = score_batch(cfg.reward, rb, d.max_response_length, scorers)
+            result = score_batch(cfg.reward, cfg.sandbox, rb, d.max_response_length, scorers)
             parts["reward"] += time.perf_counter() - t
             t = time.perf_counter()
             update = ppo_iteration(

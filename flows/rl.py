@@ -81,7 +81,7 @@ def run_iteration(
         baseline = cfg.algorithm.greedy_baseline
         r = roll(ctx, cfg.data, cfg.rollout, template_pack_uri, iteration, lineage, baseline)
     with timed(timings, "reward"), watched(ctx, "reward", stall, iteration):
-        w = score(ctx, cfg.reward, r, iteration, cfg.data.max_response_length)
+        w = score(ctx, cfg.reward, r, iteration, cfg.data.max_response_length, sandbox=cfg.sandbox)
     with timed(timings, "update"), watched(ctx, "ppo_update", stall, iteration):
         u = update(ctx, cfg, r, w, iteration)
     return IterationArtifacts(r, w, u)

@@ -86,7 +86,7 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
     if e.k > 1:
         runs["sampled"] = SamplingParams(n=e.k, temperature=e.temperature, top_p=e.top_p, seed=e.seed)
     per_prompt: dict[str, dict[int, tuple[int, int]]] = {}
-    scorers = build_scorers(cfg.reward)
+    scorers = build_scorers(cfg.reward, cfg.sandbox)
     for name, sp in runs.items():
         sp = SamplingParams(
             n=sp.n, temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed,
@@ -94,7 +94,7 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
         )  # fmt: skip
         rollouts = rollouts_table(engine.generate(ids, sp), prompts, iteration=-1, policy_version=-1)
         batch = batch_from_columns(rollouts)
-        result = score_batch(cfg.reward, batch, cfg.data.max_response_length, scorers)
+        result = score_batch(cfg.reward, cfg.sandbox, batch, cfg.data.max_response_length, scorers)
         per_prompt[name] = per_prompt_correct(batch.group_id, result.correct)  # validation's rule too
         stage.write_table(f"{name}/rollouts.parquet", rollouts, "rollouts")
         stage.write_table(f"{name}/rewards.parquet", rewards_table(batch, result), "rewards")

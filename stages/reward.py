@@ -22,7 +22,7 @@ from prefect import task
 from stages.floor.builders import score_batch
 from stages.floor.locations import iteration_stage
 from stages.floor.logging import stage_logger
-from verl_core.config import RewardConfig
+from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.errors import DataError
 from verl_core.reward import batch_from_columns, metrics_of_rows, rewards_table
 from verl_core.run import RunContext
@@ -33,13 +33,22 @@ REWARDS_FILE = "rewards.parquet"
 
 @task(name="reward")
 def reward(
-    ctx: RunContext, cfg: RewardConfig, rollout_uri: str, iteration: int, max_response_length: int
+    ctx: RunContext,
+    cfg: RewardConfig,
+    rollout_uri: str,
+    iteration: int,
+    max_response_length: int,
+    *,
+    sandbox: SandboxConfig,
 ) -> str:
-    """Score the rollouts at ``rollout_uri``; returns the reward stage's manifest URI."""
+    """Score the rollouts at ``rollout_uri``; returns the reward stage's manifest URI. ``sandbox``: where
+    the code scorer runs code (part of the stage's inputs only when that scorer is used)."""
     log = stage_logger(__name__)
     store = ctx.store()
     # 1. Skip when committed with the same inputs
     params = {"reward": cfg.model_dump(mode="json"), "max_response_length": max_response_length}
+    if any(s.name == "code" for s in cfg.scorers):
+        params["sandbox"] = sandbox.model_dump(mode="json")
     stage = store.open_stage(
         ctx.run_id, iteration_stage(iteration, "reward"), params=params, inputs={"rollout": rollout_uri}
     )
@@ -55,7 +64,7 @@ def reward(
 
     # 3. Build the scorers and score
     t0 = time.perf_counter()
-    result = score_batch(cfg, batch, max_response_length)
+    result = score_batch(cfg, sandbox, batch, max_response_length)
     seconds = time.perf_counter() - t0
     metrics = result.metrics
     baseline = rollouts.column("is_baseline").to_pylist()

@@ -56,7 +56,7 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
 
     # 3. Score, write, commit
     batch = batch_from_columns(rollouts)
-    result = score_batch(cfg.reward, batch, cfg.data.max_response_length)
+    result = score_batch(cfg.reward, cfg.sandbox, batch, cfg.data.max_response_length)
     n = max(1, len(completions))
     accuracy = sum(result.correct) / n  # the one accuracy rule (verl_core.reward.score_rollouts)
     lengths = rollouts.column("response_length").to_pylist()

@@ -17,8 +17,8 @@ allowed.
 
 **bwrap backend** (what the code sees)::
 
-    bwrap --unshare-all --unshare-user --disable-userns --uid 65534 --gid 65534 --cap-drop ALL --die-with-parent
-          --new-session --clearenv --setenv PATH /usr/bin --ro-bind /usr /usr
+    bwrap --unshare-all --unshare-user --disable-userns --uid 65534 --gid 65534 --cap-drop ALL
+          --die-with-parent --new-session --clearenv --setenv PATH /usr/bin --ro-bind /usr /usr
           --symlink usr/bin /bin --symlink usr/lib /lib --symlink usr/lib64 /lib64
           --proc /proc --dev /dev --size <max_file_mb> --tmpfs /tmp --bind <fresh temp dir> /work
           --chdir /work /usr/bin/python3 -I -S -c <bootstrap>
@@ -49,6 +49,7 @@ the host's processes (visible in ``/proc``; a child that calls ``setsid`` escape
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -121,9 +122,18 @@ def bwrap_problem() -> str | None:
         return "/usr/bin/python3 is missing (the sandbox runs the system interpreter)"
     with tempfile.TemporaryDirectory(prefix="verl-sandbox-probe-") as work:
         _give_to_sandbox_user(work)
-        cmd = _bwrap_argv(work, max_file_mb=1) + [sandbox_python(), "-I", "-S", "-c", "pass"]
+        cmd = [*_bwrap_argv(work, max_file_mb=1), sandbox_python(), "-I", "-S", "-c", "pass"]
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, **_user_kwargs())
+            who = _run_as()
+            r = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                user=who.user,
+                group=who.group,
+                extra_groups=who.extra_groups,
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"bwrap failed to start: {e}"
     if r.returncode != 0:
@@ -139,7 +149,7 @@ def check_sandbox(allow_weak: bool) -> Backend:
         return "bwrap"
     if not allow_weak:
         raise SandboxUnavailableError(
-            f"sandbox: {problem}; install it (as root: apt-get install -y bubblewrap, or run `make install`), "
+            f"sandbox: {problem}; install it (as root: apt-get install -y bubblewrap, or `make install`), "
             "or set sandbox.allow_weak_sandbox=true to run code without isolation of network and files"
         )
     log.warning(
@@ -157,8 +167,9 @@ def check_sandbox(allow_weak: bool) -> Backend:
 
 def _bwrap_argv(work: str, *, max_file_mb: int) -> list[str]:
     """bwrap's command line up to the program (see the module docstring for what it leaves visible)."""
-    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(NOBODY), "--gid", str(NOBODY)]
-    argv += ["--cap-drop", "ALL", "--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", "/usr/bin"]
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns"]
+    argv += ["--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL", "--die-with-parent"]
+    argv += ["--new-session", "--clearenv", "--setenv", "PATH", "/usr/bin"]
     argv += ["--ro-bind", "/usr", "/usr"]
     for d in ("bin", "lib", "lib64", "sbin"):  # merged /usr on Debian: /bin -> usr/bin ...
         if os.path.islink(f"/{d}"):
@@ -170,11 +181,17 @@ def _bwrap_argv(work: str, *, max_file_mb: int) -> list[str]:
     return argv
 
 
-def _user_kwargs() -> dict[str, object]:
-    """Popen arguments that drop root to nobody (no preexec_fn: the scorer runs sandboxes from threads)."""
-    if os.geteuid() != 0:
-        return {}
-    return {"user": NOBODY, "group": NOBODY, "extra_groups": []}
+class _As(NamedTuple):
+    """Popen's user, group, extra_groups: nobody when root, else unchanged (None). Popen does this
+    without a preexec_fn, which is unsafe here: the code scorer starts sandboxes from threads."""
+
+    user: int | None
+    group: int | None
+    extra_groups: list[int] | None
+
+
+def _run_as() -> _As:
+    return _As(NOBODY, NOBODY, []) if os.geteuid() == 0 else _As(None, None, None)
 
 
 def _give_to_sandbox_user(path: str) -> None:
@@ -227,10 +244,8 @@ def _drain(stream: IO[bytes], keep: bytearray, cap: int, over: threading.Event) 
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _limit_hit(exit_code: int, stderr: str, signum: int | None) -> str | None:
@@ -262,6 +277,7 @@ def run_python(code: str, spec: SandboxSpec) -> SandboxResult:
             argv, cwd = _bwrap_argv(work, max_file_mb=spec.max_file_mb) + program, None
         else:
             argv, cwd = program, work
+        who = _run_as()
         try:
             proc = subprocess.Popen(
                 argv,
@@ -271,7 +287,9 @@ def run_python(code: str, spec: SandboxSpec) -> SandboxResult:
                 cwd=cwd,
                 env={"PATH": "/usr/bin:/bin"},
                 start_new_session=True,  # its own process group: the timeout kills all of it
-                **_user_kwargs(),  # type: ignore[call-overload]
+                user=who.user,
+                group=who.group,
+                extra_groups=who.extra_groups,
             )
         except OSError as e:
             return SandboxResult("", "", -1, False, f"sandbox failed: {e}", time.monotonic() - start, False)

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from verl_core.config import ModelConfig, RewardConfig, RolloutConfig, VerlFlowConfig
+from verl_core.config import ModelConfig, RewardConfig, RolloutConfig, SandboxConfig, VerlFlowConfig
 from verl_core.errors import ConfigError
 from verl_core.models.loading import (
     QuantSpec,
@@ -24,6 +24,7 @@ from verl_core.models.loading import (
 )
 from verl_core.registry import Registry
 from verl_core.reward import (
+    CodeScorer,
     FunctionScorer,
     RewardBatch,
     RewardResult,
@@ -36,6 +37,7 @@ from verl_core.reward import (
 )
 from verl_core.rollout import SamplingParams
 from verl_core.run_length import StepCount
+from verl_core.sandbox import SandboxSpec, check_sandbox
 from verl_core.seeding import derive_seed
 from verl_core.training.engine import OptimSpec
 from verl_core.training.ppo import ActorLossSpec, PPOSpec
@@ -117,25 +119,40 @@ def load_reference(cfg: VerlFlowConfig, policy: nn.Module) -> nn.Module:
 
 
 # --------------------------------------------------------------------------------------------------
-# Reward scorers: one builder per scorer name
+# Reward scorers: one builder per scorer name (the sandbox section for the scorers that run code)
 
-SCORER_BUILDERS: Registry[Callable[[RewardConfig], Scorer]] = Registry("reward scorer")
+SCORER_BUILDERS: Registry[Callable[[RewardConfig, SandboxConfig], Scorer]] = Registry("reward scorer")
+
+
+def sandbox_spec(cfg: SandboxConfig) -> SandboxSpec:
+    """``sandbox.*`` as the spec :func:`verl_core.sandbox.run_python` takes, once this machine is checked
+    to run it: raises SandboxUnavailableError naming the fix (install bubblewrap, or
+    ``sandbox.allow_weak_sandbox=true``). Call it where a scorer or tool that runs code is built."""
+    return SandboxSpec(
+        check_sandbox(cfg.allow_weak_sandbox),
+        timeout_s=cfg.timeout_s,
+        cpu_time_s=cfg.cpu_time_s,
+        memory_mb=cfg.memory_mb,
+        max_processes=cfg.max_processes,
+        max_output_bytes=cfg.max_output_bytes,
+        max_file_mb=cfg.max_file_mb,
+    )
 
 
 @SCORER_BUILDERS.register("rule")
-def _rule(cfg: RewardConfig) -> Scorer:
+def _rule(cfg: RewardConfig, sandbox: SandboxConfig) -> Scorer:
     options = RuleOptions(cfg.gsm8k_method, cfg.score, cfg.format_score)
     return RuleScorer(options, cfg.num_workers, cfg.parallel_min_samples)
 
 
 @SCORER_BUILDERS.register("function")
-def _function(cfg: RewardConfig) -> Scorer:
+def _function(cfg: RewardConfig, sandbox: SandboxConfig) -> Scorer:
     assert cfg.function is not None  # the config requires it with this scorer
     return FunctionScorer(load_reward_function(cfg.function), cfg.function_mode, cfg.timeout_s)
 
 
 @SCORER_BUILDERS.register("model")
-def _model(cfg: RewardConfig) -> Scorer:
+def _model(cfg: RewardConfig, sandbox: SandboxConfig) -> Scorer:
     from verl_core.models.loading import resolve_device
     from verl_core.reward.model import ModelScorer, load_reward_scorer
 
@@ -145,13 +162,20 @@ def _model(cfg: RewardConfig) -> Scorer:
     return ModelScorer(model, tokenizer, cfg.model_max_tokens_per_batch)
 
 
-def build_scorers(cfg: RewardConfig) -> list[WeightedScorer]:
-    """The weighted scorers of ``reward.scorers`` (loads the function / reward model they name)."""
-    return [WeightedScorer(s.name, s.weight, SCORER_BUILDERS.get(s.name)(cfg)) for s in cfg.scorers]
+@SCORER_BUILDERS.register("code")
+def _code(cfg: RewardConfig, sandbox: SandboxConfig) -> Scorer:
+    return CodeScorer(sandbox_spec(sandbox), cfg.code_score, cfg.code_workers)
+
+
+def build_scorers(cfg: RewardConfig, sandbox: SandboxConfig) -> list[WeightedScorer]:
+    """The weighted scorers of ``reward.scorers`` (loads the function / reward model they name; checks
+    the sandbox for the code scorer)."""
+    return [WeightedScorer(s.name, s.weight, SCORER_BUILDERS.get(s.name)(cfg, sandbox)) for s in cfg.scorers]
 
 
 def score_batch(
     cfg: RewardConfig,
+    sandbox: SandboxConfig,
     batch: RewardBatch,
     max_response_length: int,
     scorers: list[WeightedScorer] | None = None,
@@ -160,7 +184,7 @@ def score_batch(
     one call the reward stage, validation, eval and the benchmarks share. ``scorers``: already built."""
     return score_rollouts(
         batch,
-        build_scorers(cfg) if scorers is None else scorers,
+        build_scorers(cfg, sandbox) if scorers is None else scorers,
         on_error=cfg.on_error,
         max_response_length=max_response_length,
         overlong_buffer_len=cfg.overlong_buffer_len,

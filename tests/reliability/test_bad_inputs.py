@@ -24,7 +24,7 @@ from stages.floor.builders import build_policy
 from stages.preprocess import preprocess
 from stages.reward import reward
 from stages.template_pack import template_pack
-from verl_core.config import DataConfig, ModelConfig, RewardConfig
+from verl_core.config import DataConfig, ModelConfig, RewardConfig, SandboxConfig
 from verl_core.errors import ArtifactSchemaError, DataError
 from verl_core.models.loading import ModelLoadError
 from verl_core.reward import RewardError
@@ -195,15 +195,17 @@ def test_bad_reward(case: tuple[str, str, RewardConfig, type[Exception], str], t
     stage.write_table("rollouts.parquet", _rollouts(source), "rollouts")
     rollout_uri = stage.commit()
     if source == "openai/gsm8k":  # a committed reward of the same iteration, from the rule scorer
-        reward.fn(ctx, RewardConfig(), rollout_uri, 0, 16)
+        reward.fn(ctx, RewardConfig(), rollout_uri, 0, 16, sandbox=SandboxConfig())
     committed = [Committed.of(store, "r", s.stage) for s in store.list_manifests("r")]
     with pytest.raises(error, match=message):
-        reward.fn(ctx, cfg, rollout_uri, 0, 16)
+        reward.fn(ctx, cfg, rollout_uri, 0, 16, sandbox=SandboxConfig())
     for c in committed:
         c.intact(store, "r")
     if error is RewardError:  # reward.on_error=zero: the same failures are scored 0 and counted
         m = store.read_manifest(
-            reward.fn(ctx, cfg.model_copy(update={"on_error": "zero"}), rollout_uri, 0, 16)
+            reward.fn(
+                ctx, cfg.model_copy(update={"on_error": "zero"}), rollout_uri, 0, 16, sandbox=SandboxConfig()
+            )
         )
         assert json.loads(store.read_bytes(m, "report.json"))["errors"] == 4
 
@@ -220,7 +222,7 @@ def test_parquet_artifact_with_wrong_schema(tmp_path: Path) -> None:
     with pytest.raises(
         ArtifactSchemaError, match=rf"^{re.escape(where)}: 'rollouts' artifact lacks field 'sample_index'$"
     ):
-        reward.fn(ctx, RewardConfig(), uri, 0, 16)
+        reward.fn(ctx, RewardConfig(), uri, 0, 16, sandbox=SandboxConfig())
     assert store.committed("r", "iter-0000/reward") is None
     assert pq.read_schema(BAD / "wrong_schema_rollouts.parquet").field("response_ids").type == pa.list_(
         pa.string()

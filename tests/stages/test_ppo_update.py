@@ -17,6 +17,7 @@ from stages.ppo_update import ppo_update
 from stages.reward import reward
 from stages.rollout import rollout
 from tests.stages.conftest import TINY_RL
+from verl_core.config import SandboxConfig
 from verl_core.errors import DataError
 from verl_core.run import RunContext
 
@@ -32,7 +33,7 @@ def ctx(tiny_rl: tuple[Path, str], request: pytest.FixtureRequest) -> Iterator[R
 def _inputs(ctx: RunContext, tp: str) -> tuple[str, str]:
     lineage = get_state(ctx).lineage
     r = rollout.fn(ctx, TINY_RL.data, TINY_RL.rollout, tp, 0, lineage)
-    return r, reward.fn(ctx, TINY_RL.reward, r, 0, TINY_RL.data.max_response_length)
+    return r, reward.fn(ctx, TINY_RL.reward, r, 0, TINY_RL.data.max_response_length, sandbox=SandboxConfig())
 
 
 def _weights(ctx: RunContext) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from stages.reward import REWARDS_FILE, reward
-from verl_core.config import RewardConfig
+from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.reward import RewardError
 from verl_core.run import RunContext
 from verl_core.store import get_schema
@@ -61,7 +61,7 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RunContext, st
 def test_stage_scores_writes_reports_and_skips_on_rerun(run: tuple[RunContext, str, Spy]) -> None:
     ctx, rollout_uri, spy = run
     cfg = RewardConfig(overlong_buffer_len=4)  # L_max 16, L_cache 4: lengths 13..16 are penalised
-    uri = reward.fn(ctx, cfg, rollout_uri, 0, 16)
+    uri = reward.fn(ctx, cfg, rollout_uri, 0, 16, sandbox=SandboxConfig())
     store = ctx.store()
     m = store.read_manifest(uri)
     assert m.stage == "iter-0000/reward"
@@ -93,11 +93,11 @@ def test_stage_scores_writes_reports_and_skips_on_rerun(run: tuple[RunContext, s
     assert report["rows"] == 4 and report["errors"] == 0 and report["scorers"] == {"rule": 1.0}
 
     # rerun: committed with the same inputs → the same manifest, nothing rescored or logged
-    assert reward.fn(ctx, cfg, rollout_uri, 0, 16) == uri
+    assert reward.fn(ctx, cfg, rollout_uri, 0, 16, sandbox=SandboxConfig()) == uri
     assert store.read_manifest(uri).attempt == m.attempt
     assert len(spy.logged) == 1
     # another config → a new attempt
-    reward.fn(ctx, RewardConfig(), rollout_uri, 0, 16)
+    reward.fn(ctx, RewardConfig(), rollout_uri, 0, 16, sandbox=SandboxConfig())
     assert store.read_manifest(uri).attempt != m.attempt
 
 
@@ -119,10 +119,12 @@ def test_function_error_fails_naming_the_row_or_is_zeroed(
     fn = _user_module(tmp_path, monkeypatch)
     cfg: Any = RewardConfig(scorers=["rule", {"name": "function", "weight": 2.0}], function=fn)
     with pytest.raises(RewardError, match=r"group_id=1, sample_index=0.*openai/gsm8k.*cannot score this one"):
-        reward.fn(ctx, cfg, rollout_uri, 0, 16)
+        reward.fn(ctx, cfg, rollout_uri, 0, 16, sandbox=SandboxConfig())
     assert ctx.store().committed(ctx.run_id, "iter-0000/reward") is None
 
-    uri = reward.fn(ctx, cfg.model_copy(update={"on_error": "zero"}), rollout_uri, 0, 16)
+    uri = reward.fn(
+        ctx, cfg.model_copy(update={"on_error": "zero"}), rollout_uri, 0, 16, sandbox=SandboxConfig()
+    )
     store = ctx.store()
     m = store.read_manifest(uri)
     df = pd.read_parquet(store.file_uri(m, REWARDS_FILE))

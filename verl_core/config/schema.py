@@ -264,8 +264,10 @@ class RolloutConfig(Section):
 
 
 class RewardScorerConfig(Section):
-    name: Literal["rule", "function", "model"] = _f(
-        "rule", "Scorer: data_source rules, the custom reward.function, or the reward model"
+    name: Literal["rule", "function", "model", "code"] = _f(
+        "rule",
+        "Scorer: data_source rules, the custom reward.function, the reward model, or code run against "
+        "the row's tests in the sandbox",
     )
     weight: float = _f(1.0, "Weight of this scorer in the total score (components hold weight x score)")
 
@@ -308,6 +310,10 @@ class RewardConfig(Section):
     parallel_min_samples: PositiveInt = _f(
         10000, "Rule scoring uses the process pool from this many samples (smaller batches: in-process)"
     )
+    code_score: Literal["fraction", "all"] = _f(
+        "fraction", "Code scorer: the fraction of the row's asserts that pass, or 1 only when all pass"
+    )
+    code_workers: PositiveInt = _f(2, "Code scorer: sandboxes run at once (threads)")
 
     @field_validator("scorers", mode="before")
     @classmethod
@@ -420,6 +426,20 @@ class EvalConfig(Section):
     table_rows: NonNegInt = _f(20, "Sample completions shown in the Prefect/MLflow table artifact")
 
 
+class SandboxConfig(Section):
+    """Where untrusted code runs (the code scorer, the python tool): bubblewrap, see verl_core.sandbox."""
+
+    allow_weak_sandbox: bool = _f(
+        False, "Without bwrap, run code in a plain subprocess (rlimits, empty env; no network/file isolation)"
+    )
+    timeout_s: PositiveFloat = _f(5.0, "Wall-clock seconds of one run, then its processes are killed")
+    cpu_time_s: PositiveInt = _f(5, "CPU seconds of one run (RLIMIT_CPU)")
+    memory_mb: PositiveInt = _f(512, "Address space of each sandboxed process in MiB (RLIMIT_AS)")
+    max_processes: PositiveInt = _f(32, "Processes one run may add (RLIMIT_NPROC over the user's count)")
+    max_output_bytes: PositiveInt = _f(16384, "Bytes of stdout and of stderr kept; more stops the run")
+    max_file_mb: PositiveInt = _f(16, "Largest file the code may write, and the size of its /tmp, in MiB")
+
+
 class ExecutionConfig(Section):
     mode: Literal["local", "deployments"] = _f(
         "local", "local: one process, no server; deployments: GPU stages on the gpu work pool"
@@ -458,6 +478,7 @@ class VerlFlowConfig(Section):
     export: ExportConfig = _f(ExportConfig(), "Merged HF model export and registry")
     eval: EvalConfig = _f(EvalConfig(), "Evaluation of the exported policy")
     execution: ExecutionConfig = _f(ExecutionConfig(), "Where stages run")
+    sandbox: SandboxConfig = _f(SandboxConfig(), "Untrusted code: the code scorer and the python tool")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> VerlFlowConfig:

@@ -39,6 +39,7 @@ from verl_core.reward.rules import (
     register_rule,
 )
 from verl_core.reward.scorers import (
+    CodeScorer,
     FunctionScorer,
     RewardBatch,
     RuleScorer,
@@ -64,6 +65,7 @@ __all__ = [
     "FUNCTION_MODES",
     "OVERLONG",
     "RULE_SCORERS",
+    "CodeScorer",
     "FunctionInputs",
     "FunctionMode",
     "FunctionScorer",

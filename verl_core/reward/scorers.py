@@ -6,9 +6,13 @@
 * :class:`FunctionScorer` - a custom ``module:function`` run with a timeout
   (:mod:`verl_core.reward.functions`).
 * ``ModelScorer`` - a sequence-classification reward model (:mod:`verl_core.reward.model`).
+* :class:`CodeScorer` - the response's code run against the row's tests in the sandbox
+  (:mod:`verl_core.reward.code`), ``num_workers`` sandboxes at once.
 
 A scorer never raises for one bad sample: it returns the sample's error in ``errors`` and lets
-:func:`verl_core.reward.scoring.score_rollouts` apply ``on_error``.
+:func:`verl_core.reward.scoring.score_rollouts` apply ``on_error``. A sample that failed on its own
+(its code crashed or timed out) is not an error of the scorer: it is scored as it did and named in
+``failures``, counted in ``reward/{name}/failures``.
 """
 
 from __future__ import annotations
@@ -16,13 +20,15 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol
 
 from verl_core.errors import DataError
 from verl_core.registry import UnknownNameError
+from verl_core.reward.code import CodeScore, code_score, parse_tests, run_tests
 from verl_core.reward.functions import FunctionInputs, FunctionMode, run_reward_function
 from verl_core.reward.rules import RuleOptions, get_rule_scorer
+from verl_core.sandbox import SandboxSpec
 
 
 class RewardBatch(NamedTuple):
@@ -52,12 +58,14 @@ class RewardBatch(NamedTuple):
 class ScorerOutput(NamedTuple):
     """One scorer's verdict on a batch: ``scores (B,)`` (unweighted; 0.0 where ``errors[i]`` is set),
     ``errors (B,)`` None or what went wrong; rule scorers also give ``extracted (B,)`` (None: no answer)
-    and ``correct (B,)``."""
+    and ``correct (B,)``; the code scorer ``failures (B,)``: None or how the sample's own code failed
+    (scored as it did, not an error)."""
 
     scores: list[float]
     errors: list[str | None]
     extracted: list[str | None] | None = None
     correct: list[bool] | None = None
+    failures: list[str | None] | None = None
 
 
 class Scorer(Protocol):
@@ -157,3 +165,34 @@ class FunctionScorer(NamedTuple):
         )
         out = run_reward_function(self.fn, inputs, mode=self.mode, timeout_s=self.timeout_s)
         return ScorerOutput(out.scores, out.errors)
+
+
+# --------------------------------------------------------------------------------------------------
+# Code execution
+
+
+class CodeScorer(NamedTuple):
+    """The response's code against the row's tests (``ground_truth``) in the sandbox ``spec``, scored as
+    ``mode`` (pass fraction or all-pass), ``num_workers`` runs at once (threads: each waits on its
+    sandbox process). Tests that do not parse are the sample's error; the code's crash, timeout or
+    limit hit is its failure, scored by the tests that passed before it."""
+
+    spec: SandboxSpec
+    mode: CodeScore
+    num_workers: int
+
+    def _one(self, response: str, tests_source: str) -> tuple[float, str | None, str | None]:
+        try:
+            tests = parse_tests(tests_source)
+        except ValueError as e:
+            return 0.0, str(e), None
+        run = run_tests(response, tests, self.spec)
+        if run.failure is not None and run.failure.startswith("sandbox failed"):
+            return 0.0, run.failure, None
+        return code_score(run, self.mode), None, run.failure
+
+    def __call__(self, batch: RewardBatch) -> ScorerOutput:
+        with ThreadPoolExecutor(max(self.num_workers, 1)) as pool:
+            rows = list(pool.map(self._one, batch.response_text, batch.ground_truth))
+        scores, errors, failures = (list(c) for c in zip(*rows, strict=True)) if rows else ([], [], [])
+        return ScorerOutput(scores, errors, failures=failures)

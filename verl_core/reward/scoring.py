@@ -117,6 +117,7 @@ def score_rollouts(
     components: list[dict[str, float]] = [{} for _ in range(n)]
     errors: list[str | None] = [None] * n
     rule: ScorerOutput | None = None
+    failure_counts: dict[str, float] = {}
     for ws in scorers:
         out = ws.scorer(batch)
         for i in range(n):
@@ -133,6 +134,8 @@ def score_rollouts(
             scores[i] += value
         if rule is None and out.extracted is not None:
             rule = out
+        if out.failures is not None:  # the samples' own failures (e.g. their code crashed): counted
+            failure_counts[f"reward/{ws.name}/failures"] = float(sum(f is not None for f in out.failures))
         beat(scored_rows=n, scorer=ws.name)
     if overlong_buffer_len > 0:
         penalty = overlong_penalty(
@@ -148,6 +151,7 @@ def score_rollouts(
     metrics = reward_metrics(
         scores, components, extracted if rule is not None else None, correct, errors, batch
     )
+    metrics.update(failure_counts)
     return RewardResult(scores, components, extracted, correct, errors, metrics)
 
 
