@@ -17,7 +17,18 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: install quickstart test lint typecheck pytest clean
+.PHONY: install quickstart test lint typecheck pytest clean bwrap
+
+# bubblewrap runs untrusted code (reward scorer 'code', the python tool: verl_core/sandbox.py). As root
+# (CI) Debian's package is installed when bwrap is missing; anyone else is told how, and the sandbox
+# tests skip saying why.
+bwrap:
+	@command -v bwrap >/dev/null || if [ "$$(id -u)" = 0 ]; then \
+		apt-get install -y -q bubblewrap || { apt-get update -q && apt-get install -y -q bubblewrap; }; \
+	else \
+		echo "note: bwrap (bubblewrap) is missing, so code execution (reward scorer 'code', the python tool)"; \
+		echo "      will refuse to run: as root, apt-get install -y bubblewrap (or set sandbox.allow_weak_sandbox=true)"; \
+	fi
 
 # torch comes from pip, which finds the CPU wheel on these machines (uv does not look there and would
 # fetch a multi-GB CUDA build); everything else from uv, under the same constraint, pip as the fallback.
@@ -32,9 +43,9 @@ $(STAMP): $(BASE)
 	$(call install,-e '.[dev]')
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) bwrap
 
-quickstart: $(BASE)
+quickstart: $(BASE) bwrap
 	$(VENV)/bin/verl-flow run configs/quickstart.yaml
 
 lint: $(STAMP)
@@ -44,7 +55,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) bwrap
 	$(PY) -m pytest
 
 test: lint typecheck pytest

@@ -33,7 +33,7 @@ that its user namespace maps to an unprivileged user: the kernel does not enforc
 processes of real uid 0, and a fork bomb would not be contained.
 
 **Limits** (both backends): a bootstrap sets hard rlimits, then ``exec``s the code as ``main.py``:
-``RLIMIT_CPU`` (CPU seconds), ``RLIMIT_AS`` (address space), ``RLIMIT_FSIZE`` (bytes of one file),
+``RLIMIT_CPU`` (CPU seconds: SIGXCPU, then SIGKILL one second later), ``RLIMIT_AS`` (address space), ``RLIMIT_FSIZE`` (bytes of one file),
 ``RLIMIT_NPROC`` (processes; the kernel counts all processes of the real user, so the limit is the
 user's count at start plus ``max_processes``) and ``RLIMIT_CORE`` 0. The code cannot raise a hard
 limit. The parent kills the process group at ``timeout_s`` of wall clock, and as soon as stdout or
@@ -213,8 +213,9 @@ def _processes_of(uid: int) -> int:
 
 _BOOTSTRAP = """\
 import os, resource as r
-for k, v in (("CPU", {cpu}), ("AS", {mem}), ("FSIZE", {fsize}), ("NPROC", {nproc}), ("CORE", 0)):
+for k, v in (("AS", {mem}), ("FSIZE", {fsize}), ("NPROC", {nproc}), ("CORE", 0)):
     r.setrlimit(getattr(r, "RLIMIT_" + k), (v, v))
+r.setrlimit(r.RLIMIT_CPU, ({cpu}, {cpu} + 1))  # SIGXCPU (reported as such), SIGKILL a second later
 os.execv({py!r}, [{py!r}, "-I", "-S", "main.py"])
 """
 
