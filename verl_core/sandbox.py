@@ -33,12 +33,14 @@ that its user namespace maps to an unprivileged user: the kernel does not enforc
 processes of real uid 0, and a fork bomb would not be contained.
 
 **Limits** (both backends): a bootstrap sets hard rlimits, then ``exec``s the code as ``main.py``:
-``RLIMIT_CPU`` (CPU seconds: SIGXCPU, then SIGKILL one second later), ``RLIMIT_AS`` (address space), ``RLIMIT_FSIZE`` (bytes of one file),
-``RLIMIT_NPROC`` (processes; the kernel counts all processes of the real user, so the limit is the
-user's count at start plus ``max_processes``) and ``RLIMIT_CORE`` 0. The code cannot raise a hard
-limit. The parent kills the process group at ``timeout_s`` of wall clock, and as soon as stdout or
-stderr passes ``max_output_bytes`` (the first ``max_output_bytes`` are kept, ``truncated`` is set).
-bwrap's pid namespace ends every process of the sandbox when it is killed.
+``RLIMIT_CPU`` (CPU seconds: SIGXCPU, then SIGKILL one second later), ``RLIMIT_AS`` (address space),
+``RLIMIT_FSIZE`` (bytes of one file), ``RLIMIT_NPROC`` (processes; the kernel counts all processes of
+the real user, so the limit is the user's count at start plus ``max_processes``: sandboxes running at
+once under one user share that headroom) and ``RLIMIT_CORE`` 0. The code cannot raise a hard limit.
+The parent kills the process group at ``timeout_s`` of wall clock, and as soon as stdout or stderr
+passes ``max_output_bytes`` (the first ``max_output_bytes`` are kept, ``truncated`` is set). bwrap's
+pid namespace ends every process of the sandbox when it is killed. Files the code writes go to its
+working dir (a host temp dir, removed after the run) or ``/tmp`` (a tmpfs of ``max_file_mb``).
 
 **weak backend** (``sandbox.allow_weak_sandbox: true`` only): the same interpreter, bootstrap and
 limits in a plain subprocess with an empty environment (``PATH`` only), a fresh temp dir as the working

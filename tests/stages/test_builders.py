@@ -3,9 +3,23 @@ the PPO spec of an iteration, the update seed."""
 
 from __future__ import annotations
 
-from stages.floor.builders import ENGINE_KWARGS, engine_kwargs, ppo_spec, update_seed
-from verl_core.config import load_config
+import typing
+
+import pytest
+
+from stages.floor.builders import (
+    ENGINE_KWARGS,
+    SCORER_BUILDERS,
+    build_scorers,
+    engine_kwargs,
+    ppo_spec,
+    update_seed,
+)
+from verl_core import sandbox
+from verl_core.config import RewardConfig, RewardScorerConfig, SandboxConfig, load_config
+from verl_core.reward import CodeScorer
 from verl_core.rollout import ENGINES
+from verl_core.sandbox import SandboxUnavailableError
 from verl_core.seeding import derive_seed
 
 
@@ -50,3 +64,18 @@ def test_update_seed_is_one_stream_per_iteration() -> None:
     assert update_seed(cfg, 0) == derive_seed("ppo_update", 2, 0)
     # the old mixer (seed + iteration) gave seed 2 / iteration 0 the stream of seed 1 / iteration 1
     assert update_seed(cfg, 0) != update_seed(load_config(None, ["trainer.seed=1"]), 1)
+
+
+def test_every_scorer_name_has_a_builder() -> None:
+    names = typing.get_args(RewardScorerConfig.model_fields["name"].annotation)
+    assert sorted(SCORER_BUILDERS.names()) == sorted(names)
+
+
+def test_code_scorer_without_bwrap_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
+    reward = RewardConfig(scorers=[RewardScorerConfig(name="code")])
+    with pytest.raises(SandboxUnavailableError, match="apt-get install -y bubblewrap"):
+        build_scorers(reward, SandboxConfig())
+    (weak,) = build_scorers(reward, SandboxConfig(allow_weak_sandbox=True, timeout_s=2.0))
+    assert isinstance(weak.scorer, CodeScorer) and weak.scorer.spec.backend == "weak"
+    assert weak.scorer.spec.timeout_s == 2.0

@@ -134,12 +134,18 @@ def test_crash_is_a_result_and_the_tool_shows_it() -> None:
     text = python_tool("1 / 0", spec())
     assert text.startswith("error: exit code 1\n") and text.endswith("ZeroDivisionError: division by zero")
     assert python_tool("while True: pass", spec(timeout_s=0.5)) == "error: timeout after 0.5 s"
-    assert python_tool("x = bytearray(1 << 30)", spec(memory_mb=128)).startswith("error: killed: memory limit")
+    assert python_tool("x = bytearray(1 << 30)", spec(memory_mb=128)).startswith(
+        "error: killed: memory limit"
+    )
 
 
-def test_missing_bwrap_names_the_fix(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_missing_bwrap_names_the_fix(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
-    with pytest.raises(SandboxUnavailableError, match=r"apt-get install -y bubblewrap.*allow_weak_sandbox=true"):
+    with pytest.raises(
+        SandboxUnavailableError, match=r"apt-get install -y bubblewrap.*allow_weak_sandbox=true"
+    ):
         check_sandbox(allow_weak=False)
     with caplog.at_level(logging.WARNING, logger="verl_core.sandbox"):
         assert check_sandbox(allow_weak=True) == "weak"

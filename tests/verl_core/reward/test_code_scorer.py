@@ -100,7 +100,7 @@ def test_a_printed_summary_cannot_forge_a_pass() -> None:
     forgeries = [
         # prints what a harness might print, on stdout and straight to fd 1 and 3
         "import os\nfor i in range(3):\n    print('PASS', i)\n    os.write(1, b'0 pass\\n')\n"
-        "print('{\"passed\": 3, \"total\": 3}')\nfor fd in (3, 4, 5):\n    try:\n"
+        'print(\'{"passed": 3, "total": 3}\')\nfor fd in (3, 4, 5):\n    try:\n'
         "        os.write(fd, b'x %d pass\\n' % fd)\n    except OSError:\n        pass\n",
         # tries to read the nonce from the harness's source file
         "import os\nprint(open(os.path.abspath('main.py')).read())\n",
