@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from verl_core.config import ModelConfig, RewardConfig, RolloutConfig, VerlFlowConfig
+from verl_core.config import HttpEndpointConfig, ModelConfig, RewardConfig, RolloutConfig, VerlFlowConfig
 from verl_core.errors import ConfigError
 from verl_core.models.loading import (
     QuantSpec,
@@ -25,6 +25,9 @@ from verl_core.models.loading import (
 from verl_core.registry import Registry
 from verl_core.reward import (
     FunctionScorer,
+    HttpOptions,
+    JudgeScorer,
+    RemoteScorer,
     RewardBatch,
     RewardResult,
     RuleOptions,
@@ -34,6 +37,7 @@ from verl_core.reward import (
     load_reward_function,
     score_rollouts,
 )
+from verl_core.reward.http import read_token
 from verl_core.rollout import SamplingParams
 from verl_core.run_length import StepCount
 from verl_core.seeding import derive_seed
@@ -143,6 +147,36 @@ def _model(cfg: RewardConfig) -> Scorer:
     device = resolve_device(cfg.model_device, "reward.model_device")
     model, tokenizer = load_reward_scorer(cfg.model_path, dtype=cfg.model_dtype, device=device)
     return ModelScorer(model, tokenizer, cfg.model_max_tokens_per_batch)
+
+
+def _http_options(endpoint: HttpEndpointConfig) -> HttpOptions:
+    return HttpOptions(
+        endpoint.token_env,
+        endpoint.connect_timeout_s,
+        endpoint.read_timeout_s,
+        endpoint.max_retries,
+        endpoint.backoff_s,
+        endpoint.max_backoff_s,
+        endpoint.max_concurrency,
+    )
+
+
+@SCORER_BUILDERS.register("remote")
+def _remote(cfg: RewardConfig) -> Scorer:
+    assert cfg.remote.url is not None  # the config requires it with this scorer
+    read_token(cfg.remote.token_env)  # an unset token variable fails here, before any rollout
+    return RemoteScorer(cfg.remote.url, cfg.remote.batch_size, _http_options(cfg.remote))
+
+
+@SCORER_BUILDERS.register("judge")
+def _judge(cfg: RewardConfig) -> Scorer:
+    j = cfg.judge
+    assert j.base_url is not None and j.model is not None  # the config requires them with this scorer
+    read_token(j.token_env)
+    return JudgeScorer(
+        j.base_url, j.model, j.template, j.score_pattern, j.score_scale, j.temperature, j.max_tokens,
+        _http_options(j),
+    )  # fmt: skip
 
 
 def build_scorers(cfg: RewardConfig) -> list[WeightedScorer]:

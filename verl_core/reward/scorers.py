@@ -6,6 +6,8 @@
 * :class:`FunctionScorer` - a custom ``module:function`` run with a timeout
   (:mod:`verl_core.reward.functions`).
 * ``ModelScorer`` - a sequence-classification reward model (:mod:`verl_core.reward.model`).
+* ``RemoteScorer`` / ``JudgeScorer`` - an HTTP batch-scoring endpoint / an LLM judge on an
+  OpenAI-compatible endpoint (:mod:`verl_core.reward.remote`).
 
 A scorer never raises for one bad sample: it returns the sample's error in ``errors`` and lets
 :func:`verl_core.reward.scoring.score_rollouts` apply ``on_error``.
@@ -52,12 +54,14 @@ class RewardBatch(NamedTuple):
 class ScorerOutput(NamedTuple):
     """One scorer's verdict on a batch: ``scores (B,)`` (unweighted; 0.0 where ``errors[i]`` is set),
     ``errors (B,)`` None or what went wrong; rule scorers also give ``extracted (B,)`` (None: no answer)
-    and ``correct (B,)``."""
+    and ``correct (B,)``; ``metrics``: the scorer's own counts (e.g. HTTP retries), reported as
+    ``reward/{scorer name}/{key}``."""
 
     scores: list[float]
     errors: list[str | None]
     extracted: list[str | None] | None = None
     correct: list[bool] | None = None
+    metrics: dict[str, float] | None = None
 
 
 class Scorer(Protocol):
