@@ -10,7 +10,14 @@ from typing import Any
 
 from torch import nn
 
-from verl_core.config import HttpEndpointConfig, ModelConfig, RewardConfig, RolloutConfig, VerlFlowConfig
+from verl_core.config import (
+    JudgeConfig,
+    ModelConfig,
+    RemoteRewardConfig,
+    RewardConfig,
+    RolloutConfig,
+    VerlFlowConfig,
+)
 from verl_core.errors import ConfigError
 from verl_core.models.loading import (
     QuantSpec,
@@ -149,7 +156,7 @@ def _model(cfg: RewardConfig) -> Scorer:
     return ModelScorer(model, tokenizer, cfg.model_max_tokens_per_batch)
 
 
-def _http_options(endpoint: HttpEndpointConfig) -> HttpOptions:
+def _http_options(endpoint: RemoteRewardConfig | JudgeConfig) -> HttpOptions:
     return HttpOptions(
         endpoint.token_env,
         endpoint.connect_timeout_s,
@@ -174,13 +181,20 @@ def _judge(cfg: RewardConfig) -> Scorer:
     assert j.base_url is not None and j.model is not None  # the config requires them with this scorer
     read_token(j.token_env)
     return JudgeScorer(
-        j.base_url, j.model, j.template, j.score_pattern, j.score_scale, j.temperature, j.max_tokens,
+        j.base_url,
+        j.model,
+        j.template,
+        j.score_pattern,
+        j.score_scale,
+        j.temperature,
+        j.max_tokens,
         _http_options(j),
-    )  # fmt: skip
+    )
 
 
 def build_scorers(cfg: RewardConfig) -> list[WeightedScorer]:
-    """The weighted scorers of ``reward.scorers`` (loads the function / reward model they name)."""
+    """The weighted scorers of ``reward.scorers`` (loads the function / reward model they name; an
+    HTTP scorer's unset token variable fails here)."""
     return [WeightedScorer(s.name, s.weight, SCORER_BUILDERS.get(s.name)(cfg)) for s in cfg.scorers]
 
 

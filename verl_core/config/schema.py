@@ -266,7 +266,7 @@ class RolloutConfig(Section):
 class RewardScorerConfig(Section):
     name: Literal["rule", "function", "model", "remote", "judge"] = _f(
         "rule",
-        "Scorer: data_source rules, the custom reward.function, the reward model, reward.remote, reward.judge",
+        "Scorer: data_source rules, reward.function, the reward model, reward.remote or reward.judge",
     )
     weight: float = _f(1.0, "Weight of this scorer in the total score (components hold weight x score)")
 
@@ -299,7 +299,10 @@ class HttpEndpointConfig(Section):
     @classmethod
     def _env_name(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
-            raise ValueError(f"must be the NAME of an environment variable (e.g. REWARD_TOKEN), not {len(v)} chars of value")
+            # the message never repeats the value: it may be a token pasted by mistake
+            raise ValueError(
+                f"must name an environment variable (e.g. RM_TOKEN), not hold {len(v)} characters"
+            )
         return v
 
 
@@ -320,7 +323,9 @@ class RemoteRewardConfig(HttpEndpointConfig):
 class JudgeConfig(HttpEndpointConfig):
     """An LLM judge behind an OpenAI-compatible chat-completions endpoint (scorer 'judge')."""
 
-    base_url: str | None = _f(None, "OpenAI-compatible API base, e.g. http://host:8000/v1 (POST {base_url}/chat/completions)")
+    base_url: str | None = _f(
+        None, "OpenAI-compatible API base, e.g. http://host:8000/v1 (required with 'judge')"
+    )
     model: str | None = _f(None, "Model name the endpoint serves (required with scorer 'judge')")
     template: str = _f(JUDGE_TEMPLATE, "User message; str.format fields {prompt}, {response}, {ground_truth}")
     score_pattern: str = _f(
@@ -424,7 +429,9 @@ class RewardConfig(Section):
         if "remote" in names and not self.remote.url:
             raise ValueError("reward.remote.url: required when reward.scorers has 'remote'")
         if "judge" in names and not (self.judge.base_url and self.judge.model):
-            raise ValueError("reward.judge.base_url and reward.judge.model: required when reward.scorers has 'judge'")
+            raise ValueError(
+                "reward.judge.base_url, reward.judge.model: required when reward.scorers has 'judge'"
+            )
         return self
 
 

@@ -1,6 +1,6 @@
 """Reward scoring: data_source rules, custom functions, a reward model, HTTP scorers (a remote
-endpoint, an LLM judge), weighted, with DAPO's overlong penalty. Pure functions over plain values; the reward stage (``stages/reward.py``) and the RL loop
-both call :func:`score_rollouts`.
+endpoint, an LLM judge), weighted, with DAPO's overlong penalty. Pure functions over plain values;
+the reward stage (``stages/reward.py``) and the RL loop both call :func:`score_rollouts`.
 
 Example::
 

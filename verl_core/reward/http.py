@@ -88,7 +88,7 @@ def read_token(token_env: str | None) -> str | None:
     token = os.environ.get(token_env)
     if not token:
         raise RemoteConfigError(
-            f"environment variable {token_env} (the scorer's token_env) is not set: it must hold the bearer token"
+            f"environment variable {token_env} (the scorer's token_env) is not set: it must hold the token"
         )
     return token
 
@@ -149,10 +149,10 @@ def post_json(
         try:
             response = client.post(url, content=content, headers=headers)
         except httpx.TimeoutException as e:
-            problem = (
-                f"{type(e).__name__}: no answer from {url} within connect_timeout_s={options.connect_timeout_s} / "
-                f"read_timeout_s={options.read_timeout_s}"
+            limits = (
+                f"connect_timeout_s={options.connect_timeout_s} / read_timeout_s={options.read_timeout_s}"
             )
+            problem = f"{type(e).__name__}: no answer from {url} within {limits}"
         except httpx.TransportError as e:
             problem = f"{type(e).__name__} on {url}: {_redact(str(e), token)}"
         else:

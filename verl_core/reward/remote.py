@@ -41,19 +41,20 @@ def _finite(value: Any) -> bool:
 
 def parse_scores(body: Any, n: int) -> tuple[list[float], list[str | None]]:
     """Scores and errors of n samples from a remote answer (wire format in the module docstring)."""
-    scores, errors = body.get("scores") if isinstance(body, dict) else None, None
+    scores = body.get("scores") if isinstance(body, dict) else None
+    errors = body.get("errors") if isinstance(body, dict) else None
     if not isinstance(scores, list):
         problem = "answer is not a JSON object with a 'scores' list"
     elif len(scores) != n:
         problem = f"answer has {len(scores)} scores for {n} samples"
+    elif errors is not None and not (isinstance(errors, list) and len(errors) == n):
+        problem = f"answer's 'errors' is not a list of {n} entries"
     else:
-        errors = body.get("errors")
         problem = None
-        if errors is not None and not (isinstance(errors, list) and len(errors) == n):
-            problem = f"answer's 'errors' is not a list of {n} entries"
-    if problem is not None:
+    if problem is not None or scores is None:
         return [0.0] * n, [f"bad remote answer: {problem}"] * n
-    out_scores, out_errors = [], []
+    out_scores: list[float] = []
+    out_errors: list[str | None] = []
     for i, score in enumerate(scores):
         error = errors[i] if errors is not None else None
         if error is None and not _finite(score):
@@ -142,7 +143,9 @@ class JudgeScorer(NamedTuple):
 
             def judge(i: int) -> _Rows:
                 message = self.template.format(
-                    prompt=batch.prompt_text[i], response=batch.response_text[i], ground_truth=batch.ground_truth[i]
+                    prompt=batch.prompt_text[i],
+                    response=batch.response_text[i],
+                    ground_truth=batch.ground_truth[i],
                 )
                 payload = {
                     "model": self.model,
@@ -157,10 +160,12 @@ class JudgeScorer(NamedTuple):
                 if text is None:
                     error = f"bad judge answer: no choices[0].message.content in {str(reply.body)[:200]!r}"
                     return [0.0], [error], reply.retries, False
-                score, error = parse_judge_score(text, pattern, self.score_scale)
-                return [score], [error], reply.retries, False
+                score, problem = parse_judge_score(text, pattern, self.score_scale)
+                return [score], [problem], reply.retries, False
 
-            parts = run_bounded(judge, range(batch.size), self.http.max_concurrency, progress="judged_samples")
+            parts = run_bounded(
+                judge, range(batch.size), self.http.max_concurrency, progress="judged_samples"
+            )
         return _output(parts)
 
 
