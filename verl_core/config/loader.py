@@ -167,6 +167,8 @@ def _describe(err: Mapping[str, Any]) -> str:
         # model-level cross checks already name their field
         return str(err["msg"]).removeprefix("Value error, ")
     given = err.get("input")
+    if any(w in path.lower() for w in _SECRET_WORDS):
+        given = "***"  # a secret, or a token pasted where its variable's name belongs (token_env)
     expected = _expected(err)
     return f"{path}: got {given!r}, expected {expected}"
 

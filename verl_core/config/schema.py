@@ -301,7 +301,7 @@ class HttpEndpointConfig(Section):
         if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
             # the message never repeats the value: it may be a token pasted by mistake
             raise ValueError(
-                f"must name an environment variable (e.g. RM_TOKEN), not hold {len(v)} characters"
+                f"the name of an environment variable (e.g. RM_TOKEN), not a value ({len(v)} chars)"
             )
         return v
 

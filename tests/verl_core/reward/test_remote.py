@@ -282,7 +282,7 @@ def test_build_scorers_from_config_and_score(
         build_scorers(cfg)  # an unset variable fails when the scorers are built, before any rollout
     with pytest.raises(ValueError, match=r"reward\.remote\.url: required"):
         RewardConfig(scorers=["remote"])
-    with pytest.raises(ValueError, match=r"token_env\n.*must name an environment variable"):
+    with pytest.raises(ValueError, match=r"token_env\n.*the name of an environment variable"):
         RewardConfig(remote={"token_env": "Bearer abc"})
 
 
