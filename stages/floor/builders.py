@@ -10,7 +10,15 @@ from typing import Any
 
 from torch import nn
 
-from verl_core.config import ModelConfig, RewardConfig, RolloutConfig, SandboxConfig, VerlFlowConfig
+from verl_core.config import (
+    JudgeConfig,
+    ModelConfig,
+    RemoteRewardConfig,
+    RewardConfig,
+    RolloutConfig,
+    SandboxConfig,
+    VerlFlowConfig,
+)
 from verl_core.errors import ConfigError
 from verl_core.models.loading import (
     QuantSpec,
@@ -26,6 +34,9 @@ from verl_core.registry import Registry
 from verl_core.reward import (
     CodeScorer,
     FunctionScorer,
+    HttpOptions,
+    JudgeScorer,
+    RemoteScorer,
     RewardBatch,
     RewardResult,
     RuleOptions,
@@ -35,6 +46,7 @@ from verl_core.reward import (
     load_reward_function,
     score_rollouts,
 )
+from verl_core.reward.http import read_token
 from verl_core.rollout import SamplingParams
 from verl_core.run_length import StepCount
 from verl_core.sandbox import SandboxSpec, check_sandbox
@@ -162,14 +174,50 @@ def _model(cfg: RewardConfig, sandbox: SandboxConfig) -> Scorer:
     return ModelScorer(model, tokenizer, cfg.model_max_tokens_per_batch)
 
 
+def _http_options(endpoint: RemoteRewardConfig | JudgeConfig) -> HttpOptions:
+    return HttpOptions(
+        endpoint.token_env,
+        endpoint.connect_timeout_s,
+        endpoint.read_timeout_s,
+        endpoint.max_retries,
+        endpoint.backoff_s,
+        endpoint.max_backoff_s,
+        endpoint.max_concurrency,
+    )
+
+
+@SCORER_BUILDERS.register("remote")
+def _remote(cfg: RewardConfig, sandbox: SandboxConfig) -> Scorer:
+    assert cfg.remote.url is not None  # the config requires it with this scorer
+    read_token(cfg.remote.token_env)  # an unset token variable fails here, before any rollout
+    return RemoteScorer(cfg.remote.url, cfg.remote.batch_size, _http_options(cfg.remote))
+
+
+@SCORER_BUILDERS.register("judge")
+def _judge(cfg: RewardConfig, sandbox: SandboxConfig) -> Scorer:
+    j = cfg.judge
+    assert j.base_url is not None and j.model is not None  # the config requires them with this scorer
+    read_token(j.token_env)
+    return JudgeScorer(
+        j.base_url,
+        j.model,
+        j.template,
+        j.score_pattern,
+        j.score_scale,
+        j.temperature,
+        j.max_tokens,
+        _http_options(j),
+    )
+
+
 @SCORER_BUILDERS.register("code")
 def _code(cfg: RewardConfig, sandbox: SandboxConfig) -> Scorer:
     return CodeScorer(sandbox_spec(sandbox), cfg.code_score, cfg.code_workers)
 
 
 def build_scorers(cfg: RewardConfig, sandbox: SandboxConfig) -> list[WeightedScorer]:
-    """The weighted scorers of ``reward.scorers`` (loads the function / reward model they name; checks
-    the sandbox for the code scorer)."""
+    """The weighted scorers of ``reward.scorers`` (loads the function / reward model they name; an
+    HTTP scorer's unset token variable fails here, and so does the code scorer without a sandbox)."""
     return [WeightedScorer(s.name, s.weight, SCORER_BUILDERS.get(s.name)(cfg, sandbox)) for s in cfg.scorers]
 
 

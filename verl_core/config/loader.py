@@ -167,6 +167,8 @@ def _describe(err: Mapping[str, Any]) -> str:
         # model-level cross checks already name their field
         return str(err["msg"]).removeprefix("Value error, ")
     given = err.get("input")
+    if any(w in path.lower() for w in _SECRET_WORDS):
+        given = "***"  # a secret, or a token pasted where its variable's name belongs (token_env)
     expected = _expected(err)
     return f"{path}: got {given!r}, expected {expected}"
 
@@ -208,8 +210,9 @@ _SECRET_WORDS = ("password", "secret", "token", "credential", "access_key", "api
 
 
 def flatten_config(cfg: VerlFlowConfig) -> dict[str, str]:
-    """``{"actor.lr": "1e-06", ...}`` with secrets redacted: any key naming a secret, and the
-    user:password part of URLs."""
+    """``{"actor.lr": "1e-06", ...}`` with secrets redacted: any key naming a secret (but not a
+    ``*_env`` key, which holds the NAME of the variable with the secret), and the user:password part
+    of URLs."""
     out: dict[str, str] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -218,7 +221,7 @@ def flatten_config(cfg: VerlFlowConfig) -> dict[str, str]:
                 walk(f"{prefix}.{k}" if prefix else k, v)
             return
         text = json.dumps(value) if isinstance(value, list) else str(value)
-        if any(w in prefix.lower() for w in _SECRET_WORDS):
+        if any(w in prefix.lower() for w in _SECRET_WORDS) and not prefix.endswith("_env"):
             text = "***"
         out[prefix] = redact_url(text)
 

@@ -264,12 +264,109 @@ class RolloutConfig(Section):
 
 
 class RewardScorerConfig(Section):
-    name: Literal["rule", "function", "model", "code"] = _f(
+    name: Literal["rule", "function", "model", "remote", "judge", "code"] = _f(
         "rule",
-        "Scorer: data_source rules, the custom reward.function, the reward model, or code run against "
-        "the row's tests in the sandbox",
+        "Scorer: data_source rules, reward.function, the reward model, reward.remote, reward.judge, or "
+        "code run against the row's tests in the sandbox",
     )
     weight: float = _f(1.0, "Weight of this scorer in the total score (components hold weight x score)")
+
+
+JUDGE_TEMPLATE = (
+    "Grade the answer to the question against the reference answer.\n\n"
+    "Question:\n{prompt}\n\nReference answer:\n{ground_truth}\n\nAnswer to grade:\n{response}\n\n"
+    "Give a score from 0 (wrong) to 10 (fully correct). End with one line 'Score: N'."
+)
+_TEMPLATE_FIELDS = {"prompt", "response", "ground_truth"}
+
+
+class HttpEndpointConfig(Section):
+    """What the remote and judge scorers share: auth, timeouts, retries, concurrency (one client,
+    verl_core.reward.http)."""
+
+    token_env: str | None = _f(
+        None, "Name of the environment variable holding the bearer token (None: no Authorization header)"
+    )
+    connect_timeout_s: PositiveFloat = _f(5.0, "Seconds to open a connection")
+    read_timeout_s: PositiveFloat = _f(60.0, "Seconds to wait for each read of the answer")
+    max_retries: NonNegInt = _f(
+        3, "Retries of one request on connection errors, timeouts, 429 and 5xx (never on other 4xx)"
+    )
+    backoff_s: PositiveFloat = _f(0.5, "First retry waits up to this long (full jitter), doubling each retry")
+    max_backoff_s: PositiveFloat = _f(30.0, "Cap of one retry wait (also of a server's Retry-After)")
+    max_concurrency: PositiveInt = _f(4, "Requests in flight at once")
+
+    @field_validator("token_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            # the message never repeats the value: it may be a token pasted by mistake
+            raise ValueError(
+                f"the name of an environment variable (e.g. RM_TOKEN), not a value ({len(v)} chars)"
+            )
+        return v
+
+
+class RemoteRewardConfig(HttpEndpointConfig):
+    """An HTTP(S) endpoint scoring batches (scorer 'remote'; wire format in verl_core.reward.remote)."""
+
+    url: str | None = _f(None, "http(s) URL the batches are POSTed to (required with scorer 'remote')")
+    batch_size: PositiveInt = _f(64, "Samples per request")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} is not an http:// or https:// URL")
+        return v
+
+
+class JudgeConfig(HttpEndpointConfig):
+    """An LLM judge behind an OpenAI-compatible chat-completions endpoint (scorer 'judge')."""
+
+    base_url: str | None = _f(
+        None, "OpenAI-compatible API base, e.g. http://host:8000/v1 (required with 'judge')"
+    )
+    model: str | None = _f(None, "Model name the endpoint serves (required with scorer 'judge')")
+    template: str = _f(JUDGE_TEMPLATE, "User message; str.format fields {prompt}, {response}, {ground_truth}")
+    score_pattern: str = _f(
+        r"Score:\s*([0-9]+(?:\.[0-9]+)?)", "Regex with one group: the score in the judge's reply (last match)"
+    )
+    score_scale: PositiveFloat = _f(10.0, "Parsed score / score_scale is the reward (must land in [0, 1])")
+    temperature: NonNegFloat = _f(0.0, "Judge sampling temperature")
+    max_tokens: PositiveInt = _f(256, "Most tokens the judge may write")
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} is not an http:// or https:// URL")
+        return v.rstrip("/") if v is not None else v
+
+    @field_validator("template")
+    @classmethod
+    def _template_fields(cls, v: str) -> str:
+        import string
+
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
+        except ValueError as e:
+            raise ValueError(f"not a str.format template ({e}); write literal braces as {{{{ }}}}") from None
+        unknown = sorted(fields - _TEMPLATE_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown field(s) {unknown}; known: {sorted(_TEMPLATE_FIELDS)}")
+        return v
+
+    @field_validator("score_pattern")
+    @classmethod
+    def _one_group(cls, v: str) -> str:
+        try:
+            groups = re.compile(v).groups
+        except re.error as e:
+            raise ValueError(f"not a regex: {e}") from None
+        if groups != 1:
+            raise ValueError(f"needs exactly one group (the score), has {groups}")
+        return v
 
 
 class RewardConfig(Section):
@@ -314,6 +411,8 @@ class RewardConfig(Section):
         "fraction", "Code scorer: the fraction of the row's asserts that pass, or 1 only when all pass"
     )
     code_workers: PositiveInt = _f(2, "Code scorer: sandboxes run at once (threads)")
+    remote: RemoteRewardConfig = _f(RemoteRewardConfig(), "Remote batch-scoring endpoint (scorer 'remote')")
+    judge: JudgeConfig = _f(JudgeConfig(), "LLM judge on an OpenAI-compatible endpoint (scorer 'judge')")
 
     @field_validator("scorers", mode="before")
     @classmethod
@@ -332,6 +431,12 @@ class RewardConfig(Section):
             raise ValueError("reward.function: required when reward.scorers has 'function' (module:function)")
         if "model" in names and not self.model_path:
             raise ValueError("reward.model_path: required when reward.scorers has 'model'")
+        if "remote" in names and not self.remote.url:
+            raise ValueError("reward.remote.url: required when reward.scorers has 'remote'")
+        if "judge" in names and not (self.judge.base_url and self.judge.model):
+            raise ValueError(
+                "reward.judge.base_url, reward.judge.model: required when reward.scorers has 'judge'"
+            )
         return self
 
 

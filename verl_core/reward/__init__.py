@@ -1,6 +1,6 @@
-"""Reward scoring: data_source rules, custom functions, a reward model, weighted, with DAPO's overlong
-penalty. Pure functions over plain values; the reward stage (``stages/reward.py``) and the RL loop
-both call :func:`score_rollouts`.
+"""Reward scoring: data_source rules, custom functions, a reward model, HTTP scorers (a remote
+endpoint, an LLM judge), weighted, with DAPO's overlong penalty. Pure functions over plain values;
+the reward stage (``stages/reward.py``) and the RL loop both call :func:`score_rollouts`.
 
 Example::
 
@@ -23,7 +23,9 @@ from verl_core.reward.functions import (
     load_reward_function,
     run_reward_function,
 )
+from verl_core.reward.http import HttpOptions, RemoteConfigError
 from verl_core.reward.model import ModelScorer, load_reward_scorer, reward_model_scores
+from verl_core.reward.remote import JudgeScorer, RemoteScorer
 from verl_core.reward.rules import (
     RULE_SCORERS,
     RuleOptions,
@@ -70,8 +72,12 @@ __all__ = [
     "FunctionMode",
     "FunctionScorer",
     "FunctionScores",
+    "HttpOptions",
+    "JudgeScorer",
     "ModelScorer",
     "OnError",
+    "RemoteConfigError",
+    "RemoteScorer",
     "RewardBatch",
     "RewardError",
     "RewardResult",

@@ -6,13 +6,15 @@
 * :class:`FunctionScorer` - a custom ``module:function`` run with a timeout
   (:mod:`verl_core.reward.functions`).
 * ``ModelScorer`` - a sequence-classification reward model (:mod:`verl_core.reward.model`).
+* ``RemoteScorer`` / ``JudgeScorer`` - an HTTP batch-scoring endpoint / an LLM judge on an
+  OpenAI-compatible endpoint (:mod:`verl_core.reward.remote`).
 * :class:`CodeScorer` - the response's code run against the row's tests in the sandbox
   (:mod:`verl_core.reward.code`), ``num_workers`` sandboxes at once.
 
 A scorer never raises for one bad sample: it returns the sample's error in ``errors`` and lets
 :func:`verl_core.reward.scoring.score_rollouts` apply ``on_error``. A sample that failed on its own
-(its code crashed or timed out) is not an error of the scorer: it is scored as it did and named in
-``failures``, counted in ``reward/{name}/failures``.
+(its code crashed or timed out) is not an error of the scorer: it is scored as it did and counted in
+the scorer's ``metrics`` (``reward/code/failures``).
 """
 
 from __future__ import annotations
@@ -58,14 +60,14 @@ class RewardBatch(NamedTuple):
 class ScorerOutput(NamedTuple):
     """One scorer's verdict on a batch: ``scores (B,)`` (unweighted; 0.0 where ``errors[i]`` is set),
     ``errors (B,)`` None or what went wrong; rule scorers also give ``extracted (B,)`` (None: no answer)
-    and ``correct (B,)``; the code scorer ``failures (B,)``: None or how the sample's own code failed
-    (scored as it did, not an error)."""
+    and ``correct (B,)``; ``metrics``: the scorer's own counts (e.g. HTTP retries, the code scorer's
+    ``failures``), reported as ``reward/{scorer name}/{key}``."""
 
     scores: list[float]
     errors: list[str | None]
     extracted: list[str | None] | None = None
     correct: list[bool] | None = None
-    failures: list[str | None] | None = None
+    metrics: dict[str, float] | None = None
 
 
 class Scorer(Protocol):
@@ -175,7 +177,8 @@ class CodeScorer(NamedTuple):
     """The response's code against the row's tests (``ground_truth``) in the sandbox ``spec``, scored as
     ``mode`` (pass fraction or all-pass), ``num_workers`` runs at once (threads: each waits on its
     sandbox process). Tests that do not parse are the sample's error; the code's crash, timeout or
-    limit hit is its failure, scored by the tests that passed before it."""
+    limit hit is its failure, scored by the tests that passed before it and counted in ``metrics``
+    (``failures``, of them ``timeouts``)."""
 
     spec: SandboxSpec
     mode: CodeScore
@@ -195,4 +198,8 @@ class CodeScorer(NamedTuple):
         with ThreadPoolExecutor(max(self.num_workers, 1)) as pool:
             rows = list(pool.map(self._one, batch.response_text, batch.ground_truth))
         scores, errors, failures = (list(c) for c in zip(*rows, strict=True)) if rows else ([], [], [])
-        return ScorerOutput(scores, errors, failures=failures)
+        metrics = {
+            "failures": float(sum(f is not None for f in failures)),  # crashed, timed out, hit a limit
+            "timeouts": float(sum(f == "timeout" for f in failures)),
+        }
+        return ScorerOutput(scores, errors, metrics=metrics)

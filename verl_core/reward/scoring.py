@@ -117,9 +117,10 @@ def score_rollouts(
     components: list[dict[str, float]] = [{} for _ in range(n)]
     errors: list[str | None] = [None] * n
     rule: ScorerOutput | None = None
-    failure_counts: dict[str, float] = {}
+    scorer_metrics: dict[str, float] = {}
     for ws in scorers:
         out = ws.scorer(batch)
+        scorer_metrics.update({f"reward/{ws.name}/{k}": v for k, v in (out.metrics or {}).items()})
         for i in range(n):
             error = out.errors[i]
             if error is not None:
@@ -134,8 +135,6 @@ def score_rollouts(
             scores[i] += value
         if rule is None and out.extracted is not None:
             rule = out
-        if out.failures is not None:  # the samples' own failures (e.g. their code crashed): counted
-            failure_counts[f"reward/{ws.name}/failures"] = float(sum(f is not None for f in out.failures))
         beat(scored_rows=n, scorer=ws.name)
     if overlong_buffer_len > 0:
         penalty = overlong_penalty(
@@ -151,13 +150,14 @@ def score_rollouts(
     metrics = reward_metrics(
         scores, components, extracted if rule is not None else None, correct, errors, batch
     )
-    metrics.update(failure_counts)
+    if n:
+        metrics.update(scorer_metrics)
     return RewardResult(scores, components, extracted, correct, errors, metrics)
 
 
 def metrics_of_rows(batch: RewardBatch, result: RewardResult, rows: Sequence[int]) -> dict[str, float]:
     """:func:`reward_metrics` of ``rows`` only (e.g. the sampled responses, not ReMax's greedy
-    baselines)."""
+    baselines), plus the scorers' own counts of the whole call (HTTP requests, retries)."""
 
     def pick(xs: Sequence[Any]) -> list[Any]:
         return [xs[i] for i in rows]
@@ -165,7 +165,7 @@ def metrics_of_rows(batch: RewardBatch, result: RewardResult, rows: Sequence[int
     sub = RewardBatch(*(pick(column) for column in batch))
     has_rule = "reward/no_answer_frac" in result.metrics
     extracted = pick(result.extracted) if has_rule else None
-    return reward_metrics(
+    out = reward_metrics(
         pick(result.scores),
         pick(result.components),
         extracted,
@@ -173,6 +173,8 @@ def metrics_of_rows(batch: RewardBatch, result: RewardResult, rows: Sequence[int
         pick(result.errors),
         sub,
     )
+    scorer_counts = {k: v for k, v in result.metrics.items() if k not in out}
+    return {**out, **scorer_counts} if out else out
 
 
 def _mean(xs: Sequence[float]) -> float:

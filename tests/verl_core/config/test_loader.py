@@ -55,6 +55,8 @@ def test_string_fields_keep_override_text_verbatim() -> None:
         (["model.init=pretrained"], "model.path: required when model.init is 'pretrained'"),
         (["actor.lr"], "override 'actor.lr': expected key.path=value"),
         (["actor.lr.x=1"], "override 'actor.lr.x=1': actor.lr is not a section"),
+        # a token pasted where its variable's name belongs is not repeated
+        (["reward.remote.token_env=sk-live-1"], "reward.remote.token_env: got '***', expected the name of"),
     ],
 )
 def test_errors_name_field_value_and_expectation(overrides: list[str], message: str) -> None:
@@ -97,4 +99,7 @@ def test_flatten_redacts_secrets() -> None:
     assert flat["tracking.uri"] == "http://***@mlflow.internal:5000"
     assert flat["actor.lr"] == "1e-06"
     assert "s3cret" not in " ".join(flat.values())
+    # a *_env key holds the name of the variable with the secret: kept
+    flat = flatten_config(load_config(None, ["reward.judge.token_env=JUDGE_TOKEN"]))
+    assert flat["reward.judge.token_env"] == "JUDGE_TOKEN"
     assert redact_url("s3://bucket/x") == "s3://bucket/x"

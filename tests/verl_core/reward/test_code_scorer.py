@@ -13,7 +13,7 @@ import pytest
 
 from verl_core import sandbox
 from verl_core.reward import CodeScorer, RewardBatch, WeightedScorer, score_rollouts
-from verl_core.reward.code import extract_code, parse_tests
+from verl_core.reward.code import extract_code, parse_tests, run_tests
 from verl_core.sandbox import SandboxSpec
 
 ROWS = [json.loads(line) for line in (Path(__file__).parents[2] / "data/code/mbpp_rows.jsonl").open()]
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(
     BWRAP_PROBLEM is not None,
     reason=f"bubblewrap cannot run here ({BWRAP_PROBLEM}); `make install` installs it when root",
 )
-SPEC = SandboxSpec("bwrap", 2.0, 2, 256, 16, 4096, 4)
+SPEC = SandboxSpec("bwrap", 1.0, 2, 256, 16, 4096, 4)  # 1 s: the hanging sample times out fast
 
 
 def fenced(code: str) -> str:
@@ -61,7 +61,7 @@ def test_correct_solutions_score_one_wrong_ones_their_pass_fraction() -> None:
     tests = [r["reward_model"]["ground_truth"] for r in ROWS]
     right = score([fenced(r["extra_info"]["solution"]) for r in ROWS], tests)
     assert right.scores == [1.0] * len(ROWS) and right.errors == [None] * len(ROWS)
-    assert right.failures == [None] * len(ROWS)
+    assert right.metrics == {"failures": 0.0, "timeouts": 0.0}
     wrong = [fenced(r["extra_info"]["wrong_solution"]) for r in ROWS]
     # add: 2 of 3, is_palindrome: 2 of 3, first_repeated_char: 2 of 3, sum_squares: 1 of 3
     assert score(wrong, tests).scores == pytest.approx([2 / 3, 2 / 3, 2 / 3, 1 / 3])
@@ -78,11 +78,12 @@ def test_crashing_and_hanging_code_scores_zero_and_is_counted() -> None:
     ]
     out = score(responses, [tests] * 4)
     assert out.scores == [0.0] * 4 and out.errors == [None] * 4
-    assert out.failures is not None
-    assert out.failures[0] is not None and "RuntimeError: boom" in out.failures[0]
-    assert out.failures[1] is not None and "SystemExit" in out.failures[1]
-    assert out.failures[2] == "timeout"
-    assert out.failures[3] is None  # it ran all its tests; they failed
+    assert out.metrics == {"failures": 3.0, "timeouts": 1.0}  # the last one ran all its tests
+    failures = [run_tests(r, parse_tests(tests), SPEC).failure for r in responses]
+    assert failures[0] is not None and "RuntimeError: boom" in failures[0]
+    assert failures[1] is not None and "SystemExit" in failures[1]
+    assert failures[2] == "timeout"
+    assert failures[3] is None
 
     # through score_rollouts with on_error="fail": the model's crash is not a failed stage
     result = score_rollouts(
