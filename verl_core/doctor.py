@@ -250,6 +250,22 @@ def environment_checks() -> list[Check]:
     return checks
 
 
+def sandbox_checks(needed_by: str, *, allow_weak: bool) -> list[Check]:
+    """Whether bubblewrap runs here for ``needed_by`` (the config field asking for code execution):
+    an error naming the fix, a warning when the weak fallback is allowed instead."""
+    from verl_core.sandbox import bwrap_problem
+
+    problem = bwrap_problem()
+    if problem is None:
+        return [Check("sandbox (bwrap)", "ok", "runs", needed_by)]
+    fix = "as root: apt-get install -y bubblewrap (`make install` does it)"
+    if allow_weak:
+        found = f"{problem}: the weak sandbox runs instead (no network or file isolation)"
+        return [Check("sandbox (bwrap)", "warn", found, f"bwrap for {needed_by}", fix)]
+    fix += ", or set sandbox.allow_weak_sandbox=true"
+    return [Check("sandbox (bwrap)", "error", problem, f"bwrap for {needed_by}", fix)]
+
+
 def cuda_checks(needed_by: str) -> list[Check]:
     """What ``needed_by`` (a config field asking for cuda, e.g. ``trainer.device: 'cuda'``) needs of
     torch: a CUDA build (``torch.version.cuda`` is None on a CPU wheel) and a visible device."""

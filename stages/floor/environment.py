@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from verl_core.config import VerlFlowConfig
-from verl_core.doctor import Check, cuda_checks, environment_checks, package_checks, require
+from verl_core.doctor import Check, cuda_checks, environment_checks, package_checks, require, sandbox_checks
 from verl_core.reachability import store_check, tracking_check
 
 
@@ -71,6 +71,8 @@ def doctor_checks(cfg: VerlFlowConfig | None, *, timeout_s: float = 5.0) -> list
         found = f"{what} needed on the gpu workers ({'; '.join(asked)})"
         fix = "run `verl-flow doctor --config ...` on a gpu worker (the stage flows check it at start)"
         checks.append(Check("gpu pool", "warn", found, "", fix))
+    if cfg is not None and any(s.name == "code" for s in cfg.reward.scorers):
+        checks += sandbox_checks("reward.scorers: 'code'", allow_weak=cfg.sandbox.allow_weak_sandbox)
     if cfg is not None:
         checks.append(store_check(cfg.store.url, timeout_s=timeout_s))
         checks.append(

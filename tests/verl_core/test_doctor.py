@@ -155,3 +155,16 @@ def test_mlflow_server_not_answering_fails_within_the_timeout(silent_port: int) 
     row = tracking_check(f"http://user:secret@127.0.0.1:{silent_port}", "runs", timeout_s=1.0)
     assert time.perf_counter() - t0 < 5
     assert row.status == "error" and "secret" not in row.line()
+
+
+def test_sandbox_check_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verl_core import sandbox
+
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
+    [error] = doctor.sandbox_checks("reward.scorers: 'code'", allow_weak=False)
+    assert error.status == "error" and "apt-get install -y bubblewrap" in error.fix
+    assert "sandbox.allow_weak_sandbox=true" in error.fix
+    [warn] = doctor.sandbox_checks("reward.scorers: 'code'", allow_weak=True)
+    assert warn.status == "warn" and "no network or file isolation" in warn.found
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: None)
+    assert doctor.sandbox_checks("x", allow_weak=False)[0].status == "ok"
