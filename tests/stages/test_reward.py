@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from stages.reward import REWARDS_FILE, reward
+from verl_core import sandbox
 from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.reward import RewardError
 from verl_core.run import RunContext
@@ -134,3 +135,44 @@ def test_function_error_fails_naming_the_row_or_is_zeroed(
     report = json.loads(store.read_bytes(m, "report.json"))
     assert report["errors"] == 1
     assert report["error_examples"][0]["row"] == "group_id=1, sample_index=0"
+
+
+@pytest.mark.skipif(sandbox.bwrap_problem() is not None, reason="bubblewrap cannot run here (`make install`)")
+def test_code_scorer_through_the_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The code scorer in the stage: the sandbox section reaches it and is part of the stage's inputs;
+    a crashing response scores 0 and is counted, the stage does not fail (on_error is 'fail')."""
+    tests = "assert add(1, 2) == 3\nassert add(2, 2) == 4"
+    responses = [
+        "```python\ndef add(a, b):\n    return a + b\n```",  # 2 of 2
+        "```python\ndef add(a, b):\n    return 3\n```",  # 1 of 2
+        "```python\nraise SystemError('crash')\n```",  # 0, a failure
+    ]
+    rows = [
+        {
+            "iteration": 0, "group_id": i, "sample_index": 0, "prompt_index": i,
+            "data_source": "mbpp-style/handwritten", "ground_truth": tests, "prompt_text": "q",
+            "prompt_ids": [1], "response_ids": [2], "response_text": text, "logprobs": [-0.5],
+            "finish_reason": "stop", "prompt_length": 1, "response_length": 1, "policy_version": 0,
+        }
+        for i, text in enumerate(responses)
+    ]  # fmt: skip
+    ctx = RunContext(run_id="rl", store_url=str(tmp_path / "store"))
+    stage = ctx.store().open_stage(ctx.run_id, "iter-0000/rollout")
+    stage.write_table(
+        "rollouts.parquet", pa.Table.from_pylist(rows, schema=get_schema("rollouts")), "rollouts"
+    )
+    rollout_uri = stage.commit()
+    spy = Spy()
+    monkeypatch.setattr(RunContext, "tracker", lambda self: spy)
+    cfg = RewardConfig(scorers=["code"])
+    uri = reward.fn(ctx, cfg, rollout_uri, 0, 16, sandbox=SandboxConfig(timeout_s=2.0))
+    df = pd.read_parquet(ctx.store().file_uri(ctx.store().read_manifest(uri), REWARDS_FILE))
+    assert df["score"].tolist() == [1.0, 0.5, 0.0]
+    metrics, _ = spy.logged[-1]
+    assert metrics["reward/code/failures"] == 1.0 and metrics["reward/errors"] == 0.0
+    # the same limits: skipped; other sandbox limits are other inputs: a new attempt
+    attempt = ctx.store().read_manifest(uri).attempt
+    reward.fn(ctx, cfg, rollout_uri, 0, 16, sandbox=SandboxConfig(timeout_s=2.0))
+    assert len(spy.logged) == 1
+    reward.fn(ctx, cfg, rollout_uri, 0, 16, sandbox=SandboxConfig(timeout_s=3.0))
+    assert ctx.store().read_manifest(uri).attempt != attempt and len(spy.logged) == 2
