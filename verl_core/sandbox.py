@@ -45,7 +45,8 @@ working dir (a host temp dir, removed after the run) or ``/tmp`` (a tmpfs of ``m
 **weak backend** (``sandbox.allow_weak_sandbox: true`` only): the same interpreter, bootstrap and
 limits in a plain subprocess with an empty environment (``PATH`` only), a fresh temp dir as the working
 dir and a new session, as uid 65534 when verl-flow runs as root. It does NOT isolate the network (the
-code can connect anywhere, 127.0.0.1 included), file-system reads (every file the user may read), or
+code can connect anywhere, 127.0.0.1 included), file-system reads (every file the user may read, and
+unless verl-flow runs as root, ``/proc/<pid>/environ`` of the user's processes: verl-flow's secrets), or
 the host's processes (visible in ``/proc``; a child that calls ``setsid`` escapes the wall-clock kill).
 """
 
@@ -157,7 +158,8 @@ def check_sandbox(allow_weak: bool) -> Backend:
     log.warning(
         "sandbox: %s; running code in the WEAK sandbox (sandbox.allow_weak_sandbox=true): a subprocess "
         "with rlimits, an empty environment and a temp working dir. It does NOT isolate the network "
-        "or file-system reads: the code can connect anywhere and read every file its user can.",
+        "or file-system reads: the code can connect anywhere and read every file its user can (as a user "
+        "other than root, that includes the environment of that user's processes: their secrets).",
         problem,
     )
     return "weak"
@@ -321,6 +323,8 @@ def run_python(code: str, spec: SandboxSpec) -> SandboxResult:
     signum = -exit_code if exit_code < 0 else None
     if spec.backend == "bwrap" and 128 < exit_code <= 128 + 64:  # bwrap reports a signal as 128 + N
         signum, exit_code = exit_code - 128, 128 - exit_code
+    if killed == "timeout" and signum == signal.SIGXCPU:  # both limits at once: the CPU limit ended it
+        killed = None
     if killed is None:
         killed = _limit_hit(exit_code, stderr, signum) if exit_code != 0 else None
     if killed is None and spec.backend == "bwrap" and exit_code == 1 and stderr.startswith("bwrap:"):

@@ -17,6 +17,7 @@ the environment.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -163,3 +164,33 @@ def test_canary_secrets_reach_no_output(s3_faulty_run: S3Run, pipeline: Pipeline
         assert any(kind in k and b"faulty" in v for k, v in outputs.items()), kind
     assert b"AKIA" not in b"".join(v for k, v in outputs.items() if k.endswith("run.json"))
     assert _grep(CANARIES, outputs) == []
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "weak"])
+def test_canary_secrets_do_not_reach_sandboxed_code(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code the python tool or the code scorer runs sees none of the parent's secrets: the environment
+    is empty (both backends), and no host process's /proc/<pid>/environ is readable (bwrap: its own pid
+    namespace; weak: only when verl-flow runs as root, which runs the code as nobody; as any other
+    user the weak backend's code can read that user's processes' environments, as its warning says)."""
+    from verl_core import sandbox
+
+    if backend == "bwrap" and sandbox.bwrap_problem() is not None:
+        pytest.skip(f"bubblewrap cannot run here ({sandbox.bwrap_problem()}); `make install` installs it")
+    for k, v in CANARIES.items():
+        monkeypatch.setenv(k, v)
+    dump = """
+import os
+print(dict(os.environ))
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            print(pid, open(f"/proc/{pid}/environ", "rb").read())
+        except OSError as e:
+            print(pid, type(e).__name__)
+"""
+    spec = sandbox.SandboxSpec(backend, 5.0, 5, 256, 16, 1 << 20, 4)  # type: ignore[arg-type]
+    if backend == "weak" and os.geteuid() != 0:
+        dump = dump[: dump.index("for pid")]
+    text = sandbox.python_tool(dump, spec)
+    assert "error" not in text.splitlines()[0], text
+    assert not [k for k, v in CANARIES.items() if v in text]
