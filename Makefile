@@ -45,7 +45,7 @@ $(STAMP): $(BASE)
 
 install: $(STAMP) bwrap
 
-quickstart: $(BASE) bwrap
+quickstart: $(BASE)
 	$(VENV)/bin/verl-flow run configs/quickstart.yaml
 
 lint: $(STAMP)
