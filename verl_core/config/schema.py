@@ -94,7 +94,7 @@ class DataConfig(Section):
     truncation: Literal["error", "left", "right", "drop"] = _f(
         "error", "What to do with a prompt/response over its length limit"
     )
-    chat_template: Literal["auto", "chatml", "llama3", "plain"] = _f(
+    chat_template: Literal["auto", "chatml", "llama3", "plain", "hermes"] = _f(
         "auto", "Chat template: the tokenizer's own (auto; chatml if it has none) or a named built-in"
     )
     tokenizer_train_rows: NonNegInt = _f(
