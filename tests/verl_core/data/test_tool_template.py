@@ -1,0 +1,77 @@
+"""The hermes (Qwen2.5) tool template, written out by hand, and the tool role of every built-in."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_core.data.templates import BUILTIN_TEMPLATES, HERMES, render, turn_format
+from verl_core.rollout.multi_turn import ToolTurnRenderer
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Arithmetic",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "12*34?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*34"}}}],
+    },
+    {"role": "tool", "content": "408"},
+    {"role": "assistant", "content": "408"},
+]
+
+
+def test_hermes_renders_qwen25_tool_format() -> None:
+    expected = (
+        "<|im_start|>system\nBe brief.\n\n# Tools\n\n"
+        "You may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        '{"type": "function", "function": {"name": "calculator", "description": "Arithmetic", '
+        '"parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}\n</tools>\n\n'
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n12*34?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*34"}}\n'
+        "</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n408<|im_end|>\n"
+    )
+    assert render(HERMES, CONVERSATION, add_generation_prompt=False, tools=[CALC]) == expected
+    # no tools: a plain chatml conversation (the system turn only when there is one)
+    assert render(HERMES, CONVERSATION[1:2], add_generation_prompt=True) == (
+        "<|im_start|>user\n12*34?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert turn_format(HERMES) == ("<|im_end|>", "\n")
+
+
+def test_consecutive_tool_results_share_one_user_turn() -> None:
+    render_turn = ToolTurnRenderer(HERMES)
+    assert render_turn(["1", "2"], turn_closed=False) == (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n1\n</tool_response>\n<tool_response>\n2\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    # the model sampled <|im_end|> itself: the tool turn starts after it
+    assert render_turn(["1"], turn_closed=True) == (
+        "\n<|im_start|>user\n<tool_response>\n1\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("chatml", "<|im_end|>\n<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n"),
+        ("llama3", "<|eot_id|><|start_header_id|>tool<|end_header_id|>\n\n408<|eot_id|>"
+         "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+        ("plain", "</s>408\n\n"),
+    ],
+)
+def test_every_builtin_has_a_tool_role(name: str, expected: str) -> None:
+    assert ToolTurnRenderer(BUILTIN_TEMPLATES[name], eos_token="</s>")(["408"], turn_closed=False) == expected
