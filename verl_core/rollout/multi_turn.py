@@ -274,3 +274,8 @@ def multi_turn_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "multi_turn/tool_call_rate": sum(bool(c) for c in calls) / n,
         "multi_turn/tool_tokens_mean": sum(tr.loss_mask.count(0) for tr in trajectories) / n,
     }
+
+
+def turns_to_rows(turns: Sequence[Turn]) -> list[dict[str, Any]]:
+    """``turns`` as plain dicts (the ``turns`` column of a "rollouts" table)."""
+    return [{**t._asdict(), "calls": [c._asdict() for c in t.calls]} for t in turns]
