@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 from verl_core.data.templates import render, turn_format
 from verl_core.rollout.base import Completion, FinishReason, RolloutEngine, SamplingParams
 from verl_core.seeding import derive_seed
-from verl_core.tools.parsing import TOOL_CALL_CLOSE, ToolCall, parse_tool_calls
+from verl_core.tools.parsing import HERMES_FORMAT, ToolCall, ToolCallFormat
 from verl_core.tools.registry import Tool, ToolResult, call_tool
 
 _SENTINEL = "\x00VERL_FLOW_TURN\x00"
@@ -134,10 +134,12 @@ def multi_turn_generate(
     tools: Mapping[str, Tool],
     spec: MultiTurnSpec,
     render_tool_turn: ToolTurnRenderer,
+    call_format: ToolCallFormat = HERMES_FORMAT,
 ) -> list[Trajectory]:
     """``params.n`` multi-turn responses per prompt (token ids), in (prompt, sample) order (see the
-    module docstring); ``render_tool_turn`` renders tool results under the prompts' chat template."""
-    stop = (*params.stop, TOOL_CALL_CLOSE) if TOOL_CALL_CLOSE not in params.stop else params.stop
+    module docstring); ``render_tool_turn`` renders tool results under the prompts' chat template,
+    ``call_format`` finds the model's tool calls (and ends its turn after one)."""
+    stop = params.stop if call_format.stop in params.stop else (*params.stop, call_format.stop)
     base = replace(params, stop=stop)
     states: list[_State] = []
     for turn in range(1, spec.max_turns + 1):
@@ -169,7 +171,7 @@ def multi_turn_generate(
             s.mask += [1] * len(ids)
             s.turns.append(Turn("assistant", text, list(ids), []))
             s.last_text = text
-            calls = parse_tool_calls(text) if finish == "stop" else []
+            calls = call_format.parse(text) if finish == "stop" else []
             if not calls:
                 s.done, s.finish = True, finish
             elif turn == spec.max_turns or _turn_budget(s, spec) <= 0:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any, NamedTuple
+
+from verl_core.registry import Registry
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -58,3 +61,15 @@ def _parse_block(body: str) -> ToolCall:
     if not isinstance(arguments, dict):
         return ToolCall(obj["name"], {}, raw, "the tool call's 'arguments' must be a JSON object")
     return ToolCall(obj["name"], arguments, raw, None)
+
+
+class ToolCallFormat(NamedTuple):
+    """How a model writes tool calls: ``parse`` finds them in a turn's text, ``stop`` ends a turn
+    right after a call (a stop string of the engine)."""
+
+    parse: Callable[[str], list[ToolCall]]
+    stop: str
+
+
+TOOL_CALL_FORMATS: Registry[ToolCallFormat] = Registry("tool-call format")
+HERMES_FORMAT = TOOL_CALL_FORMATS.register("hermes")(ToolCallFormat(parse_tool_calls, TOOL_CALL_CLOSE))
