@@ -92,7 +92,9 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
             n=sp.n, temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed,
             max_new_tokens=cfg.data.max_response_length, stop=tuple(cfg.rollout.stop),
         )  # fmt: skip
-        gen = generate_rollouts(engine, tokenizer, ids, sp, cfg.rollout.multi_turn, cfg.data.max_response_length)
+        gen = generate_rollouts(
+            engine, tokenizer, ids, sp, cfg.rollout.multi_turn, cfg.data.max_response_length
+        )
         rollouts = rollouts_table(
             gen.completions, prompts, iteration=-1, policy_version=-1, trajectories=gen.trajectories
         )

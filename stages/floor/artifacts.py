@@ -40,8 +40,8 @@ from verl_core.models.loading import load_causal_lm, unwrap
 from verl_core.rollout import Completion
 from verl_core.rollout.multi_turn import Trajectory, turns_to_rows
 from verl_core.seeding import derive_seed
-from verl_core.store.schemas import TOKEN_MASK, TURNS
 from verl_core.store import ArtifactStore, Manifest, StageWriter, storage_options
+from verl_core.store.schemas import TOKEN_MASK, TURNS
 
 TOKENIZER_PREFIX = "tokenizer/"  # template_pack's tokenizer files
 MODEL_PREFIX = "model"  # an export's HF model dir
@@ -286,7 +286,10 @@ def rollouts_table(
             "finish_reason": [c.finish_reason for c in completions],
             "prompt_length": pa.array([len(c.prompt_ids) for c in completions], pa.int32()),
             "response_length": pa.array(  # model tokens: a multi-turn response's tool tokens do not count
-                [len(c.response_ids) if t is None else sum(t.loss_mask) for c, t in zip(completions, multi, strict=True)],
+                [
+                    len(c.response_ids) if t is None else sum(t.loss_mask)
+                    for c, t in zip(completions, multi, strict=True)
+                ],
                 pa.int32(),
             ),
             "policy_version": pa.array([policy_version] * len(completions), pa.int64()),

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from torch import nn
 
 from verl_core.config import ModelConfig, MultiTurnConfig, RewardConfig, RolloutConfig, VerlFlowConfig
+from verl_core.data.templates import CHATML
 from verl_core.errors import ConfigError
 from verl_core.models.loading import (
     QuantSpec,
@@ -34,7 +35,6 @@ from verl_core.reward import (
     load_reward_function,
     score_rollouts,
 )
-from verl_core.data.templates import CHATML
 from verl_core.rollout import Completion, RolloutEngine, SamplingParams
 from verl_core.rollout.multi_turn import (
     MultiTurnSpec,
@@ -43,10 +43,10 @@ from verl_core.rollout.multi_turn import (
     multi_turn_generate,
     multi_turn_metrics,
 )
-from verl_core.tools import load_tools
-from verl_core.tools.parsing import TOOL_CALL_FORMATS
 from verl_core.run_length import StepCount
 from verl_core.seeding import derive_seed
+from verl_core.tools import load_tools
+from verl_core.tools.parsing import TOOL_CALL_FORMATS
 from verl_core.training.engine import OptimSpec
 from verl_core.training.ppo import ActorLossSpec, PPOSpec
 

@@ -254,13 +254,16 @@ class MultiTurnConfig(Section):
 
     enable: bool = _f(False, "Roll out multi-turn with tools (training, validation and eval rollouts)")
     max_turns: PositiveInt = _f(4, "Model turns per response (a tool call in the last one is not run)")
-    max_tool_calls: PositiveInt = _f(4, "Tool calls run per response; further calls are answered with an error")
+    max_tool_calls: PositiveInt = _f(
+        4, "Tool calls run per response; further calls are answered with an error"
+    )
     max_tokens_per_turn: PositiveInt = _f(256, "New tokens of one model turn")
     tools: list[str] = _f(
-        ["calculator"], "Tools: built-in names (calculator) or 'package.module:function' with a 'schema' attribute"
+        ["calculator"],
+        "Tools: built-in names (calculator) or 'package.module:function' with a 'schema' attribute",
     )
     format: Literal["hermes"] = _f(
-        "hermes", "Tool-call format: <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> (Qwen2.5)"
+        "hermes", 'Tool-call format: <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen2.5)'
     )
     tool_workers: PositiveInt = _f(4, "Threads running the tool calls of one turn (all samples) in parallel")
 

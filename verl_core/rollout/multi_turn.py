@@ -147,9 +147,7 @@ def multi_turn_generate(
         if turn == 1:
             budget = min(spec.max_tokens_per_turn, spec.max_response_tokens)
             out = engine.generate(prompts, replace(base, max_new_tokens=budget))
-            states = [
-                _State(list(c.prompt_ids), c.prompt_index, c.sample_index, [], [], [], []) for c in out
-            ]
+            states = [_State(list(c.prompt_ids), c.prompt_index, c.sample_index, [], [], [], []) for c in out]
             active = list(range(len(states)))
         else:
             active = [i for i, s in enumerate(states) if not s.done]
@@ -217,7 +215,7 @@ def _run_calls(
     answered with an error text; the rest run, ``workers`` at a time."""
     planned: list[list[tuple[ToolCall, str | None]]] = []  # (call, error answered instead of running)
     for s, calls in jobs:
-        plan = []
+        plan: list[tuple[ToolCall, str | None]] = []
         for call in calls:
             if call.error is not None:
                 plan.append((call, call.error))

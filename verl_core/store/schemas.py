@@ -186,8 +186,8 @@ register_schema(
 # ``loss_mask`` is 1 on model tokens, 0 on tool tokens (logprobs 0 there); ``turns`` the segments in
 # order (their ids concatenate to ``response_ids``; tool segments list the calls they answer);
 # ``response_text`` is the last model turn's text (what the reward scores); ``response_length``
-# counts model tokens only (tool tokens are not the policy's: response-length metrics exclude them). Single-turn rows have
-# null ``loss_mask`` (every response token is the model's) and null ``turns``.
+# counts model tokens only (tool tokens are not the policy's: response-length metrics exclude them).
+# Single-turn rows have null ``loss_mask`` (every response token is the model's) and null ``turns``.
 TOOL_CALLS = pa.list_(
     pa.struct(
         [

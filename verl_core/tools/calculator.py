@@ -49,7 +49,9 @@ def calculate(expression: str) -> str:
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except (SyntaxError, ValueError) as e:
-        raise CalculatorError(f"not an arithmetic expression ({e.msg if isinstance(e, SyntaxError) else e})") from None
+        raise CalculatorError(
+            f"not an arithmetic expression ({e.msg if isinstance(e, SyntaxError) else e})"
+        ) from None
     try:
         value = _eval(tree.body)
     except ZeroDivisionError:
@@ -71,7 +73,9 @@ def _eval(node: ast.AST) -> Number:
         if isinstance(node.op, ast.Pow):
             _check_power(left, right)
         return _checked(_BINARY[type(node.op)](left, right))
-    raise CalculatorError(f"{type(node).__name__} is not allowed (only numbers, + - * / // % ** and parentheses)")
+    raise CalculatorError(
+        f"{type(node).__name__} is not allowed (only numbers, + - * / // % ** and parentheses)"
+    )
 
 
 def _check_power(base: Number, exponent: Number) -> None:

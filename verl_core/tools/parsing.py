@@ -12,6 +12,7 @@ call: the loop answers it with the error text instead of running a tool, and cou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable
@@ -40,7 +41,9 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     tail = text[text.rfind(TOOL_CALL_CLOSE) + len(TOOL_CALL_CLOSE) :] if calls else text
     if TOOL_CALL_OPEN in tail:
         raw = tail[tail.find(TOOL_CALL_OPEN) :]
-        calls.append(ToolCall("", {}, raw, f"unterminated tool call: no {TOOL_CALL_CLOSE} after {TOOL_CALL_OPEN}"))
+        calls.append(
+            ToolCall("", {}, raw, f"unterminated tool call: no {TOOL_CALL_CLOSE} after {TOOL_CALL_OPEN}")
+        )
     return calls
 
 
@@ -54,10 +57,8 @@ def _parse_block(body: str) -> ToolCall:
         return ToolCall("", {}, raw, 'the tool call must be a JSON object {"name": ..., "arguments": {...}}')
     arguments = obj.get("arguments", {})
     if isinstance(arguments, str):
-        try:
+        with contextlib.suppress(json.JSONDecodeError):  # not JSON: reported as not an object below
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
     if not isinstance(arguments, dict):
         return ToolCall(obj["name"], {}, raw, "the tool call's 'arguments' must be a JSON object")
     return ToolCall(obj["name"], arguments, raw, None)

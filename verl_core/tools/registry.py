@@ -53,7 +53,11 @@ class Tool:
         """``{"type": "function", "function": {"name", "description", "parameters"}}`` (``tools=``)."""
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)},
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": dict(self.parameters),
+            },
         }
 
 
@@ -125,6 +129,7 @@ def call_tool(tools: Mapping[str, Tool], name: str, arguments: Any) -> ToolResul
     result give an error result whose text starts with ``Error:``."""
     t0 = time.perf_counter()
     tool = tools.get(name)
+    error: str | None
     if tool is None:
         error = f"unknown tool {name!r}; available: {', '.join(sorted(tools)) or 'none'}"
     else:

@@ -153,7 +153,9 @@ class RolloutBatch:
         r_max = max((len(col["response_ids"][i]) for i in rows), default=0)
         behaviour = torch.zeros(len(rows), max(r_max, 1))  # (S, R)
         # multi-turn rows: 1 on model tokens, 0 on tool tokens; null (single-turn): every token
-        masks = rollouts.column("loss_mask").to_pylist() if "loss_mask" in names else [None] * rollouts.num_rows
+        masks = (
+            rollouts.column("loss_mask").to_pylist() if "loss_mask" in names else [None] * rollouts.num_rows
+        )
         loss_mask = torch.zeros(len(rows), max(r_max, 1))  # (S, R)
         for s, i in enumerate(rows):
             lp, n = col["logprobs"][i], len(col["response_ids"][i])

@@ -21,7 +21,9 @@ CONVERSATION = [
     {
         "role": "assistant",
         "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*34"}}}],
+        "tool_calls": [
+            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*34"}}}
+        ],
     },
     {"role": "tool", "content": "408"},
     {"role": "assistant", "content": "408"},
@@ -68,8 +70,11 @@ def test_consecutive_tool_results_share_one_user_turn() -> None:
     ("name", "expected"),
     [
         ("chatml", "<|im_end|>\n<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n"),
-        ("llama3", "<|eot_id|><|start_header_id|>tool<|end_header_id|>\n\n408<|eot_id|>"
-         "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+        (
+            "llama3",
+            "<|eot_id|><|start_header_id|>tool<|end_header_id|>\n\n408<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        ),
         ("plain", "</s>408\n\n"),
     ],
 )

@@ -96,7 +96,8 @@ def test_trajectory_policy_tokens_are_the_sampled_tokens(overfit: tuple[Any, tor
     tok, model = overfit
     engine = Recorder(HFEngine(model, tok))
     prompts = [
-        tok.encode(render(HERMES, c[:1], add_generation_prompt=True), add_special_tokens=False) for c in CONVERSATIONS
+        tok.encode(render(HERMES, c[:1], add_generation_prompt=True), add_special_tokens=False)
+        for c in CONVERSATIONS
     ]
     renderer = ToolTurnRenderer(HERMES)
     spec = MultiTurnSpec(max_turns=3, max_tool_calls=2, max_tokens_per_turn=64, max_response_tokens=128)
@@ -105,18 +106,22 @@ def test_trajectory_policy_tokens_are_the_sampled_tokens(overfit: tuple[Any, tor
 
     # the model replayed its conversations: two called the calculator and answered with its result
     assert [t.completion.response_text for t in out] == ["408", "4368", "7"]
-    assert [[t.role for t in tr.turns] for tr in out] == [["assistant", "tool", "assistant"]] * 2 + [["assistant"]]
+    assert [[t.role for t in tr.turns] for tr in out] == [["assistant", "tool", "assistant"]] * 2 + [
+        ["assistant"]
+    ]
     assert [c.result for c in out[0].turns[1].calls] == ["408"]
     # one generate call per turn, turn 2 only for the two samples still going
     assert [len(p) for p, _ in engine.calls] == [3, 2]
 
     # policy tokens = the engine's ids, turn by turn; tool tokens (mask 0) = the rendered tool turn
-    returned = {0: [engine.calls[0][1][0], engine.calls[1][1][0]], 1: [engine.calls[0][1][1], engine.calls[1][1][1]],
-                2: [engine.calls[0][1][2]]}  # fmt: skip
+    first, second = engine.calls[0][1], engine.calls[1][1]
+    returned = {0: [first[0], second[0]], 1: [first[1], second[1]], 2: [first[2]]}
     for s, tr in enumerate(out):
         ids, mask, logprobs = tr.completion.response_ids, tr.loss_mask, tr.completion.logprobs
         assert [t for seg in tr.turns for t in seg.ids] == ids
-        assert [t for t, m in zip(ids, mask, strict=True) if m == 1] == [t for c in returned[s] for t in c.response_ids]
+        assert [t for t, m in zip(ids, mask, strict=True) if m == 1] == [
+            t for c in returned[s] for t in c.response_ids
+        ]
         assert [lp for lp, m in zip(logprobs, mask, strict=True) if m == 1] == [
             lp for c in returned[s] for lp in c.logprobs
         ]
@@ -132,9 +137,16 @@ def test_trajectory_policy_tokens_are_the_sampled_tokens(overfit: tuple[Any, tor
     # through the rollouts table into the training batch: the mask survives, and packed log-probs
     # of the policy tokens equal a per-sequence forward (and the engine's behaviour log-probs)
     prompt_rows = pa.table(
-        {"index": [0, 1, 2], "data_source": ["t"] * 3, "ground_truth": ["408", "4368", "7"], "prompt_text": ["p"] * 3}
+        {
+            "index": [0, 1, 2],
+            "data_source": ["t"] * 3,
+            "ground_truth": ["408", "4368", "7"],
+            "prompt_text": ["p"] * 3,
+        }
     )
-    table = conform(rollouts_table([t.completion for t in out], prompt_rows, 0, 0, trajectories=out), "rollouts", "test")
+    table = conform(
+        rollouts_table([t.completion for t in out], prompt_rows, 0, 0, trajectories=out), "rollouts", "test"
+    )
     assert table.column("response_length").to_pylist() == [sum(t.loss_mask) for t in out]
     rewards = pa.table({"score": pa.array([1.0, 1.0, 1.0], pa.float32())})
     batch = RolloutBatch.from_tables(table, rewards)
@@ -149,10 +161,14 @@ def test_trajectory_policy_tokens_are_the_sampled_tokens(overfit: tuple[Any, tor
         p, r = tr.completion.prompt_ids, tr.completion.response_ids
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([p + r])).logits[0]  # (P+R, V)
-        reference = torch.log_softmax(logits.float(), -1)[len(p) - 1 : -1].gather(-1, torch.tensor(r)[:, None])[:, 0]
+        reference = torch.log_softmax(logits.float(), -1)[len(p) - 1 : -1].gather(
+            -1, torch.tensor(r)[:, None]
+        )[:, 0]
         m = torch.tensor(tr.loss_mask, dtype=torch.float32)
         torch.testing.assert_close(packed_logp[s, : len(r)], reference * m, atol=1e-4, rtol=0)
-        torch.testing.assert_close(packed_logp[s, : len(r)], torch.tensor(tr.completion.logprobs), atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            packed_logp[s, : len(r)], torch.tensor(tr.completion.logprobs), atol=1e-4, rtol=0
+        )
 
 
 # -- the loop's budgets and error paths, on a scripted engine -----------------------------------------
@@ -188,12 +204,20 @@ CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\
 
 @pytest.fixture(scope="module")
 def tok() -> Any:
-    return train_tokenizer([render(HERMES, c, add_generation_prompt=False) for c in CONVERSATIONS] + [CALL], 300)
+    return train_tokenizer(
+        [render(HERMES, c, add_generation_prompt=False) for c in CONVERSATIONS] + [CALL], 300
+    )
 
 
 def run(tok: Any, script: list[str], **spec: int) -> tuple[Scripted, list[Any]]:
     engine = Scripted(tok, script)
-    full = {"max_turns": 4, "max_tool_calls": 4, "max_tokens_per_turn": 64, "max_response_tokens": 256, **spec}
+    full = {
+        "max_turns": 4,
+        "max_tool_calls": 4,
+        "max_tokens_per_turn": 64,
+        "max_response_tokens": 256,
+        **spec,
+    }
     out = multi_turn_generate(
         engine, tok, [[1, 2]], SamplingParams(n=2, max_new_tokens=64), load_tools(["calculator"]),
         MultiTurnSpec(**full), ToolTurnRenderer(HERMES),

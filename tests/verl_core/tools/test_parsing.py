@@ -15,7 +15,9 @@ def test_one_call_and_text_around_it() -> None:
 
 
 def test_several_calls_and_arguments_as_json_string() -> None:
-    two = CALL + '\n<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"1+1\\"}"}</tool_call>'
+    two = (
+        CALL + '\n<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"1+1\\"}"}</tool_call>'
+    )
     calls = parse_tool_calls(two)
     assert [(c.name, c.arguments, c.error) for c in calls] == [
         ("calculator", {"expression": "12 * 34"}, None),

@@ -53,7 +53,7 @@ def user_module() -> Iterator[str]:
 
 def test_builtin_by_name_and_unknown_name_lists_valid() -> None:
     assert load_tool("calculator") is TOOLS.get("calculator")
-    with pytest.raises(ConfigError, match="Unknown tool 'calculater'.*Did you mean 'calculator'"):
+    with pytest.raises(ConfigError, match=r"Unknown tool 'calculater'.*Did you mean 'calculator'"):
         load_tool("calculater")
 
 
@@ -98,7 +98,9 @@ def test_raising_or_non_text_tools_and_unknown_tool_give_error_text(user_module:
 
 
 def test_register_builtin_once_and_schema_checked() -> None:
-    tool = Tool("echo_test_tool", "echo", {"type": "object", "properties": {"s": {"type": "string"}}}, lambda s: s)
+    tool = Tool(
+        "echo_test_tool", "echo", {"type": "object", "properties": {"s": {"type": "string"}}}, lambda s: s
+    )
     register_tool(tool)
     try:
         assert load_tool("echo_test_tool") is tool
