@@ -30,14 +30,17 @@ Messages = Sequence[Mapping[str, str]]
 
 @dataclass(frozen=True)
 class ChatFormat:
-    """A resolved chat template: its ``name`` (tokenizer/chatml/llama3/plain), Jinja ``template``,
-    the tokenizer's bos/eos text, and ``end_ids``, the token ids that close an assistant turn."""
+    """A resolved chat template: its ``name`` (tokenizer/chatml/llama3/plain/hermes), Jinja
+    ``template``, the tokenizer's bos/eos text, ``end_ids``, the token ids that close an assistant
+    turn, and ``tools``: OpenAI function schemas shown to the model (the template's ``tools=``;
+    templates without a tool list, e.g. chatml, ignore them)."""
 
     name: str
     template: str
     bos_token: str
     eos_token: str
     end_ids: tuple[int, ...]
+    tools: tuple[Mapping[str, Any], ...] = ()
 
     def render(self, messages: Messages, *, add_generation_prompt: bool) -> str:
         return render(
@@ -46,6 +49,7 @@ class ChatFormat:
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
+            tools=list(self.tools) or None,
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from verl_core.data.templates import BUILTIN_TEMPLATES, HERMES, render, turn_format
+from verl_core.data.tokenize import ChatFormat
 from verl_core.rollout.multi_turn import ToolTurnRenderer
 
 CALC = {
@@ -80,3 +81,13 @@ def test_consecutive_tool_results_share_one_user_turn() -> None:
 )
 def test_every_builtin_has_a_tool_role(name: str, expected: str) -> None:
     assert ToolTurnRenderer(BUILTIN_TEMPLATES[name], eos_token="</s>")(["408"], turn_closed=False) == expected
+
+
+def test_chat_format_shows_its_tools_in_the_prompt() -> None:
+    # template_pack renders RL prompts (and SFT prompts) with the multi-turn tools' schemas
+    fmt = ChatFormat("hermes", HERMES, "", "", (2,), tools=(CALC,))
+    text = fmt.render(CONVERSATION[1:2], add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\n# Tools\n") and '"name": "calculator"' in text
+    assert text.endswith("<|im_start|>user\n12*34?<|im_end|>\n<|im_start|>assistant\n")
+    no_tools = ChatFormat("hermes", HERMES, "", "", (2,))
+    assert no_tools.render(CONVERSATION[1:2], add_generation_prompt=True).startswith("<|im_start|>user")
