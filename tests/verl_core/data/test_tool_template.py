@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from verl_core.data.templates import BUILTIN_TEMPLATES, HERMES, render, turn_format
-from verl_core.data.tokenize import ChatFormat
+from verl_core.data.tokenize import ChatFormat, TextEncoder, tokenize_sft
+from verl_core.data.tokenizer import train_tokenizer
 from verl_core.rollout.multi_turn import ToolTurnRenderer
 
 CALC = {
@@ -91,3 +92,38 @@ def test_chat_format_shows_its_tools_in_the_prompt() -> None:
     assert text.endswith("<|im_start|>user\n12*34?<|im_end|>\n<|im_start|>assistant\n")
     no_tools = ChatFormat("hermes", HERMES, "", "", (2,))
     assert no_tools.render(CONVERSATION[1:2], add_generation_prompt=True).startswith("<|im_start|>user")
+
+
+def test_multi_turn_sft_rows_train_model_turns_and_mask_tool_results() -> None:
+    tok = train_tokenizer(["12*34 408 <tool_call> </tool_call> <tool_response> calculator"] * 5, 300)
+    fmt = ChatFormat("hermes", HERMES, "", "<|endoftext|>", (tok.convert_tokens_to_ids("<|im_end|>"),))
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*34"}}\n</tool_call>'
+    messages = [
+        {"role": "user", "content": "12*34?"},
+        {"role": "assistant", "content": call},
+        {"role": "tool", "content": "408"},
+    ]
+
+    def run(max_response_length: int, truncation: str = "error") -> tuple[list[int], list[int], int]:
+        out = tokenize_sft(
+            TextEncoder(tok), fmt, [messages], ["408"],
+            max_prompt_length=64, max_response_length=max_response_length, truncation=truncation, where="t",
+        )  # fmt: skip
+        assert out.loss_mask is not None
+        return out.input_ids[0], out.loss_mask[0], out.prompt_lengths[0]
+
+    ids, mask, p = run(128)
+    # the whole conversation, rendered by the template, token for token
+    assert tok.decode(ids) == render(
+        HERMES, [*messages, {"role": "assistant", "content": "408"}], add_generation_prompt=False
+    ).rstrip("\n")
+    assert (
+        tok.decode(ids[:p]) == "<|im_start|>user\n12*34?<|im_end|>\n<|im_start|>assistant\n"
+    )  # prompt: the first user turn
+    assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == call + "<|im_end|>408<|im_end|>"
+    assert tok.decode([t for t, m in zip(ids[p:], mask[p:], strict=True) if not m]) == (
+        "\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    # max_response_length bounds all turns together; the mask is cut with the ids
+    cut, cut_mask, _ = run(len(ids) - p - 3, truncation="right")
+    assert cut == ids[: len(cut)] and cut_mask == mask[: len(cut)]
