@@ -79,7 +79,8 @@ def rlhf_pipeline(
         with timed(timing, "preprocess"):
             stages.preprocess = preprocess.with_options(**io_retry)(ctx, cfg.data)
         with timed(timing, "template_pack"):
-            tp = template_pack.with_options(**io_retry)(ctx, cfg.data, cfg.model, stages.preprocess)
+            tools = cfg.rollout.multi_turn.tools if cfg.rollout.multi_turn.enable else []
+            tp = template_pack.with_options(**io_retry)(ctx, cfg.data, cfg.model, stages.preprocess, tools)
         stages.template_pack = tp
         if cfg.sft.enable:  # compute-bound: no task retries (a rerun resumes from the last checkpoint)
             with timed(timing, "sft"):

@@ -29,7 +29,7 @@ from stages.floor.artifacts import (
     read_policy,
     rollouts_table,
 )
-from stages.floor.builders import build_scorers, score_batch
+from stages.floor.builders import build_scorers, generate_rollouts, score_batch
 from stages.floor.locations import eval_stage, parse_export_stage
 from stages.floor.logging import stage_logger
 from stages.floor.reports import EvalReport, SourceReport
@@ -92,7 +92,12 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
             n=sp.n, temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed,
             max_new_tokens=cfg.data.max_response_length, stop=tuple(cfg.rollout.stop),
         )  # fmt: skip
-        rollouts = rollouts_table(engine.generate(ids, sp), prompts, iteration=-1, policy_version=-1)
+        gen = generate_rollouts(
+            engine, tokenizer, ids, sp, cfg.rollout.multi_turn, cfg.data.max_response_length
+        )
+        rollouts = rollouts_table(
+            gen.completions, prompts, iteration=-1, policy_version=-1, trajectories=gen.trajectories
+        )
         batch = batch_from_columns(rollouts)
         result = score_batch(cfg.reward, cfg.sandbox, batch, cfg.data.max_response_length, scorers)
         per_prompt[name] = per_prompt_correct(batch.group_id, result.correct)  # validation's rule too

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 
 from prefect import task
 
 from stages.floor.artifacts import batch_rows, rollouts_table
-from stages.floor.builders import sampling_params
+from stages.floor.builders import generate_rollouts, sampling_params
 from stages.floor.locations import iteration_stage
 from stages.floor.state import get_state
 from verl_core.config import DataConfig, RolloutConfig
@@ -71,16 +72,24 @@ def rollout(
     t0 = time.perf_counter()
     ids = batch.column("input_ids").to_pylist()
     sampling = sampling_params(cfg, data.max_response_length, iteration, validation=False)
-    completions = state.engine.generate(ids, sampling)
-    baselines = []
+    gen = partial(
+        generate_rollouts, state.engine, state.tokenizer, ids,
+        multi_turn=cfg.multi_turn, max_response_length=data.max_response_length,
+    )  # fmt: skip
+    main = gen(sampling)
+    completions, baselines, baseline_traj = main.completions, [], []
     if greedy_baseline:
-        greedy = replace(sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1)
-        baselines = [c._replace(sample_index=sampling.n) for c in state.engine.generate(ids, greedy)]
+        greedy = gen(replace(sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1))
+        baselines = [c._replace(sample_index=sampling.n) for c in greedy.completions]
+        baseline_traj = greedy.trajectories or []
     seconds = time.perf_counter() - t0
 
-    # 4. Write and commit
+    # 4. Write and commit (multi-turn rows carry their loss mask and turns)
     marks = [False] * len(completions) + [True] * len(baselines)
-    table = rollouts_table(completions + baselines, batch, iteration, state.version, is_baseline=marks)
+    trajectories = None if main.trajectories is None else main.trajectories + baseline_traj
+    table = rollouts_table(
+        completions + baselines, batch, iteration, state.version, is_baseline=marks, trajectories=trajectories
+    )
     stage.write_table("rollouts.parquet", table, "rollouts")
     gen_tokens = sum(len(c.response_ids) for c in completions + baselines)
     summary = {
@@ -96,6 +105,7 @@ def rollout(
             "timing_s/rollout": seconds,
             "perf/gen_tokens_per_s": gen_tokens / max(seconds, 1e-9),
             "train/epoch": epoch,
+            **main.metrics,
         },
         step=iteration,
     )

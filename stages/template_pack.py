@@ -16,6 +16,8 @@ Later stages load the tokenizer with :func:`stages.floor.artifacts.load_tokenize
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -43,19 +45,23 @@ from verl_core.data import (
 from verl_core.errors import DataError
 from verl_core.run import RunContext
 from verl_core.store import get_schema
+from verl_core.tools import load_tools
 
 STAGE = TEMPLATE_PACK
 SPLITS = ("train", "val")
 
 
 @task(name="template_pack")
-def template_pack(ctx: RunContext, data: DataConfig, model: ModelConfig, preprocess_uri: str) -> str:
-    """Tokenize the run's prompts and SFT rows and plan their packing; returns the manifest URI."""
+def template_pack(
+    ctx: RunContext, data: DataConfig, model: ModelConfig, preprocess_uri: str, tools: Sequence[str] = ()
+) -> str:
+    """Tokenize the run's prompts and SFT rows and plan their packing; returns the manifest URI.
+    ``tools``: tool specs (``rollout.multi_turn.tools`` when multi-turn is on) whose schemas the
+    prompts show the model, in the chat template's tool list (the hermes template's system turn)."""
     store = ctx.store()
     # 1. Skip when committed with the same inputs
-    stage = store.open_stage(
-        ctx.run_id, STAGE, params=_params(data, model), inputs={"preprocess": preprocess_uri}
-    )
+    params = {**_params(data, model), **({"tools": list(tools)} if tools else {})}
+    stage = store.open_stage(ctx.run_id, STAGE, params=params, inputs={"preprocess": preprocess_uri})
     log = stage_logger(__name__)
     if stage.done:
         log.info("template_pack: already committed, skipping (%s)", stage.manifest_uri)
@@ -82,6 +88,7 @@ def template_pack(ctx: RunContext, data: DataConfig, model: ModelConfig, preproc
     except ValueError as e:
         raise DataError(f"data.chat_template={data.chat_template!r}: {e}") from None
     tokenizer.chat_template = fmt.template
+    fmt = replace(fmt, tools=tuple(t.openai_schema() for t in load_tools(tools).values()))
 
     # 5. Tokenize RL prompts and SFT rows within the length limits
     encoder = TextEncoder(tokenizer)

@@ -10,7 +10,7 @@ import time
 from prefect import task
 
 from stages.floor.artifacts import rollouts_table
-from stages.floor.builders import sampling_params, score_batch
+from stages.floor.builders import generate_rollouts, sampling_params, score_batch
 from stages.floor.locations import iteration_stage
 from stages.floor.samples import log_samples, sample_columns
 from stages.floor.state import get_state
@@ -47,12 +47,18 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
     # 2. Generate on the held-out prompts
     prompts = store.read_table(store.read_manifest(template_pack_uri), "prompt_tokens/val.parquet")
     t0 = time.perf_counter()
-    completions = state.engine.generate(
+    completions, trajectories, turn_metrics = generate_rollouts(
+        state.engine,
+        state.tokenizer,
         prompts.column("input_ids").to_pylist(),
         sampling_params(cfg.rollout, cfg.data.max_response_length, iteration, validation=True),
+        cfg.rollout.multi_turn,
+        cfg.data.max_response_length,
     )
     gen_s = time.perf_counter() - t0
-    rollouts = rollouts_table(completions, prompts, iteration, policy_version=state.version)
+    rollouts = rollouts_table(
+        completions, prompts, iteration, policy_version=state.version, trajectories=trajectories
+    )
 
     # 3. Score, write, commit
     batch = batch_from_columns(rollouts)
@@ -65,6 +71,7 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
         "val/reward_mean": sum(result.scores) / n,
         "val/response_length": sum(lengths) / n,
         "timing_s/validate_generate": gen_s,
+        **{f"val/{k}": v for k, v in turn_metrics.items()},
     }
     if "reward/no_answer_frac" in result.metrics:  # only a rule scorer extracts answers
         metrics["val/no_answer_frac"] = result.metrics["reward/no_answer_frac"]

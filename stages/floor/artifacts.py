@@ -38,8 +38,10 @@ from verl_core.files import write_files
 from verl_core.models.checkpoint import model_files
 from verl_core.models.loading import load_causal_lm, unwrap
 from verl_core.rollout import Completion
+from verl_core.rollout.multi_turn import Trajectory, turns_to_rows
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest, StageWriter, storage_options
+from verl_core.store.schemas import TOKEN_MASK, TURNS
 
 TOKENIZER_PREFIX = "tokenizer/"  # template_pack's tokenizer files
 MODEL_PREFIX = "model"  # an export's HF model dir
@@ -253,9 +255,12 @@ def rollouts_table(
     iteration: int,
     policy_version: int,
     is_baseline: Sequence[bool] | None = None,
+    trajectories: Sequence[Trajectory | None] | None = None,
 ) -> pa.Table:
     """One row per completion (kind "rollouts"); ``prompts`` are the generate() input rows.
-    ``is_baseline[i]``: completion i is a greedy baseline (ReMax), not a training sample."""
+    ``is_baseline[i]``: completion i is a greedy baseline (ReMax), not a training sample.
+    ``trajectories[i]``: completion i's multi-turn trajectory (its loss mask and turns), None: single-turn."""
+    multi = list(trajectories) if trajectories is not None else [None] * len(completions)
     names = ("group_id", "sample_index", "prompt_index", "data_source", "ground_truth", "prompt_text")
     cols: dict[str, list[Any]] = {name: [] for name in names}
     index = prompts.column("index").to_pylist()
@@ -280,10 +285,18 @@ def rollouts_table(
             "logprobs": [c.logprobs for c in completions],
             "finish_reason": [c.finish_reason for c in completions],
             "prompt_length": pa.array([len(c.prompt_ids) for c in completions], pa.int32()),
-            "response_length": pa.array([len(c.response_ids) for c in completions], pa.int32()),
+            "response_length": pa.array(  # model tokens: a multi-turn response's tool tokens do not count
+                [
+                    len(c.response_ids) if t is None else sum(t.loss_mask)
+                    for c, t in zip(completions, multi, strict=True)
+                ],
+                pa.int32(),
+            ),
             "policy_version": pa.array([policy_version] * len(completions), pa.int64()),
             "is_baseline": pa.array(
                 [False] * len(completions) if is_baseline is None else list(is_baseline), pa.bool_()
             ),
+            "loss_mask": pa.array([None if t is None else t.loss_mask for t in multi], TOKEN_MASK),
+            "turns": pa.array([None if t is None else turns_to_rows(t.turns) for t in multi], TURNS),
         }
     )

@@ -5,20 +5,22 @@ that one config knob means one thing everywhere (the RL loop, validation, eval, 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from torch import nn
 
 from verl_core.config import (
     JudgeConfig,
     ModelConfig,
+    MultiTurnConfig,
     RemoteRewardConfig,
     RewardConfig,
     RolloutConfig,
     SandboxConfig,
     VerlFlowConfig,
 )
+from verl_core.data.templates import CHATML
 from verl_core.errors import ConfigError
 from verl_core.models.loading import (
     QuantSpec,
@@ -47,10 +49,19 @@ from verl_core.reward import (
     score_rollouts,
 )
 from verl_core.reward.http import read_token
-from verl_core.rollout import SamplingParams
+from verl_core.rollout import Completion, RolloutEngine, SamplingParams
+from verl_core.rollout.multi_turn import (
+    MultiTurnSpec,
+    ToolTurnRenderer,
+    Trajectory,
+    multi_turn_generate,
+    multi_turn_metrics,
+)
 from verl_core.run_length import StepCount
 from verl_core.sandbox import SandboxSpec, check_sandbox
 from verl_core.seeding import derive_seed
+from verl_core.tools import load_tools
+from verl_core.tools.parsing import TOOL_CALL_FORMATS
 from verl_core.training.engine import OptimSpec
 from verl_core.training.ppo import ActorLossSpec, PPOSpec
 
@@ -379,3 +390,43 @@ def ppo_spec(cfg: VerlFlowConfig, iteration: int) -> PPOSpec:
 def update_seed(cfg: VerlFlowConfig, iteration: int) -> int:
     """The seed of iteration ``iteration``'s mini-batch order (the update stage and the benchmarks)."""
     return derive_seed("ppo_update", cfg.trainer.seed, iteration)
+
+
+class Rollouts(NamedTuple):
+    """What a stage writes: the completions, their multi-turn trajectories (None: single-turn), and
+    the multi-turn metrics (empty for single-turn)."""
+
+    completions: list[Completion]
+    trajectories: list[Trajectory] | None
+    metrics: dict[str, float]
+
+
+def generate_rollouts(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingParams,
+    multi_turn: MultiTurnConfig,
+    max_response_length: int,
+) -> Rollouts:
+    """``engine.generate``, or the multi-turn loop with tools when ``rollout.multi_turn.enable``: tool
+    turns are rendered with the tokenizer's chat template (the one template_pack stored), and
+    ``max_response_length`` bounds the whole response, model and tool tokens."""
+    if not multi_turn.enable:
+        return Rollouts(engine.generate(prompt_ids, sampling), None, {})
+    spec = MultiTurnSpec(
+        max_turns=multi_turn.max_turns,
+        max_tool_calls=multi_turn.max_tool_calls,
+        max_tokens_per_turn=multi_turn.max_tokens_per_turn,
+        max_response_tokens=max_response_length,
+        tool_workers=multi_turn.tool_workers,
+    )
+    renderer = ToolTurnRenderer(
+        getattr(tokenizer, "chat_template", None) or CHATML,
+        bos_token=getattr(tokenizer, "bos_token", None) or "",
+        eos_token=getattr(tokenizer, "eos_token", None) or "",
+    )
+    tools = load_tools(multi_turn.tools)
+    call_format = TOOL_CALL_FORMATS.get(multi_turn.format)
+    out = multi_turn_generate(engine, tokenizer, prompt_ids, sampling, tools, spec, renderer, call_format)
+    return Rollouts([t.completion for t in out], out, multi_turn_metrics(out))

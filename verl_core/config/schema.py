@@ -94,7 +94,7 @@ class DataConfig(Section):
     truncation: Literal["error", "left", "right", "drop"] = _f(
         "error", "What to do with a prompt/response over its length limit"
     )
-    chat_template: Literal["auto", "chatml", "llama3", "plain"] = _f(
+    chat_template: Literal["auto", "chatml", "llama3", "plain", "hermes"] = _f(
         "auto", "Chat template: the tokenizer's own (auto; chatml if it has none) or a named built-in"
     )
     tokenizer_train_rows: NonNegInt = _f(
@@ -247,6 +247,27 @@ class RefConfig(Section):
     log_prob_max_token_len_per_gpu: PositiveInt = _f(8192, "Token budget of one reference forward")
 
 
+class MultiTurnConfig(Section):
+    """Multi-turn rollouts with tools (verl_core.rollout.multi_turn): the model calls tools in the
+    ``<tool_call>`` format of the ``hermes`` template, tool results are appended as tool turns (masked
+    out of the loss), and the loop goes on until the model answers without a tool call or a budget ends."""
+
+    enable: bool = _f(False, "Roll out multi-turn with tools (training, validation and eval rollouts)")
+    max_turns: PositiveInt = _f(4, "Model turns per response (a tool call in the last one is not run)")
+    max_tool_calls: PositiveInt = _f(
+        4, "Tool calls run per response; further calls are answered with an error"
+    )
+    max_tokens_per_turn: PositiveInt = _f(256, "New tokens of one model turn")
+    tools: list[str] = _f(
+        ["calculator"],
+        "Tools: built-in names (calculator) or 'package.module:function' with a 'schema' attribute",
+    )
+    format: Literal["hermes"] = _f(
+        "hermes", 'Tool-call format: <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen2.5)'
+    )
+    tool_workers: PositiveInt = _f(4, "Threads running the tool calls of one turn (all samples) in parallel")
+
+
 class RolloutConfig(Section):
     name: Literal["hf", "vllm"] = _f("hf", "Generation engine")
     n: PositiveInt = _f(4, "Samples per prompt")
@@ -261,6 +282,10 @@ class RolloutConfig(Section):
     max_batch_size: PositiveInt = _f(256, "HF engine: most sequences generated in one batch")
     val_temperature: NonNegFloat = _f(0.0, "Temperature for validation (0: greedy)")
     val_n: PositiveInt = _f(1, "Samples per prompt in validation")
+    multi_turn: MultiTurnConfig = _f(
+        MultiTurnConfig(),
+        "Multi-turn tool use; data.max_response_length then bounds all turns together, model and tool tokens",
+    )
 
 
 class RewardScorerConfig(Section):

@@ -6,7 +6,17 @@ An SFT row is tokenized as two parts, like verl's SFT dataset::
     response_ids = encode(response) + end_ids                                # mask 1
                    (end_ids: the template's end-of-turn token, e.g. <|im_end|>)
 
-so the masked tokens decode to exactly the response followed by the end-of-turn token. Length
+so the masked tokens decode to exactly the response followed by the end-of-turn token.
+
+Multi-turn SFT rows (tool use) carry the earlier turns in ``prompt``: ``[user, assistant, tool,
+assistant, tool, ...]`` then ``response``, the final answer. The prompt part is then the messages
+before the first assistant turn; everything after it is the response part, laid out as a multi-turn
+rollout's response (:mod:`verl_core.rollout.multi_turn`)::
+
+    [assistant content + end_ids][tool turn text][assistant content + end_ids] ... [response + end_ids]
+     mask 1                       mask 0          mask 1                           mask 1
+
+so the SFT loss trains the model's turns (tool calls included) and never the tool results. Length
 limits apply to each part: ``truncation`` = error (raise, naming the row) | left (keep the last
 tokens) | right (keep the first tokens) | drop (skip the row); every truncation or drop is counted.
 """
@@ -30,14 +40,17 @@ Messages = Sequence[Mapping[str, str]]
 
 @dataclass(frozen=True)
 class ChatFormat:
-    """A resolved chat template: its ``name`` (tokenizer/chatml/llama3/plain), Jinja ``template``,
-    the tokenizer's bos/eos text, and ``end_ids``, the token ids that close an assistant turn."""
+    """A resolved chat template: its ``name`` (tokenizer/chatml/llama3/plain/hermes), Jinja
+    ``template``, the tokenizer's bos/eos text, ``end_ids``, the token ids that close an assistant
+    turn, and ``tools``: OpenAI function schemas shown to the model (the template's ``tools=``;
+    templates without a tool list, e.g. chatml, ignore them)."""
 
     name: str
     template: str
     bos_token: str
     eos_token: str
     end_ids: tuple[int, ...]
+    tools: tuple[Mapping[str, Any], ...] = ()
 
     def render(self, messages: Messages, *, add_generation_prompt: bool) -> str:
         return render(
@@ -46,6 +59,7 @@ class ChatFormat:
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
+            tools=list(self.tools) or None,
         )
 
 
@@ -160,7 +174,8 @@ def tokenize_sft(
 ) -> Tokenized:
     """SFT rows: prompt ids (mask 0) + response ids + end-of-turn id (mask 1), each part within its
     limit. ``input_ids[i]`` and ``loss_mask[i]`` have the same length."""
-    prompt_texts = [fmt.render(m, add_generation_prompt=True) for m in prompts]
+    heads = [list(m[: _first_assistant(m)]) for m in prompts]
+    prompt_texts = [fmt.render(h, add_generation_prompt=True) for h in heads]
     prompt_ids = encoder(prompt_texts)
     response_ids = encoder(list(responses))
     end = list(fmt.end_ids)
@@ -170,17 +185,59 @@ def tokenize_sft(
         p_fit = fit_length(list(p_ids), max_prompt_length, truncation, where=f"{where} row {i + 1}, prompt")
         if _count(out.counts, "prompt", p_ids, p_fit):
             continue
-        r_full = [*r_ids, *end]
+        if len(heads[i]) < len(prompts[i]):  # multi-turn: earlier model turns and tool turns first
+            turns, turns_mask = _multi_turn_segments(
+                encoder, fmt, prompts[i], len(heads[i]), where=f"{where} row {i + 1}"
+            )
+        else:
+            turns, turns_mask = [], []
+        r_full, m_full = [*turns, *r_ids, *end], [*turns_mask, *[1] * (len(r_ids) + len(end))]
         r_fit = fit_length(r_full, max_response_length, truncation, where=f"{where} row {i + 1}, response")
         if _count(out.counts, "response", r_full, r_fit):
             continue
         assert p_fit is not None and r_fit is not None
+        m_fit = m_full[len(m_full) - len(r_fit) :] if truncation == "left" else m_full[: len(r_fit)]
         out.positions.append(i)
         out.input_ids.append(p_fit + r_fit)
-        out.loss_mask.append([0] * len(p_fit) + [1] * len(r_fit))
+        out.loss_mask.append([0] * len(p_fit) + m_fit)
         out.prompt_lengths.append(len(p_fit))
         out.texts.append(prompt_texts[i])
     return out
+
+
+def _first_assistant(messages: Messages) -> int:
+    return next((k for k, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+
+
+def _multi_turn_segments(
+    encoder: TextEncoder, fmt: ChatFormat, messages: Messages, start: int, *, where: str
+) -> tuple[list[int], list[int]]:
+    """``(ids, mask)`` of messages[start:] up to the final response's generation prompt: each
+    assistant turn's content + end_ids (mask 1), the text between (tool / user turns and the next
+    generation prompt, mask 0)."""
+    end_text = turn_format(fmt.template, bos_token=fmt.bos_token, eos_token=fmt.eos_token).end_text
+    ids: list[int] = []
+    mask: list[int] = []
+    done = fmt.render(messages[:start], add_generation_prompt=True)  # text covered so far
+    for k in range(start, len(messages) + 1):
+        if k == len(messages) or messages[k]["role"] == "assistant":
+            context = fmt.render(messages[:k], add_generation_prompt=True)  # up to the assistant turn k
+            if not context.startswith(done):
+                raise DataError(
+                    f"{where}: the chat template does not render turn {k} after the turns before it"
+                )
+            between = context[len(done) :]
+            if between:
+                ids += encoder([between])[0]
+                mask += [0] * len(ids[len(mask) :])
+            if k == len(messages):
+                break
+            content = messages[k]["content"]
+            model = [*encoder([content])[0], *fmt.end_ids] if content else list(fmt.end_ids)
+            ids += model
+            mask += [1] * len(model)
+            done = context + content + end_text
+    return ids, mask
 
 
 def _count(counts: Counter[str], field: str, ids: Sequence[int], fitted: list[int] | None) -> bool:

@@ -182,6 +182,26 @@ register_schema(
 # sample_index). ``group_id`` is the prompt's position in the iteration's batch (GRPO groups);
 # ``prompt_index`` the prompt row's ``index`` in the prompt set. ``logprobs`` are the engine's
 # behaviour log-probs of the response tokens (see verl_core.rollout.base).
+# Multi-turn rows (verl_core.rollout.multi_turn): ``response_ids`` are all segments, model and tool;
+# ``loss_mask`` is 1 on model tokens, 0 on tool tokens (logprobs 0 there); ``turns`` the segments in
+# order (their ids concatenate to ``response_ids``; tool segments list the calls they answer);
+# ``response_text`` is the last model turn's text (what the reward scores); ``response_length``
+# counts model tokens only (tool tokens are not the policy's: response-length metrics exclude them).
+# Single-turn rows have null ``loss_mask`` (every response token is the model's) and null ``turns``.
+TOOL_CALLS = pa.list_(
+    pa.struct(
+        [
+            ("name", pa.string()),
+            ("arguments", pa.string()),
+            ("result", pa.string()),
+            ("error", pa.string()),
+            ("latency_s", pa.float64()),
+        ]
+    )
+)
+TURNS = pa.list_(
+    pa.struct([("role", pa.string()), ("text", pa.string()), ("ids", TOKEN_IDS), ("calls", TOOL_CALLS)])
+)
 register_schema(
     "rollouts",
     pa.schema(
@@ -202,6 +222,8 @@ register_schema(
             ("response_length", pa.int32()),
             ("policy_version", pa.int64()),
             ("is_baseline", pa.bool_()),
+            ("loss_mask", TOKEN_MASK),
+            ("turns", TURNS),
         ]
     ),
 )

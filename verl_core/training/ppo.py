@@ -152,13 +152,20 @@ class RolloutBatch:
             baseline_scores = torch.tensor([by_group[groups[i]] for i in rows], dtype=torch.float32)
         r_max = max((len(col["response_ids"][i]) for i in rows), default=0)
         behaviour = torch.zeros(len(rows), max(r_max, 1))  # (S, R)
+        # multi-turn rows: 1 on model tokens, 0 on tool tokens; null (single-turn): every token
+        masks = (
+            rollouts.column("loss_mask").to_pylist() if "loss_mask" in names else [None] * rollouts.num_rows
+        )
+        loss_mask = torch.zeros(len(rows), max(r_max, 1))  # (S, R)
         for s, i in enumerate(rows):
-            lp = col["logprobs"][i]
-            if len(lp) != len(col["response_ids"][i]):
-                raise ValueError(
-                    f"rollout row {i}: {len(lp)} logprobs for {len(col['response_ids'][i])} response tokens"
-                )
-            behaviour[s, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+            lp, n = col["logprobs"][i], len(col["response_ids"][i])
+            if len(lp) != n:
+                raise ValueError(f"rollout row {i}: {len(lp)} logprobs for {n} response tokens")
+            behaviour[s, :n] = torch.tensor(lp, dtype=torch.float32)
+            m = masks[i]
+            if m is not None and len(m) != n:
+                raise ValueError(f"rollout row {i}: loss_mask of {len(m)} tokens for {n} response tokens")
+            loss_mask[s, :n] = 1.0 if m is None else torch.tensor(m, dtype=torch.float32)
         return cls(
             prompt_ids=[col["prompt_ids"][i] for i in rows],
             response_ids=[col["response_ids"][i] for i in rows],
@@ -166,6 +173,7 @@ class RolloutBatch:
             sample_index=torch.tensor([col["sample_index"][i] for i in rows], dtype=torch.long),
             scores=torch.tensor([scores[i] for i in rows], dtype=torch.float32),
             behaviour_log_probs=behaviour,
+            loss_mask=loss_mask if any(m is not None for m in masks) else None,
             baseline_scores=baseline_scores,
         )
 
