@@ -79,7 +79,9 @@ def run_iteration(
     stall = e.stall_timeout_s
     with timed(timings, "rollout"), watched(ctx, "rollout", stall, iteration):
         baseline = cfg.algorithm.greedy_baseline
-        r = roll(ctx, cfg.data, cfg.rollout, template_pack_uri, iteration, lineage, baseline)
+        r = roll(
+            ctx, cfg.data, cfg.rollout, template_pack_uri, iteration, lineage, baseline, sandbox=cfg.sandbox
+        )
     with timed(timings, "reward"), watched(ctx, "reward", stall, iteration):
         w = score(ctx, cfg.reward, r, iteration, cfg.data.max_response_length, sandbox=cfg.sandbox)
     with timed(timings, "update"), watched(ctx, "ppo_update", stall, iteration):

@@ -93,7 +93,7 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
             max_new_tokens=cfg.data.max_response_length, stop=tuple(cfg.rollout.stop),
         )  # fmt: skip
         gen = generate_rollouts(
-            engine, tokenizer, ids, sp, cfg.rollout.multi_turn, cfg.data.max_response_length
+            engine, tokenizer, ids, sp, cfg.rollout.multi_turn, cfg.data.max_response_length, cfg.sandbox
         )
         rollouts = rollouts_table(
             gen.completions, prompts, iteration=-1, policy_version=-1, trajectories=gen.trajectories

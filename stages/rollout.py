@@ -18,7 +18,7 @@ from stages.floor.artifacts import batch_rows, rollouts_table
 from stages.floor.builders import generate_rollouts, sampling_params
 from stages.floor.locations import iteration_stage
 from stages.floor.state import get_state
-from verl_core.config import DataConfig, RolloutConfig
+from verl_core.config import DataConfig, RolloutConfig, SandboxConfig
 from verl_core.run import RunContext
 
 
@@ -31,6 +31,7 @@ def rollout(
     iteration: int,
     lineage: str,
     greedy_baseline: bool = False,
+    sandbox: SandboxConfig | None = None,
 ) -> str:
     """Generate iteration ``iteration``'s rollouts with the in-memory policy (version = iteration).
     ``greedy_baseline`` (ReMax): also one greedy response per prompt, a row marked ``is_baseline`` with
@@ -74,7 +75,7 @@ def rollout(
     sampling = sampling_params(cfg, data.max_response_length, iteration, validation=False)
     gen = partial(
         generate_rollouts, state.engine, state.tokenizer, ids,
-        multi_turn=cfg.multi_turn, max_response_length=data.max_response_length,
+        multi_turn=cfg.multi_turn, max_response_length=data.max_response_length, sandbox=sandbox,
     )  # fmt: skip
     main = gen(sampling)
     completions, baselines, baseline_traj = main.completions, [], []

@@ -54,6 +54,7 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
         sampling_params(cfg.rollout, cfg.data.max_response_length, iteration, validation=True),
         cfg.rollout.multi_turn,
         cfg.data.max_response_length,
+        cfg.sandbox,
     )
     gen_s = time.perf_counter() - t0
     rollouts = rollouts_table(

@@ -408,10 +408,12 @@ def generate_rollouts(
     sampling: SamplingParams,
     multi_turn: MultiTurnConfig,
     max_response_length: int,
+    sandbox: SandboxConfig | None = None,
 ) -> Rollouts:
     """``engine.generate``, or the multi-turn loop with tools when ``rollout.multi_turn.enable``: tool
     turns are rendered with the tokenizer's chat template (the one template_pack stored), and
-    ``max_response_length`` bounds the whole response, model and tool tokens."""
+    ``max_response_length`` bounds the whole response, model and tool tokens. Tools that run code
+    (``python``) run in the sandbox ``sandbox.*`` describes."""
     if not multi_turn.enable:
         return Rollouts(engine.generate(prompt_ids, sampling), None, {})
     spec = MultiTurnSpec(
@@ -427,6 +429,12 @@ def generate_rollouts(
         eos_token=getattr(tokenizer, "eos_token", None) or "",
     )
     tools = load_tools(multi_turn.tools)
+    if any(t.needs_sandbox for t in tools.values()):
+        if sandbox is None:
+            raise ConfigError(
+                "rollout.multi_turn.tools: a tool that runs code needs the sandbox settings (sandbox.*)"
+            )
+        tools = load_tools(multi_turn.tools, sandbox=sandbox_spec(sandbox))
     call_format = TOOL_CALL_FORMATS.get(multi_turn.format)
     out = multi_turn_generate(engine, tokenizer, prompt_ids, sampling, tools, spec, renderer, call_format)
     return Rollouts([t.completion for t in out], out, multi_turn_metrics(out))

@@ -9,7 +9,7 @@ Two ways to provide a tool:
 
 1. built-in, registered by name::
 
-       register_tool(Tool("python", "Run Python code in a sandbox", {...json schema...}, run_python))
+       register_tool(Tool("calculator", "Evaluate an arithmetic expression", {...json schema...}, calculate))
 
 2. a user function named ``package.module:function`` in ``rollout.multi_turn.tools``, carrying its
    schema as a ``schema`` attribute (the OpenAI ``{"type": "function", "function": {...}}`` dict or
@@ -30,12 +30,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from verl_core.errors import ConfigError
 from verl_core.registry import Registry, UnknownNameError
 from verl_core.reward.functions import load_reward_function
+
+if TYPE_CHECKING:
+    from verl_core.sandbox import SandboxSpec
 
 ToolFn = Callable[..., str]
 
@@ -48,6 +52,7 @@ class Tool:
     description: str
     parameters: Mapping[str, Any]
     fn: ToolFn = field(compare=False)
+    needs_sandbox: bool = False  # fn takes a ``spec`` keyword (the sandbox it runs code in)
 
     def openai_schema(self) -> dict[str, Any]:
         """``{"type": "function", "function": {"name", "description", "parameters"}}`` (``tools=``)."""
@@ -113,11 +118,15 @@ def load_tool(spec: str) -> Tool:
     return Tool(name, str(inner.get("description", "")), parameters, fn)
 
 
-def load_tools(specs: Sequence[str]) -> dict[str, Tool]:
-    """``{name the model calls: tool}`` for the configured tool specs; two tools with one name fail."""
+def load_tools(specs: Sequence[str], sandbox: SandboxSpec | None = None) -> dict[str, Tool]:
+    """``{name the model calls: tool}`` for the configured tool specs; two tools with one name fail.
+    Tools that run code (``needs_sandbox``) get ``sandbox`` bound as their ``spec`` (None: unbound,
+    for their schemas only)."""
     tools: dict[str, Tool] = {}
     for spec in specs:
         tool = load_tool(spec)
+        if tool.needs_sandbox and sandbox is not None:
+            tool = replace(tool, fn=partial(tool.fn, spec=sandbox))
         if tool.name in tools:
             raise ConfigError(f"rollout.multi_turn.tools: two tools are named {tool.name!r}")
         tools[tool.name] = tool
