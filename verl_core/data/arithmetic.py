@@ -25,7 +25,9 @@ otherwise it answers at once, ``#### N`` with the exact N, which a model too sma
 three-digit numbers in its head cannot imitate. As a chat (the earlier turns of a multi-turn SFT row,
 then the final answer)::
 
-    assistant: <tool_call>\n{"name": "calculator", "arguments": {"expression": "(347 * 8) + 512"}}\n</tool_call>
+    assistant: <tool_call>
+               {"name": "calculator", "arguments": {"expression": "(347 * 8) + 512"}}
+               </tool_call>
     tool:      3288
     answer:    #### 3288
 """

@@ -319,7 +319,8 @@ def _demo_turns(data: Mapping[str, Any], mapping: FieldMapping) -> list[dict[str
     turns = _messages(data[mapping.turns_key], mapping.turns_key)
     roles = {m["role"] for m in turns}
     if not roles <= {"assistant", "tool"}:
-        raise BadRow(WRONG_TYPE, mapping.turns_key, f"expected assistant/tool turns, got roles {sorted(roles)}")
+        got = sorted(roles)
+        raise BadRow(WRONG_TYPE, mapping.turns_key, f"expected assistant/tool turns, got roles {got}")
     return turns
 
 

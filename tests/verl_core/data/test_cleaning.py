@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_core.data.adapters import LoadOptions, get_adapter, read_jsonl
 from verl_core.config import load_config
+from verl_core.data.adapters import LoadOptions, get_adapter, read_jsonl
 from verl_core.data.arithmetic import (
     ArithmeticProblem,
     calculator_expression,
@@ -311,7 +311,8 @@ def test_arithmetic_adapter_writes_multi_turn_sft_rows_for_a_tool_using_teacher(
         if roles == ["user", "assistant", "tool"]:
             with_tool += 1
             assert sft["prompt"][2]["content"] == truth
-            assert calculate(parse_tool_calls(sft["prompt"][1]["content"])[0].arguments["expression"]) == truth
+            (call,) = parse_tool_calls(sft["prompt"][1]["content"])
+            assert calculate(call.arguments["expression"]) == truth
         else:
             assert roles == ["user"]
     assert 0.4 < with_tool / 400 < 0.6  # about arithmetic_tool_share
