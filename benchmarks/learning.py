@@ -5,12 +5,18 @@
     .venv/bin/python benchmarks/learning.py            # quickstart (PPO) + quickstart_grpo, seeds 1 2 3
     .venv/bin/python benchmarks/learning.py --configs configs/quickstart.yaml --seeds 1
     .venv/bin/python benchmarks/learning.py trainer.total_iterations=30   # overrides for every run
+    .venv/bin/python benchmarks/learning.py --tools   # quickstart_tools (multi-turn, calculator), seeds 1 2 3
 
 A seed sets ``data.seed`` (which problems, which held out, shuffling), ``trainer.seed`` (model init,
 dropout-free training order) and ``rollout.seed`` (sampling). Accuracy is greedy exact-match on the
 held-out split, as the pipeline's validation computes it: iteration 0 is the SFT checkpoint (before any
 RL update), the last is after RL. Prints one row per run and the mean/min gain per config (target:
 ≥ +0.15 for every seed), plus wall time per run (target for ``make quickstart``: ≤ 10 min).
+
+``--tools`` runs ``configs/quickstart_tools.yaml`` and also prints the tool-call rate (share of
+sampled responses with at least one tool call, ``multi_turn/tool_call_rate`` of the rollout stages'
+summaries) of the first 3 vs the last 3 RL iterations (target: last above first, and the +0.15 gain,
+on every seed), and of the greedy held-out validations (SFT checkpoint vs after RL).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -30,12 +37,32 @@ from verl_core.env import set_quiet_env  # noqa: E402
 
 set_quiet_env(offline=True)
 
+if TYPE_CHECKING:
+    from verl_core.store import ArtifactStore
+
 DEFAULT_CONFIGS = ["configs/quickstart.yaml", "configs/quickstart_grpo.yaml"]
+TOOLS_CONFIGS = ["configs/quickstart_tools.yaml"]
+TOOL_RATE = "multi_turn/tool_call_rate"
+
+
+def tool_call_rates(store: ArtifactStore, run_id: str) -> tuple[float, float, float, float]:
+    """(mean rate of the first 3 RL iterations' rollouts, of the last 3, greedy validation rate of
+    the SFT checkpoint, of the last validation), read from the run's committed stage summaries."""
+    from stages.floor.locations import iteration_summaries
+
+    rollouts = [s[TOOL_RATE] for s in iteration_summaries(store, run_id, "rollout").values()]
+    vals = [s[f"val/{TOOL_RATE}"] for s in iteration_summaries(store, run_id, "val").values()]
+    if len(rollouts) < 6 or not vals:
+        raise SystemExit(f"{run_id}: fewer than 6 RL iterations or no validation with multi-turn metrics")
+    return statistics.mean(rollouts[:3]), statistics.mean(rollouts[-3:]), vals[0], vals[-1]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="pipeline configs to compare")
+    p.add_argument("--configs", nargs="+", default=None, help="pipeline configs to compare")
+    p.add_argument(
+        "--tools", action="store_true", help="the tool-use quickstart; also report tool-call rates"
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--store", default=None, help="artifact store (default: a temporary directory)")
     p.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
@@ -43,10 +70,13 @@ def main() -> None:
 
     from flows.pipeline import rlhf_pipeline
     from verl_core.config import load_config
+    from verl_core.store import ArtifactStore
 
+    configs = args.configs or (TOOLS_CONFIGS if args.tools else DEFAULT_CONFIGS)
     root = args.store or tempfile.mkdtemp(prefix="verl-flow-learning-")
     rows: list[tuple[str, int, float, float, float, float]] = []
-    for config in args.configs:
+    tool_rows: list[tuple[str, int, float, float, float, float]] = []
+    for config in configs:
         for seed in args.seeds:
             overrides = [
                 f"store.url={root}",
@@ -70,6 +100,14 @@ def main() -> None:
                 f"after {last} iterations, {wall:.0f} s",
                 flush=True,
             )
+            if args.tools:
+                rates = tool_call_rates(ArtifactStore(cfg.store.url), run_id)
+                tool_rows.append((Path(config).stem, seed, *rates))
+                print(
+                    f"{run_id}: tool-call rate, rollouts first 3 {rates[0]:.3f} → last 3 {rates[1]:.3f}; "
+                    f"greedy validation SFT {rates[2]:.3f} → RL {rates[3]:.3f}",
+                    flush=True,
+                )
 
     print(f"\nstore: {root}")
     print(f"{'config':<18} {'seed':>4} {'SFT':>6} {'RL':>6} {'gain':>7} {'wall s':>7}")
@@ -81,6 +119,12 @@ def main() -> None:
             f"{name}: gain mean {statistics.mean(gains):+.3f}, min {min(gains):+.3f} over {len(gains)} seeds"
             f" ({'meets' if min(gains) >= 0.15 else 'misses'} the +0.15 target)"
         )
+    if tool_rows:
+        print(f"\n{'config':<18} {'seed':>4} {'rate first3':>11} {'last3':>6} {'val SFT':>7} {'val RL':>6}")
+        for name, seed, first3, last3, val0, val1 in tool_rows:
+            print(f"{name:<18} {seed:>4} {first3:>11.3f} {last3:>6.3f} {val0:>7.3f} {val1:>6.3f}")
+        rising = all(r[3] > r[2] for r in tool_rows)
+        print(f"tool-call rate: last 3 above first 3 on {'every' if rising else 'not every'} seed")
 
 
 if __name__ == "__main__":

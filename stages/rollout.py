@@ -99,6 +99,7 @@ def rollout(
         "epoch": epoch,
         "generated_tokens": gen_tokens,
         "seconds": seconds,
+        **main.metrics,  # multi-turn: turns, tool calls, tool-call rate (none for single-turn)
     }
     uri = stage.commit(summary=summary)
     ctx.tracker().log_metrics(

@@ -173,10 +173,18 @@ def _params(data: DataConfig, model: ModelConfig) -> dict[str, Any]:
 
 def _training_texts(prompts: pa.Table, sft: pa.Table, max_rows: int) -> list[str]:
     """Tokenizer training text: the messages of (at most ``max_rows``, evenly spaced) training
-    prompts, their SFT responses, and the role names the chat template writes."""
+    prompts, their SFT responses and earlier model/tool turns, and the role names the chat template
+    writes."""
     step = max(1, -(-prompts.num_rows // max_rows)) if max_rows else 1
     texts = [m["content"] for messages in prompts.column("prompt").to_pylist()[::step] for m in messages]
     texts += sft.column("response").to_pylist()[::step]
+    # multi-turn demonstrations: the model and tool turns before the response (none for single-turn rows)
+    texts += [
+        m["content"]
+        for messages in sft.column("prompt").to_pylist()[::step]
+        for m in messages
+        if m["role"] in ("assistant", "tool")
+    ]
     return [*texts, "system\n", "user\n", "assistant\n"]
 
 

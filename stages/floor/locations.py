@@ -12,7 +12,7 @@ Every ``parse_*`` function returns None for a name that is not of its kind.
 from __future__ import annotations
 
 import re
-from typing import Literal, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from verl_core.errors import ArtifactNotFoundError
 from verl_core.store import ArtifactStore
@@ -116,3 +116,13 @@ def validations(store: ArtifactStore, run_id: str, lineage: str) -> dict[int, fl
         if parsed is not None and parsed[1] == "val" and m.summary.get("iteration_lineage") == lineage:
             out[parsed[0]] = float(m.summary["accuracy"])
     return out
+
+
+def iteration_summaries(store: ArtifactStore, run_id: str, kind: IterationKind) -> dict[int, dict[str, Any]]:
+    """``{iteration: manifest summary}`` of the run's committed ``iter-XXXX/{kind}`` stages."""
+    out: dict[int, dict[str, Any]] = {}
+    for m in store.list_manifests(run_id):
+        parsed = parse_iteration_stage(m.stage)
+        if parsed is not None and parsed[1] == kind:
+            out[parsed[0]] = dict(m.summary)
+    return dict(sorted(out.items()))

@@ -13,6 +13,7 @@ from stages.floor.locations import (
     eval_stage,
     export_stage,
     iteration_stage,
+    iteration_summaries,
     list_checkpoints,
     list_exports,
     parse_ckpt_stage,
@@ -97,3 +98,10 @@ def test_listings_read_committed_manifests(tmp_path: Path) -> None:
     assert validations(store, "r", "a") == {0: 0.25, 2: 0.5}
     assert validations(store, "r", "b") == {1: 0.75}
     assert validations(store, "r", "c") == {}
+    commit(iteration_stage(12, "rollout"), rate=0.5)
+    commit(iteration_stage(2, "rollout"), rate=0.25)
+    assert list(iteration_summaries(store, "r", "rollout").items()) == [
+        (2, {"rate": 0.25}),
+        (12, {"rate": 0.5}),
+    ]
+    assert iteration_summaries(store, "r", "update") == {}

@@ -85,6 +85,11 @@ class DataConfig(Section):
         "reports the value before it (an incomplete SFT teacher; ground truths and held-out solutions "
         "stay exact)",
     )
+    arithmetic_tool_share: Prob = _f(
+        0.0,
+        "Synthetic arithmetic: share of training demonstrations that call the calculator tool and copy "
+        "its result (multi-turn SFT rows); the rest answer at once (0: worked solutions, no tool)",
+    )
     arithmetic_ops: list[Literal["+", "-", "*"]] = _f(
         ["+", "-"], "Synthetic arithmetic: operators drawn from (the * operand has one digit)", min_length=1
     )

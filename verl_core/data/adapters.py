@@ -65,6 +65,7 @@ class LoadOptions:
     arithmetic_steps: int = 2
     arithmetic_ops: tuple[str, ...] = ("+", "-")
     arithmetic_stop_early: float = 0.0
+    arithmetic_tool_share: float = 0.0
 
 
 class SplitSources(NamedTuple):
@@ -238,17 +239,26 @@ def _load_arithmetic(
     except ValueError as e:
         raise DataError(f"data.arithmetic_*: {e}") from None
 
-    def rows(chosen: list[arithmetic.ArithmeticProblem], split: str, stop: float) -> Iterator[RawRow]:
+    def rows(
+        chosen: list[arithmetic.ArithmeticProblem], split: str, stop: float, tool_share: float
+    ) -> Iterator[RawRow]:
         where = f"arithmetic(seed={options.seed})[{split}]"
         teacher = random.Random(f"arithmetic-teacher:{options.seed}")  # the problems do not depend on it
         for i, p in enumerate(chosen, start=1):
-            solution = arithmetic.teacher_solution(p, stop, teacher) if stop else p.solution
-            data = {"question": p.question, "answer": solution, "ground_truth": str(p.answer)}
+            data: dict[str, Any] = {"question": p.question, "ground_truth": str(p.answer)}
+            if tool_share:  # the tool-using teacher: a calculator call, or the answer at once
+                data["turns"], data["answer"] = arithmetic.tool_demonstration(p, tool_share, teacher)
+            else:
+                data["answer"] = arithmetic.teacher_solution(p, stop, teacher) if stop else p.solution
             yield RawRow(where, i, data, unit="row")
 
-    # the incomplete teacher writes the training demonstrations only; held-out solutions are exact
-    stop = options.arithmetic_stop_early
-    return SplitSources(rows(problems[:n_train], "train", stop), rows(problems[n_train:], "test", 0.0))
+    # the teachers write the training demonstrations only; held-out solutions are exact (with a
+    # tool-using teacher, every held-out demonstration calls the calculator)
+    stop, share = options.arithmetic_stop_early, options.arithmetic_tool_share
+    return SplitSources(
+        rows(problems[:n_train], "train", stop, share),
+        rows(problems[n_train:], "test", 0.0, 1.0 if share else 0.0),
+    )
 
 
 register_adapter(Adapter("gsm8k", _load_gsm8k, gsm8k_mapping(), ("train", "test")))
@@ -262,6 +272,7 @@ register_adapter(
             gsm8k_mapping(data_source="synthetic/arithmetic", ground_truth_regex=r"#### (\-?[0-9]+)"),
             instruction="",
             ground_truth_key="ground_truth",  # exact even where the demonstration is not
+            turns_key="turns",  # the tool-using teacher's calculator call and result
         ),
         ("train", "test"),
     )

@@ -18,10 +18,23 @@ for "Start with 37. Add 48, then subtract 25."); the lines it does show are corr
 and its ``answer`` stay exact. SFT imitates the habit, and RL with the exact-answer reward has to
 learn to carry the computation through to the end: the quickstart's demonstration that RL improves
 on its SFT data (the held-out solutions are always complete).
+
+A tool-using teacher (``tool_share`` > 0, :func:`tool_demonstration`): with that probability a
+training demonstration calls the ``calculator`` tool in the Hermes format and copies its result;
+otherwise it answers at once, ``#### N`` with the exact N, which a model too small to multiply
+three-digit numbers in its head cannot imitate. As a chat (the earlier turns of a multi-turn SFT row,
+then the final answer)::
+
+    assistant: <tool_call>
+               {"name": "calculator", "arguments": {"expression": "(347 * 8) + 512"}}
+               </tool_call>
+    tool:      3288
+    answer:    #### 3288
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -79,6 +92,33 @@ def teacher_solution(problem: ArithmeticProblem, stop_early: float, rng: random.
         return problem.solution
     shown = lines[:-1]
     return "\n".join([*shown, f"#### {shown[-1].rsplit(' = ', 1)[1]}"])
+
+
+def calculator_expression(problem: ArithmeticProblem) -> str:
+    """The problem as one expression evaluated in its left-to-right order: ``"(347 * 8) + 512"``."""
+    lines = problem.solution.split("\n")[:-1]  # "a op b = c" per operation
+    expression = lines[0].split(" = ")[0]
+    for line in lines[1:]:
+        _, op, b = line.split(" = ")[0].split(" ")
+        expression = f"({expression}) {op} {b}"
+    return expression
+
+
+def tool_demonstration(
+    problem: ArithmeticProblem, tool_share: float, rng: random.Random
+) -> tuple[list[dict[str, str]], str]:
+    """``(turns, answer)`` of a teacher that calls the calculator with probability ``tool_share``:
+    turns = [assistant tool call, tool result] then the answer ``#### N`` copied from the result;
+    otherwise no turns and ``#### N`` at once (see the module docstring). N is always exact."""
+    final = f"#### {problem.answer}"
+    if rng.random() >= tool_share:
+        return [], final
+    call = json.dumps({"name": "calculator", "arguments": {"expression": calculator_expression(problem)}})
+    turns = [
+        {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+        {"role": "tool", "content": str(problem.answer)},
+    ]
+    return turns, final
 
 
 def generate(

@@ -57,7 +57,9 @@ class FieldMapping:
     ``ground_truth_regex`` (group 1, else the whole match) extracts the ground truth from it (None:
     the stripped answer), or ``ground_truth_key`` names a field that holds it (for data whose
     reference solution may be wrong while the ground truth is exact); ``strip_commas`` removes
-    thousands separators from the ground truth."""
+    thousands separators from the ground truth; ``turns_key`` names a field holding the
+    demonstration's earlier assistant/tool messages (multi-turn SFT: they go into the SFT row's
+    prompt before the answer, never into the RL prompt)."""
 
     data_source: str
     prompt_key: str = "question"
@@ -68,6 +70,7 @@ class FieldMapping:
     strip_commas: bool = False
     ability: str = "math"
     instruction: str = ""
+    turns_key: str | None = None
 
 
 def gsm8k_mapping(
@@ -129,27 +132,33 @@ class CleaningReport:
 
 class CleanSplit(NamedTuple):
     """Rows of one split: ``prompts`` in the "prompts" schema and, aligned with them, the reference
-    ``responses`` ("" where the row has none: it gets no SFT row)."""
+    ``responses`` ("" where the row has none: it gets no SFT row) and the demonstrations' earlier
+    ``turns`` (assistant/tool messages before the response; empty for single-turn rows)."""
 
     prompts: list[dict[str, Any]]
     responses: list[str]
+    turns: list[list[dict[str, str]]]
 
     def sft_rows(self) -> list[dict[str, Any]]:
         """Rows in the "sft" schema: prompt + reference response, for rows that have one."""
         return [
             {
                 "data_source": p["data_source"],
-                "prompt": p["prompt"],
+                "prompt": [*p["prompt"], *t],
                 "response": r,
                 "index": p["extra_info"]["index"],
             }
-            for p, r in zip(self.prompts, self.responses, strict=True)
+            for p, r, t in zip(self.prompts, self.responses, self.turns, strict=True)
             if r
         ]
 
     def subset(self, positions: Iterable[int]) -> CleanSplit:
         chosen = list(positions)
-        return CleanSplit([self.prompts[i] for i in chosen], [self.responses[i] for i in chosen])
+        return CleanSplit(
+            [self.prompts[i] for i in chosen],
+            [self.responses[i] for i in chosen],
+            [self.turns[i] for i in chosen],
+        )
 
 
 def clean_rows(
@@ -169,7 +178,7 @@ def clean_rows(
     training prompts when cleaning the held-out split."""
     regex = re.compile(mapping.ground_truth_regex) if mapping.ground_truth_regex else None
     seen: set[str] = set(exclude_prompts)
-    out = CleanSplit([], [])
+    out = CleanSplit([], [], [])
     for ordinal, row in enumerate(rows):
         report.read += 1
         try:
@@ -179,6 +188,7 @@ def clean_rows(
                 prompt_row, response = _verl_row(row.data, ordinal, split, mapping)
             else:
                 prompt_row, response = _mapped_row(row.data, ordinal, split, mapping, regex)
+            turns = _demo_turns(row.data, mapping)
             key = prompt_key(prompt_row["prompt"])
             if key in seen:
                 where = "the training split" if key in exclude_prompts else "an earlier row"
@@ -190,6 +200,7 @@ def clean_rows(
         report.kept += 1
         out.prompts.append(prompt_row)
         out.responses.append(response)
+        out.turns.append(turns)
     return out
 
 
@@ -209,7 +220,7 @@ def hold_out(split: CleanSplit, n: int, seed: int) -> tuple[CleanSplit, CleanSpl
     Raises DataError when fewer than ``n + 1`` rows are available."""
     total = len(split.prompts)
     if n == 0:
-        return split, CleanSplit([], [])
+        return split, CleanSplit([], [], [])
     if total <= n:
         raise DataError(
             f"data.val_holdout_rows: cannot hold out {n} rows from a training set of {total} rows; "
@@ -299,6 +310,18 @@ def _mapped_row(
         "extra_info": {"split": split, "index": position, "answer": answer, "question": question},
     }
     return row, strip_calculator_annotations(answer).strip()
+
+
+def _demo_turns(data: Mapping[str, Any], mapping: FieldMapping) -> list[dict[str, str]]:
+    """The demonstration's earlier turns (``mapping.turns_key``): assistant/tool messages."""
+    if mapping.turns_key is None or not data.get(mapping.turns_key):
+        return []
+    turns = _messages(data[mapping.turns_key], mapping.turns_key)
+    roles = {m["role"] for m in turns}
+    if not roles <= {"assistant", "tool"}:
+        got = sorted(roles)
+        raise BadRow(WRONG_TYPE, mapping.turns_key, f"expected assistant/tool turns, got roles {got}")
+    return turns
 
 
 def _ground_truth(answer: str, mapping: FieldMapping, regex: re.Pattern[str] | None) -> str:

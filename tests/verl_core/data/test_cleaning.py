@@ -8,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from verl_core.config import load_config
 from verl_core.data.adapters import LoadOptions, get_adapter, read_jsonl
-from verl_core.data.arithmetic import ArithmeticProblem, generate, teacher_solution
+from verl_core.data.arithmetic import (
+    ArithmeticProblem,
+    calculator_expression,
+    generate,
+    teacher_solution,
+    tool_demonstration,
+)
 from verl_core.data.cleaning import (
     CleaningReport,
     FieldMapping,
@@ -19,6 +26,8 @@ from verl_core.data.cleaning import (
     strip_calculator_annotations,
 )
 from verl_core.errors import DataError
+from verl_core.tools.calculator import calculate
+from verl_core.tools.parsing import parse_tool_calls
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 NATALIA_Q = "Natalia sold clips to 48 of her friends in April. How many?"
@@ -265,3 +274,53 @@ def test_missing_file_is_a_data_error() -> None:
     sources = get_adapter("jsonl").load(["/nonexistent/x.jsonl"], [], LoadOptions())
     with pytest.raises(DataError, match=r"'/nonexistent/x\.jsonl' does not exist"):
         next(iter(sources.train))
+
+
+def test_tool_demonstration_calls_the_calculator_and_copies_its_result() -> None:
+    p = ArithmeticProblem(question="q", solution="347 * 8 = 2776\n2776 + 512 = 3288\n#### 3288", answer=3288)
+    assert calculator_expression(p) == "(347 * 8) + 512"  # left to right, as the solution computes
+    turns, answer = tool_demonstration(p, 1.0, random.Random(0))
+    assert [t["role"] for t in turns] == ["assistant", "tool"]
+    (call,) = parse_tool_calls(turns[0]["content"])
+    assert call.error is None and call.name == "calculator"
+    assert call.arguments == {"expression": "(347 * 8) + 512"}
+    assert calculate(call.arguments["expression"]) == turns[1]["content"] == "3288"  # 347*8=2776, +512
+    assert answer == "#### 3288"
+    assert tool_demonstration(p, 0.0, random.Random(0)) == ([], "#### 3288")  # answers at once
+
+
+def test_arithmetic_adapter_writes_multi_turn_sft_rows_for_a_tool_using_teacher() -> None:
+    opts = LoadOptions(
+        arithmetic_train_size=400,
+        arithmetic_val_size=50,
+        arithmetic_digits=3,
+        arithmetic_ops=("+", "*"),
+        arithmetic_tool_share=0.5,
+    )
+    src = get_adapter("arithmetic").load([], [], opts)
+    mapping = get_adapter("arithmetic").mapping
+    assert mapping is not None
+    train = clean_rows(src.train, mapping, split="train", report=CleaningReport())
+    val = clean_rows(src.val, mapping, split="test", report=CleaningReport())
+    with_tool = 0
+    for prompt, sft in zip(train.prompts, train.sft_rows(), strict=True):
+        assert [m["role"] for m in prompt["prompt"]] == ["user"]  # the RL prompt never holds the demo
+        truth = prompt["reward_model"]["ground_truth"]
+        assert sft["response"] == f"#### {truth}"  # exact, with or without the tool
+        roles = [m["role"] for m in sft["prompt"]]
+        if roles == ["user", "assistant", "tool"]:
+            with_tool += 1
+            assert sft["prompt"][2]["content"] == truth
+            (call,) = parse_tool_calls(sft["prompt"][1]["content"])
+            assert calculate(call.arguments["expression"]) == truth
+        else:
+            assert roles == ["user"]
+    assert 0.4 < with_tool / 400 < 0.6  # about arithmetic_tool_share
+    # every held-out demonstration calls the tool
+    assert all([m["role"] for m in r["prompt"]] == ["user", "assistant", "tool"] for r in val.sft_rows())
+
+
+def test_tool_quickstart_config_turns_on_multi_turn_and_the_tool_using_teacher() -> None:
+    cfg = load_config(Path(__file__).resolve().parents[3] / "configs" / "quickstart_tools.yaml")
+    assert cfg.rollout.multi_turn.enable and cfg.rollout.multi_turn.tools == ["calculator"]
+    assert 0 < cfg.data.arithmetic_tool_share < 1
