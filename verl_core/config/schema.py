@@ -337,6 +337,12 @@ class HttpEndpointConfig(Section):
         return v
 
 
+def _http_url(v: str | None) -> str | None:
+    if v is not None and not v.startswith(("http://", "https://")):
+        raise ValueError(f"{v!r} is not an http:// or https:// URL")
+    return v
+
+
 class RemoteRewardConfig(HttpEndpointConfig):
     """An HTTP(S) endpoint scoring batches (scorer 'remote'; wire format in verl_core.reward.remote)."""
 
@@ -346,9 +352,7 @@ class RemoteRewardConfig(HttpEndpointConfig):
     @field_validator("url")
     @classmethod
     def _http_url(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("http://", "https://")):
-            raise ValueError(f"{v!r} is not an http:// or https:// URL")
-        return v
+        return _http_url(v)
 
 
 class JudgeConfig(HttpEndpointConfig):
@@ -369,9 +373,8 @@ class JudgeConfig(HttpEndpointConfig):
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("http://", "https://")):
-            raise ValueError(f"{v!r} is not an http:// or https:// URL")
-        return v.rstrip("/") if v is not None else v
+        url = _http_url(v)
+        return None if url is None else url.rstrip("/")
 
     @field_validator("template")
     @classmethod
