@@ -189,10 +189,12 @@ def test_bad_payloads_error_the_samples_of_the_request(
 
 
 def test_the_concurrency_limit_holds(scoring_server: FakeServer) -> None:
-    scoring_server.state.delay_s = 0.15
+    # 9 requests of 0.6 s each, 3 at a time: the limit is reached (the window is wide enough for three
+    # threads to start on a loaded machine; 0.15 s was not always) and never passed
+    scoring_server.state.delay_s = 0.6
     out = RemoteScorer(scoring_server.url, 1, opts(max_concurrency=3))(make_batch(["42"] * 9))
     assert out.scores == [1.0] * 9
-    assert scoring_server.state.max_in_flight == 3  # 9 requests of 0.15 s: the limit is reached, not passed
+    assert scoring_server.state.max_in_flight == 3
 
 
 def test_backoff_is_jittered_exponential_and_capped() -> None:
