@@ -73,10 +73,12 @@ def _handler(state: ServerState) -> type[BaseHTTPRequestHandler]:
             try:
                 if state.delay_s:
                     state.release.wait(state.delay_s)
-                self._answer(payload, n_seen)
             finally:
+                # counted out before the answer is written: once the client has the answer it may
+                # send its next request, which must not find this one still counted
                 with state.lock:
                     state.in_flight -= 1
+            self._answer(payload, n_seen)
 
         def _answer(self, payload: dict[str, Any], n_seen: int) -> None:
             auth = self.headers.get("Authorization")
