@@ -434,7 +434,8 @@ def generate_rollouts(
             raise ConfigError(
                 "rollout.multi_turn.tools: a tool that runs code needs the sandbox settings (sandbox.*)"
             )
-        tools = load_tools(multi_turn.tools, sandbox=sandbox_spec(sandbox))
+        limits = sandbox_spec(sandbox)
+        tools = {name: t.bound(limits) for name, t in tools.items()}
     call_format = TOOL_CALL_FORMATS.get(multi_turn.format)
     out = multi_turn_generate(engine, tokenizer, prompt_ids, sampling, tools, spec, renderer, call_format)
     return Rollouts([t.completion for t in out], out, multi_turn_metrics(out))

@@ -49,13 +49,14 @@ _SENTINEL = "\x00VERL_FLOW_TURN\x00"
 
 @dataclass(frozen=True)
 class MultiTurnSpec:
-    """Budgets of one multi-turn rollout (the stage builds it from ``rollout.multi_turn``)."""
+    """Budgets of one multi-turn rollout (the stage builds it from ``rollout.multi_turn``, where the
+    defaults live)."""
 
-    max_turns: int = 4  # model turns per response
-    max_tool_calls: int = 4  # tool calls run per response (more are answered with an error)
-    max_tokens_per_turn: int = 256  # new tokens of one model turn
-    max_response_tokens: int = 512  # every response token, model and tool (data.max_response_length)
-    tool_workers: int = 1  # threads running one turn's tool calls (all samples) in parallel
+    max_turns: int  # model turns per response
+    max_tool_calls: int  # tool calls run per response (more are answered with an error)
+    max_tokens_per_turn: int  # new tokens of one model turn
+    max_response_tokens: int  # every response token, model and tool (data.max_response_length)
+    tool_workers: int  # threads running one turn's tool calls (all samples) in parallel
 
 
 class ToolCallRecord(NamedTuple):

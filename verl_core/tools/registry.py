@@ -54,6 +54,10 @@ class Tool:
     fn: ToolFn = field(compare=False)
     needs_sandbox: bool = False  # fn takes a ``spec`` keyword (the sandbox it runs code in)
 
+    def bound(self, sandbox: SandboxSpec) -> Tool:
+        """This tool with ``sandbox`` as the ``spec`` of a tool that runs code (others unchanged)."""
+        return replace(self, fn=partial(self.fn, spec=sandbox)) if self.needs_sandbox else self
+
     def openai_schema(self) -> dict[str, Any]:
         """``{"type": "function", "function": {"name", "description", "parameters"}}`` (``tools=``)."""
         return {
@@ -125,8 +129,8 @@ def load_tools(specs: Sequence[str], sandbox: SandboxSpec | None = None) -> dict
     tools: dict[str, Tool] = {}
     for spec in specs:
         tool = load_tool(spec)
-        if tool.needs_sandbox and sandbox is not None:
-            tool = replace(tool, fn=partial(tool.fn, spec=sandbox))
+        if sandbox is not None:
+            tool = tool.bound(sandbox)
         if tool.name in tools:
             raise ConfigError(f"rollout.multi_turn.tools: two tools are named {tool.name!r}")
         tools[tool.name] = tool

@@ -100,7 +100,9 @@ def test_trajectory_policy_tokens_are_the_sampled_tokens(overfit: tuple[Any, tor
         for c in CONVERSATIONS
     ]
     renderer = ToolTurnRenderer(HERMES)
-    spec = MultiTurnSpec(max_turns=3, max_tool_calls=2, max_tokens_per_turn=64, max_response_tokens=128)
+    spec = MultiTurnSpec(
+        max_turns=3, max_tool_calls=2, max_tokens_per_turn=64, max_response_tokens=128, tool_workers=1
+    )
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=64)
     out = multi_turn_generate(engine, tok, prompts, params, load_tools(["calculator"]), spec, renderer)
 
@@ -216,6 +218,7 @@ def run(tok: Any, script: list[str], **spec: int) -> tuple[Scripted, list[Any]]:
         "max_tool_calls": 4,
         "max_tokens_per_turn": 64,
         "max_response_tokens": 256,
+        "tool_workers": 1,
         **spec,
     }
     out = multi_turn_generate(
