@@ -38,6 +38,9 @@ NonNegFloat = Annotated[float, Field(ge=0)]
 Prob = Annotated[float, Field(ge=0, le=1)]
 
 
+Strategy = Literal["single", "fsdp2", "deepspeed"]
+
+
 def _f(default: Any, description: str, **kw: Any) -> Any:
     """A field with its default and its one-line description."""
     return Field(default, description=description, **kw)
@@ -189,10 +192,14 @@ class SFTConfig(Section):
 
 
 class ActorConfig(Section):
-    strategy: Literal["single", "fsdp2", "deepspeed"] = _f(
+    strategy: Strategy = _f(
         "single",
-        "Training engine (so far only `verl-flow doctor` reads fsdp2/deepspeed: the stages build 'single' "
-        "until the distributed issue wires the torchrun engines)",
+        "Training engine: single (one process), fsdp2 (fully_shard per decoder layer) or deepspeed (ZeRO "
+        "actor.zero_stage); fsdp2/deepspeed shard over the trainer.nnodes × trainer.n_gpus_per_node ranks",
+    )
+    param_offload: bool = _f(False, "fsdp2: keep sharded parameters, grads and optimizer state on the CPU")
+    tensor_parallel_size: PositiveInt = _f(
+        1, "fsdp2: tensor-parallel degree of the attention/MLP projections (a 2-D data × tensor mesh)"
     )
     lr: PositiveFloat = _f(1e-6, "Actor learning rate")
     weight_decay: NonNegFloat = _f(0.01, "AdamW weight decay")
@@ -232,6 +239,9 @@ class ActorConfig(Section):
 
 class CriticConfig(Section):
     enable: bool | None = _f(None, "Train a critic (None: only when algorithm.adv_estimator=gae)")
+    strategy: Strategy = _f("single", "Training engine of the critic (see actor.strategy)")
+    zero_stage: Literal[1, 2, 3] = _f(2, "DeepSpeed ZeRO stage (strategy=deepspeed)")
+    param_offload: bool = _f(False, "fsdp2: keep sharded parameters, grads and optimizer state on the CPU")
     path: str | None = _f(None, "Critic init: None to start from the policy's backbone, or a model path")
     lr: PositiveFloat = _f(1e-5, "Critic learning rate")
     weight_decay: NonNegFloat = _f(0.01, "AdamW weight decay")
@@ -250,6 +260,10 @@ class RefConfig(Section):
         "policy (for LoRA, the base without adapters)",
     )
     log_prob_max_token_len_per_gpu: PositiveInt = _f(8192, "Token budget of one reference forward")
+    strategy: Literal["single", "fsdp2"] = _f(
+        "single", "How the frozen reference is placed: single (a full copy per rank) or fsdp2 (sharded)"
+    )
+    param_offload: bool = _f(False, "fsdp2: keep the sharded reference parameters on the CPU")
 
 
 class MultiTurnConfig(Section):
@@ -282,6 +296,11 @@ class RolloutConfig(Section):
     stop: list[str] = _f([], "Extra stop strings")
     seed: int = _f(1, "Sampling seed")
     tensor_parallel_size: PositiveInt = _f(1, "vLLM tensor parallel size")
+    share_weights: bool = _f(
+        True,
+        "hf engine: sample from the trainer's live module (true) or from its own copy that receives the new "
+        "weights after every update (false, as vLLM always does)",
+    )
     gpu_memory_utilization: float = _f(0.5, "vLLM share of GPU memory", gt=0, le=1)
     log_prob_max_token_len_per_gpu: PositiveInt = _f(8192, "Token budget of one log-prob forward")
     max_batch_size: PositiveInt = _f(256, "HF engine: most sequences generated in one batch")
@@ -508,6 +527,19 @@ class TrainerConfig(Section):
     resume_mode: str = _f("auto", "auto (resume the run if it exists) | disable | an iteration number")
     seed: int = _f(1, "Global seed (torch, python, numpy)")
     device: Literal["auto", "cpu", "cuda"] = _f("auto", "Device for model stages (auto: cuda if available)")
+    nnodes: PositiveInt = _f(1, "Nodes of the SFT and RL-loop jobs (more than one process: torchrun)")
+    n_gpus_per_node: PositiveInt = _f(
+        1, "Processes per node, one per GPU (on CPU: processes); nnodes × this is the world size"
+    )
+    rdzv_endpoint: str | None = _f(
+        None, "host:port of the c10d rendezvous of a multi-node job (None: this host, one node)"
+    )
+    rollout_ahead: int = _f(
+        0,
+        "Policy versions a rollout may lag the trainer: ppo_update refuses an older batch (0: on-policy)",
+        ge=0,
+        le=1,
+    )
 
     @field_validator("resume_mode")
     @classmethod
@@ -627,6 +659,11 @@ class VerlFlowConfig(Section):
         if found:
             raise ValueError("\n".join(found))
         return self
+
+    @property
+    def world_size(self) -> int:
+        """Processes of the SFT and RL-loop jobs: ``trainer.nnodes × trainer.n_gpus_per_node``."""
+        return self.trainer.nnodes * self.trainer.n_gpus_per_node
 
     @property
     def use_critic(self) -> bool:
