@@ -1,0 +1,101 @@
+"""Who does what in an SPMD job (the SFT stage or the RL loop under torchrun): every rank computes its
+shard, rank 0 alone decides (skip a committed stage or not), writes artifacts and reports.
+
+These are the few object collectives the stages need, over the default process group; in one process
+(no process group) each is the identity, so a stage reads the same either way:
+
+    decision = broadcast_from_main(stage.done if is_main() else None)   # one answer for every rank
+    mine = generate(my_prompts)                                          # every rank its shard
+    everything = gather_to_main(mine)                                    # rank 0: all, in rank order
+    uri = on_main(lambda: commit(everything))                            # rank 0 writes, all get the URI
+
+Objects travel with torch's object collectives (pickled in memory between the job's own ranks; nothing
+is read back from storage this way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from verl_core.errors import VerlFlowError
+
+T = TypeVar("T")
+
+
+class RankFailedError(VerlFlowError):
+    """Rank 0 failed inside :func:`on_main`; raised on the other ranks with its message."""
+
+
+def distributed() -> bool:
+    """Whether this process is one rank of a multi-process job."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if distributed() else 1
+
+
+def is_main() -> bool:
+    """Rank 0 (or the only process): the rank that commits artifacts and talks to Prefect and MLflow."""
+    return rank() == 0
+
+
+def broadcast_from_main(value: T) -> T:
+    """Rank 0's ``value`` on every rank (the other ranks' ``value`` is ignored)."""
+    if not distributed():
+        return value
+    box: list[Any] = [value if is_main() else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]  # type: ignore[no-any-return]
+
+
+def gather_to_main(items: Sequence[T]) -> list[T] | None:
+    """Every rank's ``items`` concatenated in rank order on rank 0; None on the other ranks."""
+    if not distributed():
+        return list(items)
+    out: list[list[T]] | None = [[] for _ in range(world_size())] if is_main() else None
+    dist.gather_object(list(items), out, dst=0)
+    return [x for part in out for x in part] if out is not None else None
+
+
+def all_gather(items: Sequence[T]) -> list[T]:
+    """Every rank's ``items`` concatenated in rank order, on every rank."""
+    if not distributed():
+        return list(items)
+    out: list[list[T]] = [[] for _ in range(world_size())]
+    dist.all_gather_object(out, list(items))
+    return [x for part in out for x in part]
+
+
+def on_main(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 only and return its result on every rank. If it raises, rank 0 re-raises
+    and the other ranks raise :class:`RankFailedError` with its message (nobody waits for a result
+    that will not come)."""
+    if not distributed():
+        return fn()
+    outcome: tuple[bool, Any] = (True, None)
+    error: BaseException | None = None
+    if is_main():
+        try:
+            outcome = (True, fn())
+        except BaseException as err:  # every rank must leave the collective below
+            error = err
+            outcome = (False, f"{type(err).__name__}: {err}")
+    ok, value = broadcast_from_main(outcome)
+    if error is not None:
+        raise error
+    if not ok:
+        raise RankFailedError(f"rank 0 failed: {value}")
+    return value  # type: ignore[no-any-return]
+
+
+def barrier() -> None:
+    if distributed():
+        dist.barrier()
