@@ -211,7 +211,7 @@ def run_rank(job: SpmdJob) -> dict[str, Any] | None:
 
         fn = sft_warmup if prefect else sft_warmup.fn
         c = job.config
-        uri = fn(ctx, c.model, c.sft, c.trainer, job.template_pack_uri)
+        uri = fn(ctx, c.model, c.sft, c.trainer, job.template_pack_uri, c.actor)
         return {"sft_uri": uri} if main else None
 
 

@@ -23,27 +23,36 @@ from stages.floor.artifacts import load_tokenizer, read_policy, write_policy
 from stages.floor.builders import build_policy
 from stages.floor.locations import SFT, SFT_CKPT
 from stages.floor.logging import progress, stage_logger
-from verl_core.config import ModelConfig, SFTConfig, TrainerConfig
+from verl_core.config import ActorConfig, ModelConfig, SFTConfig, TrainerConfig
 from verl_core.data.packing import PackedBatch, dynamic_micro_batches, pack
 from verl_core.errors import DataError
 from verl_core.models.checkpoint import load_state_bytes, rng_state, set_rng_state, state_bytes
 from verl_core.models.loading import count_parameters, resolve_device
 from verl_core.models.packed import PackedCausalLM
+from verl_core.ranks import broadcast_from_main, is_main, on_main
 from verl_core.run import RunContext
 from verl_core.run_length import StepCount, check_completed
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
 from verl_core.training.engine import OptimSpec, TrainEngine
 from verl_core.training.sft import count_loss_tokens, sft_loss
+from verl_core.training.strategies import build_train_engine, full_weights
 
 CKPT_STAGE = SFT_CKPT
 
 
 @task(name="sft_warmup")
 def sft_warmup(
-    ctx: RunContext, model: ModelConfig, sft: SFTConfig, trainer: TrainerConfig, template_pack_uri: str
+    ctx: RunContext,
+    model: ModelConfig,
+    sft: SFTConfig,
+    trainer: TrainerConfig,
+    template_pack_uri: str,
+    actor: ActorConfig | None = None,
 ) -> str:
-    """Fine-tune the initial policy on the SFT split; returns the stage's manifest URI."""
+    """Fine-tune the initial policy on the SFT split; returns the stage's manifest URI. ``actor``: how
+    the policy trains (``actor.strategy``, …: one rank of an SPMD job; None: one process). The
+    strategy does not change the result, so it is not part of the stage's inputs."""
     log = stage_logger(__name__)
     store = ctx.store()
     # 1. Skip when committed with the same inputs
@@ -53,7 +62,7 @@ def sft_warmup(
         "seed": trainer.seed,
     }
     stage = store.open_stage(ctx.run_id, SFT, params=params, inputs={"template_pack": template_pack_uri})
-    if stage.done:
+    if broadcast_from_main(stage.done):  # rank 0 decides for every rank of an SPMD job
         log.info("sft: committed with the same inputs, skipped")
         return stage.manifest_uri
 
@@ -85,7 +94,11 @@ def sft_warmup(
     ckpt = store.committed(ctx.run_id, CKPT_STAGE)
     if ckpt is not None and ckpt.summary.get("sft_key") == stage.input_key:
         lm = read_policy(store, ckpt, "policy", model)
-    engine = TrainEngine(PackedCausalLM(lm), spec, _strategy(device))
+    a = actor or ActorConfig()
+    engine = build_train_engine(
+        PackedCausalLM(lm), spec, strategy=a.strategy, device=device, zero_stage=a.zero_stage,
+        param_offload=a.param_offload, tp_size=a.tensor_parallel_size,
+    )  # fmt: skip
     start = 0
     history: list[tuple[int, str, float]] = []
     if ckpt is not None and ckpt.summary.get("sft_key") == stage.input_key:
@@ -142,7 +155,10 @@ def sft_warmup(
     final_val = _val_loss(engine, val, sft.max_token_len_per_batch, device)
     tracker.log_metrics({"sft/val_loss": final_val}, step=total)
     history.append((total, "sft/val_loss", final_val))
-    write_policy(stage, "policy", lm, tokenizer, model)
+    weights = full_weights(engine.model, "lm.")  # every rank (gathered to rank 0 when sharded)
+    if not is_main():  # the other ranks of an SPMD job: rank 0 commits, everyone returns its URI
+        return broadcast_from_main("")
+    write_policy(stage, "policy", lm, tokenizer, model, state_dict=weights)
     stage.write_table("metrics.parquet", _metrics_table(history), "metrics")
     first_val = next((v for s, k, v in history if k == "sft/val_loss"), final_val)
     report = {
@@ -157,7 +173,7 @@ def sft_warmup(
     stage.write_json("report.json", report)
     uri = stage.commit(summary=report)
     log.info("sft: done, val loss %.4f", final_val)
-    return uri
+    return broadcast_from_main(uri)
 
 
 def _loss_fn(engine: TrainEngine, num_loss_tokens: int) -> Callable[[PackedBatch], torch.Tensor]:
@@ -170,12 +186,6 @@ def _loss_fn(engine: TrainEngine, num_loss_tokens: int) -> Callable[[PackedBatch
         return sft_loss(model, mb.input_ids, mb.cu_seqlens, mb.loss_mask, num_loss_tokens=num_loss_tokens)[0]
 
     return loss
-
-
-def _strategy(device: torch.device) -> Any:
-    from verl_core.training.engine import SingleStrategy
-
-    return SingleStrategy(device)
 
 
 def _rows(store: ArtifactStore, manifest: Manifest, name: str) -> tuple[list[list[int]], list[list[int]]]:
@@ -230,13 +240,16 @@ def _save_checkpoint(
     step: int,
     history: list[tuple[int, str, float]],
 ) -> None:
-    ckpt = store.open_stage(run_id, CKPT_STAGE, params={"sft_key": sft_key, "step": step})
-    write_policy(ckpt, "policy", lm, tokenizer, model)
-    ckpt.write_bytes(
-        "trainer_state.pt",
-        state_bytes({"engine": engine.state_dict(), "rng": rng_state(), "step": step, "history": history}),
-    )
-    ckpt.commit(summary={"sft_key": sft_key, "step": step})
+    weights = full_weights(engine.model, "lm.")  # every rank: collectives when sharded
+    trainer_state = {"engine": engine.state_dict(), "rng": rng_state(), "step": step, "history": history}
+
+    def commit() -> None:
+        ckpt = store.open_stage(run_id, CKPT_STAGE, params={"sft_key": sft_key, "step": step})
+        write_policy(ckpt, "policy", lm, tokenizer, model, state_dict=weights)
+        ckpt.write_bytes("trainer_state.pt", state_bytes(trainer_state))
+        ckpt.commit(summary={"sft_key": sft_key, "step": step})
+
+    on_main(commit)
 
 
 def _metrics_table(history: list[tuple[int, str, float]]) -> pa.Table:

@@ -56,15 +56,15 @@ from verl_core.models.checkpoint import (
 from verl_core.models.heads import load_value_model, value_model_from_policy
 from verl_core.models.loading import resolve_device
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
+from verl_core.ranks import on_main
 from verl_core.rollout import RolloutEngine, make_engine
 from verl_core.run import RunContext
 from verl_core.run_length import StepCount
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
-from verl_core.ranks import on_main
 from verl_core.training.engine import TrainEngine
-from verl_core.training.strategies import build_train_engine, full_weights, prepare_frozen
 from verl_core.training.ppo import AdapterDisabledPolicy, LogProbModel, PPOModels
+from verl_core.training.strategies import build_train_engine, full_weights, prepare_frozen
 
 PENDING = "pending"  # checkpoint files holding the manifests of updates it publishes
 
