@@ -22,6 +22,7 @@ from stages.floor.state import get_state, ppo_models
 from verl_core.algorithms.stats import masked_mean
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
+from verl_core.ranks import broadcast_from_main, is_main
 from verl_core.run import RunContext
 from verl_core.training.ppo import RolloutBatch, ppo_iteration
 
@@ -41,7 +42,7 @@ def ppo_update(
         inputs={"rollout": rollout_uri, "reward": reward_uri},
         force=state.version == iteration,
     )
-    if stage.done:
+    if broadcast_from_main(stage.done):  # rank 0 decides for every rank of an SPMD job
         return stage.manifest_uri
     if state.version != iteration:
         raise RuntimeError(
@@ -72,10 +73,12 @@ def ppo_update(
     )
 
     # 4. Write the per-sample table, log metrics, advance the policy version; the next checkpoint commits
+    state.version = iteration + 1
+    if not is_main():  # every rank holds the new weights (its shard); rank 0 writes
+        return stage.manifest_uri
     stage.write_table(
         "update.parquet", _update_table(batch, result.advantages, result.returns, result.kl), "update"
     )
-    state.version = iteration + 1
     summary = {"policy_version": state.version, **{k: result.metrics[k] for k in sorted(result.metrics)}}
     state.pending.append(stage.seal(summary))  # published by the next checkpoint
     tracker = ctx.tracker()

@@ -15,10 +15,11 @@ from functools import partial
 from prefect import task
 
 from stages.floor.artifacts import batch_rows, rollouts_table
-from stages.floor.builders import generate_rollouts, sampling_params
+from stages.floor.builders import sampling_params, sharded_rollouts
 from stages.floor.locations import iteration_stage
 from stages.floor.state import get_state
 from verl_core.config import DataConfig, RolloutConfig, SandboxConfig
+from verl_core.ranks import broadcast_from_main, is_main
 from verl_core.run import RunContext
 
 
@@ -54,7 +55,7 @@ def rollout(
         params=params,
         inputs={"prompts": template_pack_uri},
     )
-    if stage.done:
+    if broadcast_from_main(stage.done):  # rank 0 decides for every rank of an SPMD job
         return stage.manifest_uri
     state = get_state(ctx)
     if state.version != iteration:
@@ -74,7 +75,7 @@ def rollout(
     ids = batch.column("input_ids").to_pylist()
     sampling = sampling_params(cfg, data.max_response_length, iteration, validation=False)
     gen = partial(
-        generate_rollouts, state.engine, state.tokenizer, ids,
+        sharded_rollouts, state.engine, state.tokenizer, ids,
         multi_turn=cfg.multi_turn, max_response_length=data.max_response_length, sandbox=sandbox,
     )  # fmt: skip
     main = gen(sampling)
@@ -84,6 +85,8 @@ def rollout(
         baselines = [c._replace(sample_index=sampling.n) for c in greedy.completions]
         baseline_traj = greedy.trajectories or []
     seconds = time.perf_counter() - t0
+    if not is_main():  # every rank holds every rollout; rank 0 commits them
+        return broadcast_from_main("")
 
     # 4. Write and commit (multi-turn rows carry their loss mask and turns)
     marks = [False] * len(completions) + [True] * len(baselines)
@@ -111,4 +114,4 @@ def rollout(
         },
         step=iteration,
     )
-    return uri
+    return broadcast_from_main(uri)

@@ -32,6 +32,7 @@ from verl_core.models.loading import (
     scratch_config,
     unwrap,
 )
+from verl_core.ranks import all_gather, rank, world_size
 from verl_core.registry import Registry
 from verl_core.reward import (
     CodeScorer,
@@ -62,6 +63,7 @@ from verl_core.sandbox import SandboxSpec, check_sandbox
 from verl_core.seeding import derive_seed
 from verl_core.tools import load_tools
 from verl_core.tools.parsing import TOOL_CALL_FORMATS
+from verl_core.training.distributed import rank_shard
 from verl_core.training.engine import OptimSpec
 from verl_core.training.ppo import ActorLossSpec, PPOSpec
 
@@ -409,6 +411,7 @@ def generate_rollouts(
     multi_turn: MultiTurnConfig,
     max_response_length: int,
     sandbox: SandboxConfig | None = None,
+    prompt_keys: Sequence[int] | None = None,
 ) -> Rollouts:
     """``engine.generate``, or the multi-turn loop with tools when ``rollout.multi_turn.enable``: tool
     turns are rendered with the tokenizer's chat template (the one template_pack stored), and
@@ -439,3 +442,40 @@ def generate_rollouts(
     call_format = TOOL_CALL_FORMATS.get(multi_turn.format)
     out = multi_turn_generate(engine, tokenizer, prompt_ids, sampling, tools, spec, renderer, call_format)
     return Rollouts([t.completion for t in out], out, multi_turn_metrics(out))
+
+
+def sharded_rollouts(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingParams,
+    multi_turn: MultiTurnConfig,
+    max_response_length: int,
+    sandbox: SandboxConfig | None = None,
+) -> Rollouts:
+    """:func:`generate_rollouts` over every rank of an SPMD job (one process: the same call): each
+    rank generates a Karmarkar–Karp share of the prompts (balanced by prompt length), each prompt
+    keyed by its index in ``prompt_ids`` so it samples the tokens it would in one process, and every
+    rank gets all the rollouts, in (prompt, sample) order."""
+    if world_size() == 1 or len(prompt_ids) < world_size():
+        return generate_rollouts(
+            engine, tokenizer, prompt_ids, sampling, multi_turn, max_response_length, sandbox
+        )
+    rows = rank_shard([len(p) for p in prompt_ids], rank(), world_size())
+    mine = generate_rollouts(
+        engine, tokenizer, [prompt_ids[i] for i in rows], sampling, multi_turn, max_response_length, sandbox,
+        prompt_keys=rows,
+    )  # fmt: skip
+    local = [c._replace(prompt_index=rows[c.prompt_index]) for c in mine.completions]
+    trajectories = (
+        None
+        if mine.trajectories is None
+        else [t._replace(completion=c) for t, c in zip(mine.trajectories, local, strict=True)]
+    )
+    gathered = all_gather(list(zip(local, trajectories or [None] * len(local), strict=True)))
+    gathered.sort(key=lambda pair: (pair[0].prompt_index, pair[0].sample_index))
+    completions = [c for c, _ in gathered]
+    if trajectories is None:
+        return Rollouts(completions, None, {})
+    everything = [t for _, t in gathered]
+    return Rollouts(completions, everything, multi_turn_metrics(everything))
