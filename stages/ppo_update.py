@@ -34,7 +34,7 @@ def ppo_update(
     """One PPO/GRPO iteration's update; returns the stage's manifest URI."""
     store, state = ctx.store(), get_state(ctx)
     # 1. Skip only when the policy in memory already includes this update
-    params = {k: getattr(cfg, k).model_dump(mode="json") for k in ("actor", "critic", "algorithm", "model")}
+    params = {k: cfg.section_without_placement(k) for k in ("actor", "critic", "algorithm", "model")}
     stage = store.open_stage(
         ctx.run_id,
         iteration_stage(iteration, "update"),

@@ -200,7 +200,7 @@ def policy_lineage(cfg: VerlFlowConfig, start_sha: str | None) -> str:
     model) and every setting that changes what the policy becomes. Iteration i's policy is a function
     of this and i (fixed seeds), so stages keyed by (lineage, i) can be skipped on rerun."""
     shaping = {
-        k: getattr(cfg, k).model_dump(mode="json")
+        k: cfg.section_without_placement(k)
         for k in ("data", "model", "actor", "critic", "ref", "rollout", "reward", "algorithm")
     }
     shaping["trainer"] = {

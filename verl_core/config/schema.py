@@ -630,6 +630,16 @@ class ExecutionConfig(Section):
     )
 
 
+# Where and how models are placed, not what they compute: left out of the identity of a policy's
+# trajectory (a run resumes on another world size or strategy) and of the update stage's inputs.
+PLACEMENT_FIELDS: dict[str, set[str]] = {
+    "actor": {"strategy", "zero_stage", "param_offload", "tensor_parallel_size"},
+    "critic": {"strategy", "zero_stage", "param_offload"},
+    "ref": {"strategy", "param_offload"},
+    "rollout": {"share_weights"},
+}
+
+
 class VerlFlowConfig(Section):
     """The whole run."""
 
@@ -671,6 +681,11 @@ class VerlFlowConfig(Section):
         if self.critic.enable is not None:
             return self.critic.enable
         return self.algorithm.adv_estimator == "gae"
+
+    def section_without_placement(self, name: str) -> dict[str, Any]:
+        """Section ``name`` as JSON without its :data:`PLACEMENT_FIELDS`."""
+        section: Section = getattr(self, name)
+        return section.model_dump(mode="json", exclude=PLACEMENT_FIELDS.get(name))
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the resolved config (see :func:`.loader.config_hash`)."""
