@@ -133,29 +133,36 @@ def _run_streaming(argv: list[str], env: dict[str, str]) -> tuple[int, list[str]
     return code, list(tail)
 
 
-_FIELD = re.compile(r"^\s*(rank|exitcode|traceback|error_file)\s*:\s*(.*)$")
+_FIELD = re.compile(r"^\s*(rank|exitcode|traceback)\s*:\s*(.*)$")
+_RULE = re.compile(r"^\s*[=-]{10,}\s*$")
 
 
 def failure_summary(stderr_tail: list[str], code: int) -> str:
-    """One line from torchrun's failure report: the first failed rank, its exit code (a signal for a
-    killed rank) and its error; torchrun's exit code alone when there is no report."""
-    lines = stderr_tail
-    start = next((i for i, s in enumerate(lines) if "Root Cause" in s), None)
+    """One line from torchrun's failure report ("Root Cause" section): the first failed rank, its
+    exit code (negative: the signal that killed it) and its error (the traceback's last line);
+    torchrun's exit code and last line when there is no report."""
+    start = next((i for i, s in enumerate(stderr_tail) if "Root Cause" in s), None)
     if start is None:
-        last = next((s.strip() for s in reversed(lines) if s.strip()), "")
+        last = next((s.strip() for s in reversed(stderr_tail) if s.strip()), "")
         return f"torchrun exited with code {code}" + (f" ({last})" if last else "")
     fields: dict[str, str] = {}
-    for line in lines[start:]:
+    error = ""
+    in_traceback = False
+    for line in stderr_tail[start + 1 :]:
+        if _RULE.match(line):
+            break
         m = _FIELD.match(line)
-        if m and m.group(1) not in fields:
+        if m and not in_traceback:
             fields[m.group(1)] = m.group(2).strip()
-    where = fields.get("rank", "unknown rank").split(" (")[0]
+            in_traceback = m.group(1) == "traceback"
+            error = fields.get("traceback", "")
+        elif in_traceback and line.strip():
+            error = line.strip()  # the exception line comes last
+    where = fields.get("rank", "?").split(" (")[0]
     exitcode = fields.get("exitcode", str(code)).split(" (")[0]
-    detail = fields.get("traceback", "")
-    if detail.startswith("To enable traceback"):  # torchrun's hint, not the error
-        detail = ""
-    msg = f"rank {where} failed with exit code {exitcode}"
-    return msg + (f": {detail}" if detail else "")
+    if error.startswith("To enable traceback"):  # torchrun's hint, not the error
+        error = ""
+    return f"rank {where} failed with exit code {exitcode}" + (f": {error}" if error else "")
 
 
 # -- worker side (every rank) -------------------------------------------------------------------------
