@@ -18,7 +18,7 @@ from stages.floor.artifacts import batch_rows, rollouts_table
 from stages.floor.builders import sampling_params, sharded_rollouts
 from stages.floor.locations import iteration_stage
 from stages.floor.state import get_state
-from verl_core.config import DataConfig, RolloutConfig, SandboxConfig
+from verl_core.config import PLACEMENT_FIELDS, DataConfig, RolloutConfig, SandboxConfig
 from verl_core.ranks import broadcast_from_main, is_main
 from verl_core.run import RunContext
 
@@ -42,7 +42,7 @@ def rollout(
     params = {
         "iteration": iteration,
         "lineage": lineage,
-        "rollout": cfg.model_dump(mode="json"),
+        "rollout": cfg.model_dump(mode="json", exclude=PLACEMENT_FIELDS["rollout"]),
         "batch": data.train_batch_size,
         "max_response_length": data.max_response_length,
         "seed": data.seed,

@@ -30,7 +30,7 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
     params = {
         "iteration": iteration,
         "lineage": state.lineage,
-        "rollout": cfg.rollout.model_dump(mode="json"),
+        "rollout": cfg.section_without_placement("rollout"),
         "reward": cfg.reward.model_dump(mode="json"),
         "max_val": cfg.data.max_val_samples,
         "max_response_length": cfg.data.max_response_length,
