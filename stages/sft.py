@@ -155,7 +155,7 @@ def sft_warmup(
     final_val = _val_loss(engine, val, sft.max_token_len_per_batch, device)
     tracker.log_metrics({"sft/val_loss": final_val}, step=total)
     history.append((total, "sft/val_loss", final_val))
-    weights = full_weights(engine.model, "lm.")  # every rank (gathered to rank 0 when sharded)
+    weights = full_weights(engine, "lm.")  # every rank (gathered to rank 0 when sharded)
     if not is_main():  # the other ranks of an SPMD job: rank 0 commits, everyone returns its URI
         return broadcast_from_main("")
     write_policy(stage, "policy", lm, tokenizer, model, state_dict=weights)
@@ -240,7 +240,7 @@ def _save_checkpoint(
     step: int,
     history: list[tuple[int, str, float]],
 ) -> None:
-    weights = full_weights(engine.model, "lm.")  # every rank: collectives when sharded
+    weights = full_weights(engine, "lm.")  # every rank: collectives when sharded
     trainer_state = {"engine": engine.state_dict(), "rng": rng_state(), "step": step, "history": history}
 
     def commit() -> None:

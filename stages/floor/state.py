@@ -218,8 +218,8 @@ def save_checkpoint(ctx: RunContext, cfg: VerlFlowConfig, iteration: int) -> str
     state = get_state(ctx)
     store = ctx.store()
     # every rank: the full (unsharded) weights and optimizer states, gathered to rank 0 in an SPMD job
-    policy = full_weights(state.actor, "lm.")
-    critic = None if state.critic is None else full_weights(state.critic, "model.")
+    policy = full_weights(state.actor_engine, "lm.")
+    critic = None if state.critic_engine is None else full_weights(state.critic_engine, "model.")
     trainer_state = {
         "actor": state.actor_engine.state_dict(),
         "critic": state.critic_engine.state_dict() if state.critic_engine is not None else {},
