@@ -452,16 +452,19 @@ def sharded_rollouts(
     multi_turn: MultiTurnConfig,
     max_response_length: int,
     sandbox: SandboxConfig | None = None,
+    tensor_parallel_size: int = 1,
 ) -> Rollouts:
     """:func:`generate_rollouts` over every rank of an SPMD job (one process: the same call): each
-    rank generates a Karmarkar–Karp share of the prompts (balanced by prompt length), each prompt
+    engine generates a Karmarkar–Karp share of the prompts (balanced by prompt length), each prompt
     keyed by its index in ``prompt_ids`` so it samples the tokens it would in one process, and every
-    rank gets all the rollouts, in (prompt, sample) order."""
-    if world_size() == 1 or len(prompt_ids) < world_size():
+    rank gets all the rollouts, in (prompt, sample) order. An engine spans ``tensor_parallel_size``
+    consecutive ranks (vLLM with tensor parallelism): those ranks generate the same share together."""
+    engines = world_size() // tensor_parallel_size
+    if engines == 1 or len(prompt_ids) < engines:
         return generate_rollouts(
             engine, tokenizer, prompt_ids, sampling, multi_turn, max_response_length, sandbox
         )
-    rows = rank_shard([len(p) for p in prompt_ids], rank(), world_size())
+    rows = rank_shard([len(p) for p in prompt_ids], rank() // tensor_parallel_size, engines)
     mine = generate_rollouts(
         engine, tokenizer, [prompt_ids[i] for i in rows], sampling, multi_turn, max_response_length, sandbox,
         prompt_keys=rows,
@@ -472,7 +475,9 @@ def sharded_rollouts(
         if mine.trajectories is None
         else [t._replace(completion=c) for t, c in zip(mine.trajectories, local, strict=True)]
     )
-    gathered = all_gather(list(zip(local, trajectories or [None] * len(local), strict=True)))
+    first = rank() % tensor_parallel_size == 0  # one copy of each engine's share
+    pairs = list(zip(local, trajectories or [None] * len(local), strict=True)) if first else []
+    gathered = all_gather(pairs)
     gathered.sort(key=lambda pair: (pair[0].prompt_index, pair[0].sample_index))
     completions = [c for c, _ in gathered]
     if trajectories is None:
