@@ -452,13 +452,13 @@ def sharded_rollouts(
     multi_turn: MultiTurnConfig,
     max_response_length: int,
     sandbox: SandboxConfig | None = None,
-    tensor_parallel_size: int = 1,
 ) -> Rollouts:
     """:func:`generate_rollouts` over every rank of an SPMD job (one process: the same call): each
     engine generates a Karmarkar–Karp share of the prompts (balanced by prompt length), each prompt
     keyed by its index in ``prompt_ids`` so it samples the tokens it would in one process, and every
-    rank gets all the rollouts, in (prompt, sample) order. An engine spans ``tensor_parallel_size``
-    consecutive ranks (vLLM with tensor parallelism): those ranks generate the same share together."""
+    rank gets all the rollouts, in (prompt, sample) order. An engine with a ``tensor_parallel_size``
+    (vLLM) spans that many consecutive ranks, which generate the same share together."""
+    tensor_parallel_size = int(getattr(engine, "tensor_parallel_size", 1))
     engines = world_size() // tensor_parallel_size
     if engines == 1 or len(prompt_ids) < engines:
         return generate_rollouts(
