@@ -1,10 +1,11 @@
-"""A rank of an SPMD RL loop killed with SIGKILL mid-run: the job fails within a bounded time with an
-error naming the rank, nothing half-written is visible, and a rerun of the same run id resumes from
-the last checkpoint, on one process (a world size of 1, the single strategy).
+"""The tiny pipeline (``tests/reliability/tiny.yaml``) with its SFT and RL loop on 2 gloo ranks (FSDP2
+actor and critic, an HF engine with its own synced copy of the weights):
 
-The tiny pipeline (``tests/reliability/tiny.yaml``) without SFT runs its RL loop on 2 gloo ranks
-(FSDP2 actor and critic, an HF engine with its own synced copy of the weights); the test waits until
-the checkpoint of iteration 1 is committed, then kills the process of rank 1 from outside.
+* it completes as one Prefect flow run: rank 0's stages are task runs of the pipeline's flow runs, no
+  other flow run appears; the deterministic stages are byte-identical to a one-process run's;
+* a rank killed with SIGKILL mid-run fails the job within a bounded time with an error naming the
+  rank, nothing half-written is visible, and a rerun of the same run id resumes from the last
+  checkpoint on one process (a world size of 1, the single strategy).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from stages.floor.locations import ckpt_stage, list_checkpoints
-from tests.reliability.conftest import Pipeline, attempts, finish
+from tests.reliability.conftest import Pipeline, Reference, attempts, fingerprint, finish
 from verl_core.store import ArtifactStore
 
 RUN = "spmd-kill"
@@ -27,7 +28,45 @@ SPMD = [
     "critic.strategy=fsdp2",
     "rollout.share_weights=false",
 ]
+DETERMINISTIC = ("preprocess", "template_pack")
 COMMON = ["sft.enable=false", "trainer.total_iterations=4", "trainer.save_freq=1", "export.enable=false"]
+
+
+@pytest.mark.slow
+def test_two_ranks_run_the_pipeline_in_one_flow_run(
+    pipeline: Pipeline, reference: Reference, tmp_path: Path
+) -> None:
+    store_url, run = str(tmp_path / "store"), "spmd-e2e"
+    result = pipeline.run(store_url, run, overrides=SPMD, env={"OMP_NUM_THREADS": "1"}, timeout=400)
+    assert result.returncode == 0, result.output[-4000:]
+    ours = fingerprint(store_url, run)
+    deterministic = {k: v for k, v in reference.fingerprint.items() if k.split("/")[0] in DETERMINISTIC}
+    assert deterministic and {k: ours.get(k) for k in deterministic} == deterministic
+    tasks = _task_names(pipeline, run)
+    # rank 0 ran the SFT stage and every RL stage as tasks of this run's flow runs
+    assert {"sft_warmup", "init_rl_state", "rollout", "reward", "ppo_update", "checkpoint"} <= tasks
+
+
+def _task_names(pipeline: Pipeline, run_id: str) -> set[str]:
+    """Names of the task runs under the pipeline flow run of ``run_id`` and its sub-flow runs; fails
+    if any other flow run of that run id exists (a rank that started a flow run of its own)."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    with SyncPrefectClient(pipeline.api_url) as client:
+        flows = client.read_flow_runs(limit=1000)
+        tasks = client.read_task_runs(limit=5000)
+    top = [f for f in flows if f.parameters.get("run_id") == run_id]
+    assert len(top) == 1, [f.name for f in top]
+    mine, frontier = {top[0].id}, [top[0].id]
+    while frontier:  # sub-flows: flow runs whose parent task run belongs to one of ours
+        parent = frontier.pop()
+        owned = {t.id for t in tasks if t.flow_run_id == parent}
+        children = [f.id for f in flows if f.parent_task_run_id in owned]
+        mine.update(children)
+        frontier += children
+    by_ctx = [f for f in flows if f.id not in mine and run_id in str(f.parameters)]
+    assert not by_ctx, f"flow runs outside the pipeline's: {[f.name for f in by_ctx]}"
+    return {t.name.rsplit("-", 1)[0] for t in tasks if t.flow_run_id in mine}
 
 
 def _descendants(root: int) -> list[int]:
