@@ -61,7 +61,7 @@ def follow(
     max_jobs: int | None = None,
     wait_s: float = 3600.0,
     retry_s: float = 5.0,
-    runner: Runner = run_subprocess,
+    runner: Runner | None = None,
     python: str | None = None,
     module: str | None = None,
     log: Callable[[str], None] = print,
@@ -75,13 +75,14 @@ def follow(
         raise FollowError("spmd-follow needs --rdzv-endpoint HOST:PORT (node 0's rendezvous)")
     kwargs = {} if module is None else {"module": module}
     argv = torchrun_command(spec, FOLLOWER_JOB_URI, python=python, **kwargs)
+    run = runner or run_subprocess  # looked up at call time (a test swaps the module's)
     jobs: list[JobInfo] = []
     idle = 0
     deadline = time.monotonic() + wait_s
     with tempfile.TemporaryDirectory(prefix="verl-flow-follow-") as tmp:
         for attempt in itertools.count():
             info_file = Path(tmp) / f"job-{attempt}.json"  # 1. fresh per attempt
-            rc = runner(argv, {**os.environ, JOB_INFO_ENV: str(info_file)})
+            rc = run(argv, {**os.environ, JOB_INFO_ENV: str(info_file)})
             info = read_job_info(info_file)  # 2.
             if info is None:  # 3. no job started
                 idle += 1
