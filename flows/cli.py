@@ -139,54 +139,46 @@ def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
     sys.stdout.write(f"# config_hash: {cfg.config_hash()}\n")
 
 
-NnodesOpt = Annotated[int, typer.Option("--nnodes", min=1, help="Nodes of the job (trainer.nnodes)")]
-NprocOpt = Annotated[
-    int, typer.Option("--nproc-per-node", min=1, help="Processes per node (trainer.n_gpus_per_node)")
-]
-EndpointOpt = Annotated[
-    str | None,
-    typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0 (trainer.rdzv_endpoint)"),
-]
-RdzvIdOpt = Annotated[
-    str | None, typer.Option("--rdzv-id", help="Rendezvous id (trainer.rdzv_id; default: its default)")
-]
-
-
-def _launch_spec(nnodes: int, nproc_per_node: int, endpoint: str | None, rdzv_id: str | None) -> LaunchSpec:
-    from verl_core.config.schema import TrainerConfig
-
-    try:
-        return LaunchSpec(
-            nnodes=nnodes,
-            nproc_per_node=nproc_per_node,
-            rdzv_id=rdzv_id or TrainerConfig.model_fields["rdzv_id"].default,
-            rdzv_endpoint=endpoint,
-        )
-    except ValueError as e:
-        _fail(e, 2)
-
-
 @app.command("spmd-command")
 def spmd_command(
-    nnodes: NnodesOpt = 1,
-    nproc_per_node: NprocOpt = 1,
-    rdzv_endpoint: EndpointOpt = None,
-    rdzv_id: RdzvIdOpt = None,
+    overrides: OverridesArg = None,
+    config: Annotated[
+        str | None, typer.Option("--config", help="YAML config (default: the schema's defaults)")
+    ] = None,
     job: Annotated[
         str, typer.Option("--job", help="Job URI (default: a follower's, the spec comes from node 0)")
     ] = FOLLOWER_JOB_URI,
 ) -> None:
-    """Print the torchrun command of an SPMD job with this geometry (what spmd-follow and node 0 run)."""
-    spec = _launch_spec(nnodes, nproc_per_node, rdzv_endpoint, rdzv_id)
+    """Print the torchrun command of the config's SPMD jobs (trainer.nnodes, n_gpus_per_node,
+    rdzv_endpoint, rdzv_id): what node 0 runs for a job, and what spmd-follow runs on the others."""
+    from flows.follow import launch_spec
+
+    try:
+        spec = launch_spec(_load_optional(config, overrides))
+    except ValueError as e:
+        _fail(e, 2)
     sys.stdout.write(shlex.join(torchrun_command(spec, job)) + "\n")
+
+
+def _load_optional(config: str | None, overrides: list[str] | None) -> VerlFlowConfig:
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as e:
+        _fail(e, 2, one_line=False)
 
 
 @app.command("spmd-follow")
 def spmd_follow(
-    nnodes: NnodesOpt = 2,
-    nproc_per_node: NprocOpt = 1,
-    rdzv_endpoint: EndpointOpt = None,
-    rdzv_id: RdzvIdOpt = None,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Nodes of the job (trainer.nnodes)")],
+    nproc_per_node: Annotated[
+        int, typer.Option("--nproc-per-node", min=1, help="Processes per node (trainer.n_gpus_per_node)")
+    ],
+    rdzv_endpoint: Annotated[
+        str, typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0 (trainer.rdzv_endpoint)")
+    ],
+    rdzv_id: Annotated[
+        str | None, typer.Option("--rdzv-id", help="Rendezvous id (trainer.rdzv_id; default: its default)")
+    ] = None,
     max_jobs: Annotated[
         int | None,
         typer.Option("--max-jobs", min=1, help="Stop after this many jobs (default: the final)"),
@@ -198,7 +190,17 @@ def spmd_follow(
 ) -> None:
     """Run a follower node (1..N−1) of a multi-node run: node 0's SPMD jobs, one torchrun each, until
     the final one. A failed job prints one line (job, stage, exit code) and exits 1."""
-    spec = _launch_spec(nnodes, nproc_per_node, rdzv_endpoint, rdzv_id)
+    from verl_core.config.schema import TrainerConfig
+
+    try:
+        spec = LaunchSpec(
+            nnodes=nnodes,
+            nproc_per_node=nproc_per_node,
+            rdzv_id=rdzv_id or TrainerConfig.model_fields["rdzv_id"].default,
+            rdzv_endpoint=rdzv_endpoint,
+        )
+    except ValueError as e:
+        _fail(e, 2)
     if dry_run:
         sys.stdout.write(shlex.join(torchrun_command(spec, FOLLOWER_JOB_URI)) + "\n")
         return

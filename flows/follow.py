@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from verl_core.config import VerlFlowConfig
 from verl_core.errors import VerlFlowError
 from verl_core.launch import (
     FOLLOWER_JOB_URI,
@@ -36,6 +37,14 @@ from verl_core.launch import (
 
 Runner = Callable[[list[str], Mapping[str, str]], int]
 """Runs an argv with an environment and returns its exit code (tests inject a fake torchrun)."""
+
+
+def launch_spec(cfg: VerlFlowConfig) -> LaunchSpec:
+    """The geometry of ``cfg``'s SPMD jobs: what node 0 launches and its followers must pass."""
+    t = cfg.trainer
+    return LaunchSpec(
+        nnodes=t.nnodes, nproc_per_node=t.n_gpus_per_node, rdzv_id=t.rdzv_id, rdzv_endpoint=t.rdzv_endpoint
+    )
 
 
 class FollowError(VerlFlowError):

@@ -22,7 +22,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.follow import FollowError, follow
+from flows.follow import FollowError, follow, launch_spec
 from verl_core.config import load_config
 from verl_core.launch import (
     FOLLOWER_JOB_URI,
@@ -64,15 +64,16 @@ def test_torchrun_command_node_0_hosts_followers_join() -> None:
 
 
 def test_spmd_command_and_follow_dry_run_print_torchrun_command() -> None:
-    geometry = ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-endpoint", "n0:29400"]
     spec = LaunchSpec(nnodes=2, nproc_per_node=8, rdzv_id="verl-flow", rdzv_endpoint="n0:29400")
-    shown = cli.invoke(app, ["spmd-command", *geometry, "--job", "s3://b/job.json"])
+    config = ["trainer.nnodes=2", "trainer.n_gpus_per_node=8", "trainer.rdzv_endpoint=n0:29400"]
+    shown = cli.invoke(app, ["spmd-command", *config, "--job", "s3://b/job.json"])
     assert shown.exit_code == 0, shown.output
     assert shown.stdout == shlex.join(torchrun_command(spec, "s3://b/job.json")) + "\n"
+    geometry = ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-endpoint", "n0:29400"]
     dry = cli.invoke(app, ["spmd-follow", *geometry, "--dry-run"])
     assert dry.exit_code == 0, dry.output
     assert dry.stdout == shlex.join(torchrun_command(spec, FOLLOWER_JOB_URI)) + "\n"
-    missing = cli.invoke(app, ["spmd-follow", "--nnodes", "2", "--dry-run"])
+    missing = cli.invoke(app, ["spmd-command", "trainer.nnodes=2"])
     assert missing.exit_code == 2
     assert missing.stderr.strip() == (
         "error: trainer.rdzv_endpoint: a job on 2 nodes needs the host:port of its rendezvous"
@@ -136,7 +137,8 @@ def test_follow_gives_up_when_no_job_comes() -> None:
 def test_spmd_follow_cli_prints_one_line_on_a_failed_job(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeTorchrun([(RL, 7)])
     monkeypatch.setattr("flows.follow.run_subprocess", fake)
-    result = cli.invoke(app, ["spmd-follow", "--nnodes", "2", "--rdzv-endpoint", "n0:29400"])
+    geometry = ["--nnodes", "2", "--nproc-per-node", "4", "--rdzv-endpoint", "n0:29400"]
+    result = cli.invoke(app, ["spmd-follow", *geometry])
     assert result.exit_code == 1
     assert result.stderr.splitlines() == [
         "error: SPMD job 1 (stage rl_loop) failed: torchrun exited with code 7"
@@ -189,7 +191,7 @@ def _fake_bin(tmp: Path) -> tuple[Path, Path]:
     file, ``srun`` runs its command (options dropped) as step node 0, ``scontrol`` knows two hosts."""
     bin_dir, capture = tmp / "bin", tmp / "argv.jsonl"
     bin_dir.mkdir()
-    logger = "#!/usr/bin/env python3\nimport json, os, sys\n"
+    logger = f"#!{sys.executable}\nimport json, os, sys\n"
     logger += f"open({str(capture)!r}, 'a').write("
     logger += 'json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")\n'
     scripts = {
@@ -224,8 +226,7 @@ def _follower_dry_run(follower_argv: list[str]) -> str:
 def _launch_of_node_0(run_argv: list[str]) -> LaunchSpec:
     """The geometry node 0's pipeline launches with: its config's trainer.* fields."""
     assert run_argv[:2] == ["verl-flow", "run"], run_argv
-    t = load_config(str(REPO / run_argv[2]), run_argv[3:]).trainer
-    return LaunchSpec(t.nnodes, t.n_gpus_per_node, t.rdzv_id, t.rdzv_endpoint)
+    return launch_spec(load_config(str(REPO / run_argv[2]), run_argv[3:]))
 
 
 def _env_of(container: dict) -> dict[str, str]:
