@@ -534,6 +534,9 @@ class TrainerConfig(Section):
     rdzv_endpoint: str | None = _f(
         None, "host:port of the c10d rendezvous of a multi-node job (None: this host, one node)"
     )
+    rdzv_id: str = _f(
+        "verl-flow", "c10d rendezvous id of multi-node jobs; followers (verl-flow spmd-follow) pass the same"
+    )
     rollout_ahead: int = _f(
         0,
         "Policy versions a rollout may lag the trainer: ppo_update refuses an older batch (0: on-policy)",
