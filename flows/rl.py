@@ -12,7 +12,7 @@ a policy short of the plan never gets the final checkpoint. Each stage runs unde
 
 More than one process (``trainer.nnodes × trainer.n_gpus_per_node``) or a sharded strategy: the flow
 runs :func:`rl_iterations` as an SPMD job under torchrun (:mod:`flows.spmd`); every rank runs the same
-loop, rank 0 runs the stages as tasks of this flow run and scores the rollouts, the others follow.
+loop, the main rank runs the stages as tasks of this flow run and scores the rollouts, the others follow.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def run_iteration(
 ) -> IterationArtifacts:
     """rollout → reward → ppo_update of one iteration, adding each stage's seconds to ``timings``.
     ``as_tasks=False`` calls the stage functions without Prefect task runs (the benchmarks' baseline,
-    the ranks other than 0 of an SPMD job). In an SPMD job rank 0 alone scores (the others get the URI)."""
+    the other ranks of an SPMD job). In an SPMD job the main rank alone scores (the others get the URI)."""
     cfg = config
     e = cfg.execution
     if as_tasks:

@@ -4,18 +4,18 @@ trainer.n_gpus_per_node``, or any sharded strategy), launched with torchrun.
 The launching side (:func:`run_job`, called by the SFT and RL-loop flows) writes the job spec (run
 context, config, stage inputs) to a private directory, hands the worker its Prefect context, runs
 :func:`verl_core.launch.torchrun_command` and waits. The worker side (``python -m flows.spmd --job
-PATH``, every rank): joins the process group, receives the job from rank 0, and runs the very stage
+PATH``, every rank): joins the process group, receives the job from node 0, and runs the very stage
 code a single process runs (:func:`flows.rl.rl_iterations`, :func:`stages.sft.sft_warmup`):
 
-* rank 0 runs it inside the parent flow run's Prefect context (its tasks appear in the parent flow
+* the main rank (node 0's first; :mod:`verl_core.ranks`) runs it inside the parent flow run's Prefect context (its tasks appear in the parent flow
   run; it talks to the parent's API, never starting a server of its own), commits the artifacts and
   logs to MLflow/W&B;
 * the other ranks run the same functions without Prefect (the tasks' ``.fn``) and with no tracker,
-  and follow rank 0 through collectives (:mod:`verl_core.ranks`).
+  and follow the main rank through collectives (:mod:`verl_core.ranks`).
 
 A rank that dies (an exception, SIGKILL, OOM) ends the job: torchrun (``--max-restarts 0``) stops the
 other ranks, and :class:`SpmdJobError` names the failed rank, its exit code and its error. Nothing
-half-written is visible (only rank 0 commits, through manifests); the stage's own resume picks up
+half-written is visible (only the main rank commits, through manifests); the stage's own resume picks up
 from the last checkpoint when the flow runs again, with any world size.
 """
 
@@ -36,14 +36,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from flows.follow import launch_spec
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import VerlFlowError
-from verl_core.launch import LaunchSpec, torchrun_command
+from verl_core.launch import FOLLOWER_JOB_URI, JOB_INFO_ENV, JobInfo, torchrun_command, write_job_info
 from verl_core.run import RunContext
 
 PREFECT_CONTEXT_ENV = "VERL_FLOW_PREFECT_CONTEXT"  # file with the parent flow run's serialised context
-JOB_INFO_ENV = "VERL_FLOW_JOB_INFO"  # followers: where local rank 0 writes {"stage", "final"}
-FOLLOWER_JOB = "rendezvous"  # --job value of a node that receives its job from rank 0
 
 
 class SpmdJob(BaseModel):
@@ -57,7 +56,7 @@ class SpmdJob(BaseModel):
     template_pack_uri: str
     sft_uri: str | None = None
     final: bool = True  # the last SPMD job of the pipeline: followers stop after it
-    result_path: str | None = None  # rank 0 writes the stage's result (JSON) here
+    result_path: str | None = None  # the main rank writes the stage's result (JSON) here
 
 
 class SpmdJobError(VerlFlowError):
@@ -70,11 +69,6 @@ def needs_spmd(cfg: VerlFlowConfig) -> bool:
     return cfg.world_size > 1 or any(s != "single" for s in strategies)
 
 
-def launch_spec(cfg: VerlFlowConfig, run_id: str, stage: str) -> LaunchSpec:
-    t = cfg.trainer
-    return LaunchSpec(t.nnodes, t.n_gpus_per_node, rdzv_id=f"{run_id}-{stage}", rdzv_endpoint=t.rdzv_endpoint)
-
-
 def run_job(job: SpmdJob) -> dict[str, Any]:
     """Run ``job`` under torchrun on this host (node 0 of a multi-node job) and wait; returns what rank
     0 wrote as the result. Raises :class:`SpmdJobError` when any rank fails."""
@@ -83,18 +77,18 @@ def run_job(job: SpmdJob) -> dict[str, Any]:
         job_path = Path(tmp, "job.json")
         job_path.write_text(job.model_copy(update={"result_path": str(result)}).model_dump_json())
         env = {**os.environ, **_prefect_env(Path(tmp))}
-        spec = launch_spec(job.config, job.ctx.run_id, job.stage)
+        spec = launch_spec(job.config)
         code, tail = _run_streaming(torchrun_command(spec, str(job_path)), env)
         if code != 0:
             raise SpmdJobError(f"{job.stage} job of run {job.ctx.run_id!r}: {failure_summary(tail, code)}")
         if not result.exists():
-            raise SpmdJobError(f"{job.stage} job of run {job.ctx.run_id!r}: rank 0 ended without a result")
+            raise SpmdJobError(f"{job.stage} job of run {job.ctx.run_id!r}: its main rank ended without a result")
         return json.loads(result.read_text())  # type: ignore[no-any-return]
 
 
 def _prefect_env(tmp: Path) -> dict[str, str]:
-    """The parent flow run's context for rank 0, and the API it runs against (the temporary server of
-    a serverless run included), so rank 0 reports into the same flow run."""
+    """The parent flow run's context for the main rank, and the API it runs against (the temporary server of
+    a serverless run included), so the main rank reports into the same flow run."""
     import cloudpickle
     from prefect.client.orchestration import get_client
     from prefect.context import FlowRunContext, serialize_context
@@ -182,12 +176,19 @@ def _init_process_group(timeout_s: float) -> None:
     dist.init_process_group(backend=backend, timeout=timeout)
 
 
-def _receive_job(path: str) -> SpmdJob:
-    """Rank 0 reads the job file; every rank gets it from rank 0 (followers never read a file)."""
-    from verl_core.ranks import broadcast_from_main, is_main
+def _receive_job(job_arg: str) -> SpmdJob:
+    """Node 0's ranks read the job file, followers (:data:`FOLLOWER_JOB_URI`) have none; every rank
+    takes it from the lowest rank that read it, which becomes the main rank (it holds the Prefect
+    context and the result path, which live on node 0)."""
+    from verl_core.ranks import all_gather, rank, set_main
 
-    text = Path(path).read_text() if is_main() else None
-    return SpmdJob.model_validate_json(broadcast_from_main(text))
+    text = Path(job_arg).read_text() if job_arg != FOLLOWER_JOB_URI else None
+    holders = [(r, t) for r, t in all_gather([(rank(), text)]) if t is not None]
+    if not holders:
+        raise SpmdJobError("no rank of this job was given its job spec (every node ran as a follower)")
+    main, spec = min(holders, key=lambda h: h[0])
+    set_main(main)
+    return SpmdJob.model_validate_json(spec)
 
 
 def _prefect_context() -> AbstractContextManager[Any]:
@@ -202,7 +203,7 @@ def _prefect_context() -> AbstractContextManager[Any]:
 
 
 def run_rank(job: SpmdJob) -> dict[str, Any] | None:
-    """This rank's part of ``job``; rank 0 returns the stage's result (JSON-ready)."""
+    """This rank's part of ``job``; the main rank returns the stage's result (JSON-ready)."""
     from verl_core.ranks import is_main
 
     main = is_main()
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     parser = argparse.ArgumentParser(prog="python -m flows.spmd")
-    parser.add_argument("--job", required=True, help=f"job spec file on node 0, or {FOLLOWER_JOB!r}")
+    parser.add_argument("--job", required=True, help=f"job spec file on node 0, or {FOLLOWER_JOB_URI!r}")
     args = parser.parse_args(argv)
     record(_worker)(args.job)
 
@@ -235,18 +236,19 @@ def main(argv: list[str] | None = None) -> None:
 def _worker(job_arg: str) -> None:
     import torch.distributed as dist
 
-    from verl_core.ranks import is_main
+    from verl_core.ranks import barrier, is_main
 
     # the job (and its stall timeout) is known only after joining: a generous bound for the join itself
     _init_process_group(float(os.environ.get("VERL_FLOW_JOIN_TIMEOUT_S", "1800")))
     try:
         job = _receive_job(job_arg)
         info = os.environ.get(JOB_INFO_ENV)
-        if info and os.environ.get("LOCAL_RANK", "0") == "0":
-            Path(info).write_text(json.dumps({"stage": job.stage, "final": job.final}))
+        if info and os.environ.get("LOCAL_RANK", "0") == "0":  # a follower learns what it ran
+            write_job_info(info, JobInfo(job.stage, job.final))
         result = run_rank(job)
         if is_main() and job.result_path and result is not None:
             Path(job.result_path).write_text(json.dumps(result))
+        barrier()  # nobody leaves before the main rank's last commit (a follower's next job waits)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

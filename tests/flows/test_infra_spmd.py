@@ -65,7 +65,13 @@ def test_torchrun_command_node_0_hosts_followers_join() -> None:
 
 def test_spmd_command_and_follow_dry_run_print_torchrun_command() -> None:
     spec = LaunchSpec(nnodes=2, nproc_per_node=8, rdzv_id="verl-flow", rdzv_endpoint="n0:29400")
-    config = ["trainer.nnodes=2", "trainer.n_gpus_per_node=8", "trainer.rdzv_endpoint=n0:29400"]
+    config = [
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=8",
+        "trainer.rdzv_endpoint=n0:29400",
+        "actor.strategy=fsdp2",
+        "rollout.share_weights=false",
+    ]
     shown = cli.invoke(app, ["spmd-command", *config, "--job", "s3://b/job.json"])
     assert shown.exit_code == 0, shown.output
     assert shown.stdout == shlex.join(torchrun_command(spec, "s3://b/job.json")) + "\n"
@@ -73,10 +79,10 @@ def test_spmd_command_and_follow_dry_run_print_torchrun_command() -> None:
     dry = cli.invoke(app, ["spmd-follow", *geometry, "--dry-run"])
     assert dry.exit_code == 0, dry.output
     assert dry.stdout == shlex.join(torchrun_command(spec, FOLLOWER_JOB_URI)) + "\n"
-    missing = cli.invoke(app, ["spmd-command", "trainer.nnodes=2"])
+    missing = cli.invoke(app, ["spmd-command", "trainer.nnodes=2", *config[3:]])
     assert missing.exit_code == 2
     assert missing.stderr.strip() == (
-        "error: trainer.rdzv_endpoint: a job on 2 nodes needs the host:port of its rendezvous"
+        "error: trainer.rdzv_endpoint: required (host:port of node 0) when trainer.nnodes is 2"
     )
 
 
@@ -321,10 +327,11 @@ def test_slurm_script_runs_pipeline_on_first_host_and_followers_elsewhere(tmp_pa
     assert subprocess.run(["bash", "-n", str(NODE_SCRIPT)], check=False).returncode == 0
     _fake_bin(tmp_path)
     env = {"SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_GPUS_PER_NODE": "8", "VERL_FLOW_HOME": str(REPO)}
-    argvs = _run(["bash", str(SLURM), "configs/gsm8k_grpo_lora.yaml", "actor.strategy=fsdp2"], env, tmp_path)
+    overrides = ["actor.strategy=fsdp2", "critic.strategy=fsdp2"]
+    argvs = _run(["bash", str(SLURM), "configs/gsm8k_ppo.yaml", *overrides], env, tmp_path)
     (head,) = [a for a in argvs if a[1] == "run"]
     (follower,) = [a for a in argvs if a[1] == "spmd-follow"]
-    assert head[-1] == "actor.strategy=fsdp2"
+    assert head[-2:] == overrides
     launch = _launch_of_node_0(head)
     assert launch == LaunchSpec(2, 8, "verl-flow", "gpu-a:29400")  # node 0 = the first host
     assert _follower_dry_run(follower) == shlex.join(torchrun_command(launch, FOLLOWER_JOB_URI)) + "\n"

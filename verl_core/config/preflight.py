@@ -182,11 +182,6 @@ def _distributed(cfg: VerlFlowConfig) -> list[str]:
             for name, value in placed
             if value == "single"
         ]
-        if cfg.data.train_batch_size < world:
-            out.append(
-                f"data.train_batch_size: {cfg.data.train_batch_size} prompts cannot be shared by {geometry} "
-                f"(expected ≥ {world})"
-            )
     if t.nnodes > 1 and not t.rdzv_endpoint:
         out.append(f"trainer.rdzv_endpoint: required (host:port of node 0) when trainer.nnodes is {t.nnodes}")
     tp = a.tensor_parallel_size
