@@ -202,7 +202,7 @@ def parallelize_layer(layer: nn.Module, tp_mesh: DeviceMesh) -> None:
     parallelize_module(layer, tp_mesh, tp_plan())
 
 
-# --- full (unsharded) state: every rank calls these; a checkpoint written by any world size loads into any other
+# --- full (unsharded) state, every rank calls these: a checkpoint from any world size loads at any other
 
 
 def _full(cpu_offload: bool = False) -> StateDictOptions:
@@ -226,7 +226,7 @@ def load_full_model_state(model: nn.Module, state: dict[str, Tensor]) -> None:
     every rank calls it with the same ``state``."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(model, state, options=_full())
+    set_model_state_dict(model, dict(state), options=_full())  # dict(): the annotation is invariant
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -234,16 +234,18 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     "param_groups": [{..., "params": [name, ...]}]}``), independent of the world size."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    state: dict[str, Any] = get_optimizer_state_dict(model, optimizer, options=_full(cpu_offload=True))  # type: ignore[assignment]
+    state: dict[str, Any] = get_optimizer_state_dict(model, optimizer, options=_full(cpu_offload=True))
     return state
 
 
-def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def load_full_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
     """Load a :func:`full_optimizer_state` into ``optimizer`` of ``model``, sharded or not; every rank
     calls it with the same ``state``."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, state, options=_full())  # type: ignore[arg-type]
+    set_optimizer_state_dict(model, optimizer, state, options=_full())
 
 
 def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
