@@ -6,8 +6,8 @@ Tolerance: the row-parallel o/down projections sum partial products across ranks
 than one matmul, so activations differ by float32 round-off (~1e-7); AdamW's update m/√v is about
 ±lr wherever a gradient is tiny, so such round-off can move an element by ~1e-5 of the largest
 weight after a few steps at lr 1e-2. Measured: SFT losses rel 6e-8 (Qwen2) and 1e-7 (Llama),
-weights 3.0e-6 (Qwen2), 1.1e-5 (Llama); GRPO weights 5.6e-6. Asserted: losses rel 1e-5, weights
-max|Δ|/max|w| ≤ 5e-5."""
+weights max|Δ|/max|w| 3.0e-6 (Qwen2), 1.1e-5 (Llama); GRPO weights 5.6e-6; dp 2 × tp 2 (4 ranks)
+SFT weights 3.2e-6. Asserted: losses rel 1e-5, weights ≤ 5e-5."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -61,17 +62,23 @@ def single_sft(architecture: str) -> tuple[list[float], dict[str, torch.Tensor]]
     return fsdp_worker.run_steps(engine, None, fsdp_worker.STEPS), full_model_state(engine.model)
 
 
-@pytest.mark.slow
-def test_tp2_matches_one_process_for_sft_and_grpo(tmp_path: Path) -> None:
+def launch(out: Path, n_ranks: int, *args: str) -> dict[str, Any]:
+    """tp_worker under torchrun on ``n_ranks`` gloo ranks; its result.json."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n_ranks)]
     proc = subprocess.run(
-        [*cmd, str(Path(tp_worker.__file__)), str(tmp_path)],
+        [*cmd, str(Path(tp_worker.__file__)), str(out), *args],
         capture_output=True, text=True, timeout=240, env=env, cwd=REPO,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "result.json").read_text())
-    assert result["world_size"] == 2
+    result: dict[str, Any] = json.loads((out / "result.json").read_text())
+    assert result["world_size"] == n_ranks
+    return result
+
+
+@pytest.mark.slow
+def test_tp2_matches_one_process_for_sft_and_grpo(tmp_path: Path) -> None:
+    result = launch(tmp_path, 2)
     # q_proj (32 → 32) is split by output rows over tp: 16 rows per rank (dp of 1 shards nothing)
     assert result["q_proj_local_shape"] == [16, 32]
     assert "Shard(dim=0)" in result["q_proj_placements"]
@@ -92,4 +99,16 @@ def test_tp2_matches_one_process_for_sft_and_grpo(tmp_path: Path) -> None:
         assert result["grpo"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
     rel_w = relative_max_diff(full_model_state(actor), torch.load(tmp_path / "weights_grpo.pt"))
     print(f"TP=2 GRPO: weights max|Δ|/max|w| {rel_w:.1e}")
+    assert rel_w <= 5e-5
+
+
+@pytest.mark.slow
+def test_dp2_by_tp2_matches_one_process(tmp_path: Path) -> None:
+    # 4 ranks: both mesh dimensions > 1, so gradients are averaged over dp while q/k/v/o and the
+    # MLP are split over tp, and the clipped norm combines the (dp) and (dp, tp) meshes' parts
+    result = launch(tmp_path, 4, "2d")
+    losses, weights = single_sft("qwen2")
+    assert result["sft_qwen2"] == pytest.approx(losses, rel=1e-5)
+    rel_w = relative_max_diff(weights, torch.load(tmp_path / "weights_sft_qwen2.pt"))
+    print(f"dp=2 × tp=2 SFT qwen2: weights max|Δ|/max|w| {rel_w:.1e}")
     assert rel_w <= 5e-5
