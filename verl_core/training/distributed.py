@@ -63,7 +63,7 @@ class FSDP2Strategy:
     The ranks form a 2-D device mesh ``("dp", "tp")`` of shape ``(world / tp_size, tp_size)`` (rank
     ``r`` sits at ``(r // tp_size, r % tp_size)``: the ranks of one tensor-parallel group are
     neighbours, on one node). Each decoder layer's attention and MLP projections are split over the
-    ``tp`` ranks (:data:`TP_PLAN`, Megatron's column → row pairs), then every decoder layer and the
+    ``tp`` ranks (:func:`tp_plan`, Megatron's column → row pairs), then every decoder layer and the
     root module are sharded with ``fully_shard`` over the ``dp`` ranks. Embeddings, norms and the
     output head are not tensor-parallel: every ``tp`` rank holds them whole (sharded over ``dp``), so
     the chunked log-prob reads the head's weight as a plain tensor. Gradients are averaged over the
@@ -71,7 +71,7 @@ class FSDP2Strategy:
 
     ``param_offload``: FSDP2's ``CPUOffloadPolicy``: sharded parameters, gradients and the optimizer
     state live on the CPU and each layer's parameters are copied to the device for its compute (on a
-    CPU-only run it changes where nothing is, only the code path)."""
+    CPU-only run nothing moves; only the code path differs)."""
 
     def __init__(
         self,
@@ -214,7 +214,8 @@ def _full(cpu_offload: bool = False) -> StateDictOptions:
 
 def full_model_state(model: nn.Module) -> dict[str, Tensor]:
     """The whole model's state dict on CPU, keyed by parameter name (FSDP shards and tensor-parallel
-    pieces gathered); every rank must call it, rank 0 saves it. Works on a plain module too."""
+    pieces gathered). Every rank must call it; under torch.distributed only rank 0 receives the
+    tensors (the others get ``{}``), and rank 0 saves them. Works on a plain module too."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     state = get_model_state_dict(model, options=_full(cpu_offload=True))
@@ -231,7 +232,8 @@ def load_full_model_state(model: nn.Module, state: dict[str, Tensor]) -> None:
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's whole state on CPU keyed by parameter name (``{"state": {name: {...}},
-    "param_groups": [{..., "params": [name, ...]}]}``), independent of the world size."""
+    "param_groups": [{..., "params": [name, ...]}]}``), independent of the world size. Every rank
+    must call it; under torch.distributed only rank 0 receives the state tensors."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     state: dict[str, Any] = get_optimizer_state_dict(model, optimizer, options=_full(cpu_offload=True))

@@ -211,7 +211,8 @@ class TrainEngine:
         return StepStats(self.strategy.all_reduce_sum(total), float(grad_norm), lr, len(micro_batches))
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer (full, on CPU, keyed by parameter name), scheduler and step; every rank calls it."""
+        """Optimizer (full, on CPU, keyed by parameter name), scheduler and step. Every rank calls it;
+        under torch.distributed the optimizer tensors reach rank 0 only (the rank that saves)."""
         return {
             "optimizer": full_optimizer_state(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
