@@ -29,7 +29,7 @@ from verl_core.errors import DataError
 from verl_core.models.checkpoint import load_state_bytes, rng_state, set_rng_state, state_bytes
 from verl_core.models.loading import count_parameters, resolve_device
 from verl_core.models.packed import PackedCausalLM
-from verl_core.ranks import broadcast_from_main, is_main, on_main
+from verl_core.ranks import broadcast_from_main, is_main, on_main, rank0_to_main
 from verl_core.run import RunContext
 from verl_core.run_length import StepCount, check_completed
 from verl_core.seeding import derive_seed
@@ -241,7 +241,8 @@ def _save_checkpoint(
     history: list[tuple[int, str, float]],
 ) -> None:
     weights = full_weights(engine, "lm.")  # every rank: collectives when sharded
-    trainer_state = {"engine": engine.state_dict(), "rng": rng_state(), "step": step, "history": history}
+    optimizer = rank0_to_main(engine.state_dict())  # every rank: the full state lands on global rank 0
+    trainer_state = {"engine": optimizer, "rng": rng_state(), "step": step, "history": history}
 
     def commit() -> None:
         ckpt = store.open_stage(run_id, CKPT_STAGE, params={"sft_key": sft_key, "step": step})

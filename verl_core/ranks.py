@@ -114,6 +114,23 @@ def on_main(fn: Callable[[], T]) -> T:
     return value  # type: ignore[no-any-return]
 
 
+def rank0_to_main(value: T) -> T | None:
+    """``value`` of rank 0 on the main rank (None elsewhere): torch gathers full state dicts onto
+    global rank 0, the main rank writes them."""
+    if not distributed():
+        return value
+    main = main_rank()
+    if main == 0:
+        return value if rank() == 0 else None
+    box: list[Any] = [value]
+    if rank() == 0:
+        dist.send_object_list(box, dst=main)
+    elif rank() == main:
+        dist.recv_object_list(box, src=0)
+        return box[0]  # type: ignore[no-any-return]
+    return None
+
+
 def barrier() -> None:
     if distributed():
         dist.barrier()

@@ -56,7 +56,7 @@ from verl_core.models.checkpoint import (
 from verl_core.models.heads import load_value_model, value_model_from_policy
 from verl_core.models.loading import resolve_device
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
-from verl_core.ranks import on_main
+from verl_core.ranks import on_main, rank0_to_main
 from verl_core.rollout import RolloutEngine, make_engine
 from verl_core.run import RunContext
 from verl_core.run_length import StepCount
@@ -220,9 +220,12 @@ def save_checkpoint(ctx: RunContext, cfg: VerlFlowConfig, iteration: int) -> str
     # every rank: the full (unsharded) weights and optimizer states, gathered to rank 0 in an SPMD job
     policy = full_weights(state.actor_engine, "lm.")
     critic = None if state.critic_engine is None else full_weights(state.critic_engine, "model.")
-    trainer_state = {
+    engines = {
         "actor": state.actor_engine.state_dict(),
         "critic": state.critic_engine.state_dict() if state.critic_engine is not None else {},
+    }  # full optimizer states, on global rank 0
+    trainer_state = {
+        **(rank0_to_main(engines) or {}),
         "kl_ctrl": state.kl_ctrl.state_dict(),
         "rng": rng_state(),
         "iteration": iteration,
