@@ -31,7 +31,8 @@ VOCAB = 61
 GROUPS, SAMPLES = 4, 3  # 12 RL samples
 SFT_ROWS, SFT_STEPS = 9, 3  # 3 rows per SFT step (split 2 | 1 over 2 ranks)
 RL_ITERATIONS = 3
-BUDGET = 14  # tokens per micro-batch: several micro-batches per rank, uneven counts across ranks
+BUDGET = 14  # tokens per training micro-batch: uneven micro-batch counts across ranks (padding runs)
+NO_GRAD_BUDGET = 15  # tokens per old/ref log-prob micro-batch: rank 0 pads one (see the test)
 OPTIM = OptimSpec(
     lr=1e-2, weight_decay=0.01, warmup_steps=1, total_steps=12, scheduler="cosine", grad_clip=1.0
 )
@@ -134,7 +135,8 @@ def rl_spec(estimator: str) -> PPOSpec:
         kl_loss_type="low_var_kl",
         temperature=1.0,
     )
-    budgets = {f"{k}_token_budget": BUDGET for k in ("actor", "critic", "log_prob", "ref")}
+    budgets = {"actor_token_budget": BUDGET, "critic_token_budget": BUDGET}
+    budgets.update(log_prob_token_budget=NO_GRAD_BUDGET, ref_token_budget=NO_GRAD_BUDGET)
     return PPOSpec(
         actor=actor,
         adv_estimator=estimator,

@@ -2,8 +2,16 @@
 DeepSpeed ZeRO-2) and through one process give the same per-step losses (1e-4 relative) and final
 weights (max|Δ| / max|w| ≤ 1e-5), for SFT steps, PPO with a critic (GAE) and GRPO (3 updates each).
 
-The worker's token budget makes the ranks' micro-batch counts differ, so the padding micro-batches
-(weight 0) run and must change nothing."""
+The worker's token budgets make the ranks' micro-batch counts differ, so padding micro-batches
+(weight 0) run, in training steps and in the no-grad log-prob passes, and must change nothing.
+
+Measured (2-core CPU, OMP_NUM_THREADS=1, FSDP2 and ZeRO-2 alike): SFT losses equal, PPO actor and
+critic losses within 2e-6 relative; GRPO's within 1.3e-4 relative where a step's loss is −7e-4 (a
+sum of ± terms of ~0.1: ~1e-7 absolute, float32 noise; hence the 1e-6 absolute floor), otherwise
+within 1e-5; weights within max|Δ|/max|w| ≤ 4.4e-6 (3.2e-7 for SFT). The largest
+weight gap is always a ``k_proj.bias``: its exact gradient is 0 (softmax is invariant to a shift of
+every key score), so AdamW divides float noise by its own tiny second moment. The one-process
+reference runs on one thread, like each rank, so the two sides sum in the same orders where they can."""
 
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ import pytest
 import torch
 
 from tests.verl_core.training import dp_worker
+from verl_core.training.data_parallel import DPView, dp_micro_batches
 from verl_core.training.deepspeed_engine import deepspeed_available
 
 REPO = Path(__file__).resolve().parents[3]
@@ -31,7 +40,20 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def single(data: Path) -> dict[str, Any]:
-    return dp_worker.run_all(data, "single")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs (OMP_NUM_THREADS=1)
+    try:
+        return dp_worker.run_all(data, "single")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_replayed_runs_exercise_padding(data: Path) -> None:
+    # guards the claim of the module docstring: the no-grad pass over all 12 samples pads on rank 0
+    batch = torch.load(data, weights_only=False)
+    lengths = [len(p) + len(r) for p, r in zip(batch["prompt_ids"], batch["response_ids"], strict=True)]
+    plan = dp_micro_batches(range(len(lengths)), lengths, dp_worker.NO_GRAD_BUDGET, DPView(0, 2, None))
+    assert any(mb.weight == 0 for mb in plan)
 
 
 def two_ranks(strategy: str, data: Path, out: Path, timeout: int) -> dict[str, Any]:
@@ -65,7 +87,10 @@ def check_equivalent(dist_run: dict[str, Any], single: dict[str, Any], label: st
                 got, want = run[key], ref[key]
                 assert len(got) == len(want)
                 rel = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(got, want, strict=True))
-                print(f"{label} {name} {key}: {len(got)} steps, max relative gap {rel:.2e}")
+                gap = max(abs(a - b) for a, b in zip(got, want, strict=True))
+                print(
+                    f"{label} {name} {key}: {len(got)} steps, max gap {rel:.2e} relative, {gap:.2e} absolute"
+                )
                 # losses near 0 (a PPO loss can be ~1e-4) are compared with an absolute floor
                 assert got == pytest.approx(want, rel=1e-4, abs=1e-6), (name, key)
         for key in ("weights", "critic_weights"):
