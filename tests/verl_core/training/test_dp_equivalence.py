@@ -6,9 +6,9 @@ The worker's token budgets make the ranks' micro-batch counts differ, so padding
 (weight 0) run, in training steps and in the no-grad log-prob passes, and must change nothing.
 
 Measured (2-core CPU, OMP_NUM_THREADS=1, FSDP2 and ZeRO-2 alike): SFT losses equal, PPO actor and
-critic losses within 2e-6 relative; GRPO's within 1.3e-4 relative where a step's loss is −7e-4 (a
-sum of ± terms of ~0.1: ~1e-7 absolute, float32 noise; hence the 1e-6 absolute floor), otherwise
-within 1e-5; weights within max|Δ|/max|w| ≤ 4.4e-6 (3.2e-7 for SFT). The largest
+critic losses within 2e-6 relative; GRPO's within 1e-5 relative except its two smallest step losses
+(7e-4 and 2e-3, sums of ± terms of ~0.1): 1.2e-4 and 3.9e-5 relative, ≤ 1e-7 absolute, float32
+noise (hence the 1e-6 absolute floor); weights within max|Δ|/max|w| ≤ 4.4e-6 (3.2e-7 for SFT). The largest
 weight gap is always a ``k_proj.bias``: its exact gradient is 0 (softmax is invariant to a shift of
 every key score), so AdamW divides float noise by its own tiny second moment. The one-process
 reference runs on one thread, like each rank, so the two sides sum in the same orders where they can."""
