@@ -75,7 +75,8 @@ class Recorder:
     """An engine that records each step's loss and the padding micro-batches this rank ran."""
 
     def __init__(self, engine: Any) -> None:
-        self.engine, self.losses, self.padding = engine, [], 0
+        self.engine, self.padding = engine, 0
+        self.losses: list[float] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)

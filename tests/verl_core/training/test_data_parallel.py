@@ -5,6 +5,7 @@ errors. The 2-rank runs are in test_dp_equivalence.py."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -107,3 +108,34 @@ def test_engine_factory_errors_name_the_field() -> None:
             build_train_engine(model, OPTIM, strategy="fsdp2", device="cpu", tp_size=2)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_padding_micro_batch_adds_exactly_zero_gradient() -> None:
+    # rank 1's SFT plan above: row 3, then row 0 as padding (weight 0); the step with the padding
+    # micro-batch must leave bit-identical weights to the step without it
+    from verl_core.data.packing import pack
+    from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
+    from verl_core.models.packed import PackedCausalLM
+    from verl_core.training.sft import sft_loss
+
+    seqs = [[5, 6, 7], [8, 9, 10], [11, 12], [13, 14, 15, 16]]
+    masks = [[0, 1, 1], [0, 0, 1], [1, 0], [0, 1, 1, 1]]
+    plan = sft_step_plan([0, 1, 3], [3, 3, 2, 4], masks, 4, DPView(1, 2, None))
+    assert plan.micro_batches[-1].weight == 0.0
+    spec = ScratchSpec("qwen2", 32, 2, 4, 2, 64, 64)
+    results = []
+    for micro in (plan.micro_batches, plan.micro_batches[:-1]):
+        lm = init_causal_lm(scratch_config(spec, 20, eos_token_id=0, pad_token_id=0), seed=0)
+        engine = TrainEngine(PackedCausalLM(lm), OPTIM)
+
+        def loss(mb: MicroBatch, model: Any = engine.model) -> torch.Tensor:
+            p = pack([seqs[i] for i in mb.rows], loss_masks=[masks[i] for i in mb.rows])
+            assert p.loss_mask is not None
+            n = plan.num_loss_tokens
+            return sft_loss(model, p.input_ids, p.cu_seqlens, p.loss_mask, num_loss_tokens=n)[0] * mb.weight
+
+        stats = engine.step(micro, loss)
+        results.append((stats.loss, {k: v.clone() for k, v in lm.state_dict().items()}))
+    (loss_a, wa), (loss_b, wb) = results
+    assert loss_a == loss_b
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
