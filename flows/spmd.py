@@ -7,9 +7,9 @@ context, config, stage inputs) to a private directory, hands the worker its Pref
 PATH``, every rank): joins the process group, receives the job from node 0, and runs the very stage
 code a single process runs (:func:`flows.rl.rl_iterations`, :func:`stages.sft.sft_warmup`):
 
-* the main rank (node 0's first; :mod:`verl_core.ranks`) runs it inside the parent flow run's Prefect context (its tasks appear in the parent flow
-  run; it talks to the parent's API, never starting a server of its own), commits the artifacts and
-  logs to MLflow/W&B;
+* the main rank (node 0's first, :mod:`verl_core.ranks`) runs it inside the parent flow run's Prefect
+  context (its tasks appear in the parent flow run; it talks to the parent's API, never starting a
+  server of its own), commits the artifacts and logs to MLflow/W&B;
 * the other ranks run the same functions without Prefect (the tasks' ``.fn``) and with no tracker,
   and follow the main rank through collectives (:mod:`verl_core.ranks`).
 
@@ -82,7 +82,7 @@ def run_job(job: SpmdJob) -> dict[str, Any]:
         if code != 0:
             raise SpmdJobError(f"{job.stage} job of run {job.ctx.run_id!r}: {failure_summary(tail, code)}")
         if not result.exists():
-            raise SpmdJobError(f"{job.stage} job of run {job.ctx.run_id!r}: its main rank ended without a result")
+            raise SpmdJobError(f"{job.stage} job of run {job.ctx.run_id!r}: the main rank left no result")
         return json.loads(result.read_text())  # type: ignore[no-any-return]
 
 

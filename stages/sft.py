@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 import torch
+import torch.distributed as dist
 from prefect import task
 
 from stages.floor.artifacts import load_tokenizer, read_policy, write_policy
@@ -24,7 +25,7 @@ from stages.floor.builders import build_policy
 from stages.floor.locations import SFT, SFT_CKPT
 from stages.floor.logging import progress, stage_logger
 from verl_core.config import ActorConfig, ModelConfig, SFTConfig, TrainerConfig
-from verl_core.data.packing import PackedBatch, dynamic_micro_batches, pack
+from verl_core.data.packing import PackedBatch, pack
 from verl_core.errors import DataError
 from verl_core.models.checkpoint import load_state_bytes, rng_state, set_rng_state, state_bytes
 from verl_core.models.loading import count_parameters, resolve_device
@@ -34,8 +35,9 @@ from verl_core.run import RunContext
 from verl_core.run_length import StepCount, check_completed
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
-from verl_core.training.engine import OptimSpec, TrainEngine
-from verl_core.training.sft import count_loss_tokens, sft_loss
+from verl_core.training.data_parallel import dp_view
+from verl_core.training.engine import OptimSpec
+from verl_core.training.sft import sft_loss, sft_step_plan
 from verl_core.training.strategies import build_train_engine, full_weights
 
 CKPT_STAGE = SFT_CKPT
@@ -127,10 +129,9 @@ def sft_warmup(
             rows = _batch_rows(len(train[0]), sft.batch_size, step, steps_per_epoch, trainer.seed)
             if not rows:  # the loader ran out before the plan: the step count check below fails the stage
                 break
-            micro = _micro_batches(train, rows, sft.max_token_len_per_batch, device)
-            n_loss = count_loss_tokens([train[1][i] for i in rows])
+            micro, n_loss = _micro_batches(engine, train, rows, sft.max_token_len_per_batch, device)
             stats = engine.step(micro, _loss_fn(engine, n_loss), where="sft")
-            tokens += sum(mb.num_tokens for mb in micro)
+            tokens += sum(mb.num_tokens for mb, weight in micro if weight)  # this rank's, padding not
             metrics = {"sft/loss": stats.loss, "sft/grad_norm": stats.grad_norm, "sft/lr": stats.lr}
             done = completed = step + 1
             if sft.val_every and done % sft.val_every == 0 and done < total:
@@ -176,14 +177,18 @@ def sft_warmup(
     return broadcast_from_main(uri)
 
 
-def _loss_fn(engine: TrainEngine, num_loss_tokens: int) -> Callable[[PackedBatch], torch.Tensor]:
-    """The micro-batch loss: its share of the mini-batch token-mean NLL."""
-    model = engine.model
-    assert isinstance(model, PackedCausalLM)
+Micro = tuple[PackedBatch, float]  # a packed micro-batch and its loss weight (0: padding, see below)
 
-    def loss(mb: PackedBatch) -> torch.Tensor:
+
+def _loss_fn(engine: Any, num_loss_tokens: int) -> Callable[[Micro], torch.Tensor]:
+    """The micro-batch loss: its share of the step's token-mean NLL (all ranks), times its weight."""
+    model = engine.model
+
+    def loss(micro: Micro) -> torch.Tensor:
+        mb, weight = micro
         assert mb.loss_mask is not None
-        return sft_loss(model, mb.input_ids, mb.cu_seqlens, mb.loss_mask, num_loss_tokens=num_loss_tokens)[0]
+        nll = sft_loss(model, mb.input_ids, mb.cu_seqlens, mb.loss_mask, num_loss_tokens=num_loss_tokens)[0]
+        return nll * weight
 
     return loss
 
@@ -203,37 +208,50 @@ def _batch_rows(n: int, batch_size: int, step: int, steps_per_epoch: int, seed: 
 
 
 def _micro_batches(
-    data: tuple[list[list[int]], list[list[int]]], rows: Sequence[int], budget: int, device: torch.device
-) -> list[PackedBatch]:
+    engine: Any,
+    data: tuple[list[list[int]], list[list[int]]],
+    rows: Sequence[int],
+    budget: int,
+    device: torch.device,
+) -> tuple[list[Micro], int]:
+    """This rank's packed micro-batches of the step ``rows`` (its data-parallel share, padded to the
+    count every rank runs: a padding micro-batch has weight 0) and the step's loss-token count."""
     ids, masks = data
-    parts = dynamic_micro_batches([len(ids[i]) for i in rows], budget)
-    return [
-        pack(
-            [ids[rows[j]] for j in p], seq_index=[rows[j] for j in p], loss_masks=[masks[rows[j]] for j in p]
-        ).to(device)
-        for p in parts
+    plan = sft_step_plan(rows, [len(x) for x in ids], masks, budget, dp_view(engine))
+    micro = [
+        (
+            pack([ids[r] for r in mb.rows], seq_index=mb.rows, loss_masks=[masks[r] for r in mb.rows]).to(
+                device
+            ),
+            mb.weight,
+        )
+        for mb in plan.micro_batches
     ]
+    return micro, plan.num_loss_tokens
 
 
 @torch.no_grad()
 def _val_loss(
-    engine: TrainEngine, val: tuple[list[list[int]], list[list[int]]], budget: int, device: torch.device
+    engine: Any, val: tuple[list[list[int]], list[list[int]]], budget: int, device: torch.device
 ) -> float:
-    """Token-mean NLL over the whole validation split."""
+    """Token-mean NLL over the whole validation split (each rank its share, summed over ranks)."""
     if not val[0]:
         return float("nan")
     engine.model.eval()
-    rows = list(range(len(val[0])))
-    n_loss = count_loss_tokens(val[1])
+    micro, n_loss = _micro_batches(engine, val, list(range(len(val[0]))), budget, device)
     loss = _loss_fn(engine, n_loss)
-    return sum(float(loss(mb)) for mb in _micro_batches(val, rows, budget, device))
+    total = torch.tensor([sum(float(loss(mb)) for mb in micro)], dtype=torch.float64)
+    group = dp_view(engine).group
+    if group is not None:
+        dist.all_reduce(total, group=group)
+    return float(total)
 
 
 def _save_checkpoint(
     store: ArtifactStore,
     run_id: str,
     sft_key: str,
-    engine: TrainEngine,
+    engine: Any,
     lm: torch.nn.Module,
     tokenizer: Any,
     model: ModelConfig,

@@ -153,7 +153,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         c = cfg.critic
         critic_engine = build_train_engine(
             critic, critic_spec(cfg, iterations), strategy=c.strategy, device=device,
-            zero_stage=c.zero_stage, param_offload=c.param_offload,
+            zero_stage=c.zero_stage, param_offload=c.param_offload, role="critic",
         )  # fmt: skip
     kl = cfg.algorithm.kl_ctrl
     kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)

@@ -17,7 +17,7 @@ from torch import nn
 from verl_core.errors import ConfigError
 from verl_core.training.engine import OptimSpec, SingleStrategy, TrainEngine
 
-__all__ = ["FROZEN_STRATEGIES", "TRAIN_STRATEGIES", "build_train_engine", "prepare_frozen"]
+__all__ = ["FROZEN_STRATEGIES", "TRAIN_STRATEGIES", "build_train_engine", "full_weights", "prepare_frozen"]
 
 TRAIN_STRATEGIES = ("single", "fsdp2", "deepspeed")
 FROZEN_STRATEGIES = ("single", "fsdp2")
@@ -103,13 +103,26 @@ def _check(
         )
 
 
+def full_weights(engine: Any, prefix: str) -> dict[str, torch.Tensor] | None:
+    """The unsharded weights of the model an engine trains, keyed like the wrapped model's own state
+    dict (``prefix``, e.g. ``"lm."`` of a ``PackedCausalLM``, removed), on the main rank
+    (:mod:`verl_core.ranks`); an empty dict on the other ranks. None for a one-process engine: the
+    module's own state dict is already whole. Every rank of a sharded engine must call it."""
+    from verl_core.ranks import rank0_to_main
+
+    if isinstance(getattr(engine, "strategy", None), SingleStrategy):
+        return None
+    if hasattr(engine, "full_state_dict"):  # DeepSpeed: gathers the ZeRO partitions itself
+        full = engine.full_state_dict()
+    else:
+        from verl_core.training.distributed import full_model_state
+
+        full = full_model_state(engine.model)
+    full = rank0_to_main(full) or {}
+    return {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
+
+
 def _fsdp2(device: torch.device, param_dtype: torch.dtype | None, tp_size: int, param_offload: bool) -> Any:
     from verl_core.training.distributed import FSDP2Strategy
 
-    kwargs: dict[str, Any] = {"device_type": device.type, "param_dtype": param_dtype}
-    # only when asked: FSDP2Strategy grows these arguments in the same issue
-    if tp_size > 1:
-        kwargs["tp_size"] = tp_size
-    if param_offload:
-        kwargs["param_offload"] = True
-    return FSDP2Strategy(**kwargs)
+    return FSDP2Strategy(device.type, tp_size=tp_size, param_offload=param_offload, param_dtype=param_dtype)
