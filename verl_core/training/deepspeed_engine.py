@@ -74,9 +74,10 @@ class DeepSpeedTrainEngine:
         self.dp_group: dist.ProcessGroup | None = dist.group.WORLD if self.world_size > 1 else None
         self.spec = spec
         self.zero_stage = zero_stage
-        optimizer = torch.optim.AdamW(
-            param_groups(model, spec.weight_decay), lr=spec.lr, betas=spec.betas, foreach=False
-        )
+        # ZeRO drops empty parameter groups (LoRA has no 1-D parameters), and the LR schedule must
+        # then see the same groups as the wrapped optimizer
+        groups = [g for g in param_groups(model, spec.weight_decay) if g["params"]]
+        optimizer = torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, foreach=False)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
             lambda s: lr_multiplier(
@@ -144,7 +145,8 @@ class DeepSpeedTrainEngine:
         out: dict[str, Tensor] = {}
         for name, value in module.state_dict(keep_vars=True).items():
             if id(value) not in full:
-                master = safe_get_full_fp32_param(value) if isinstance(value, nn.Parameter) else None
+                trained = isinstance(value, nn.Parameter) and value.requires_grad  # frozen: no master
+                master = safe_get_full_fp32_param(value) if trained else None
                 if master is None:
                     with zero.GatheredParameters([value] if hasattr(value, "ds_id") else []):
                         master = value.detach().clone()

@@ -6,7 +6,8 @@
 For ZeRO 1, 2 and 3: the losses of STEPS steps; for ZeRO 2 and 3 also a checkpoint after
 ``SAVE_AT`` steps (the full model through ``full_state_dict``, the trainer state through
 ``state_dict`` → bytes) loaded into a fresh model and engine, then the remaining steps' losses, and
-the gathered weights at the end. Rank 0 writes everything to OUT.json.
+the gathered weights at the end; LoRA under ZeRO-3 (frozen base, adapters only in the optimizer).
+Rank 0 writes everything to OUT.json.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tests.verl_core.training.fsdp_worker import OPTIM, STEPS, batch
 from verl_core.data.packing import pack
 from verl_core.errors import ConfigError
 from verl_core.models.checkpoint import load_state_bytes, state_bytes
-from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
+from verl_core.models.loading import ScratchSpec, apply_lora, init_causal_lm, scratch_config
 from verl_core.models.packed import PackedCausalLM
 from verl_core.training.deepspeed_engine import DeepSpeedTrainEngine
 from verl_core.training.distributed import init_distributed, rank_shard
@@ -104,6 +105,18 @@ def resumed(stage: int, shard: list[int], uninterrupted: dict[str, torch.Tensor]
     }
 
 
+def lora(stage: int, shard: list[int]) -> dict[str, Any]:
+    """LoRA under ZeRO-``stage``: which gathered weights moved in SAVE_AT steps (rank 0)."""
+    lm = apply_lora(tiny_model(), rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+    model = PackedCausalLM(lm)
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    engine = engine_for(stage, model)
+    losses = train_steps(engine, shard, SAVE_AT)
+    final = engine.full_state_dict()
+    moved = sorted(k for k in final if not torch.equal(final[k], start[k]))
+    return {"losses": losses, "same_keys": sorted(final) == sorted(start), "moved": moved}
+
+
 def main() -> None:
     rank, world = init_distributed("cpu")  # DeepSpeed reuses the initialised process group
     seqs, _ = batch()
@@ -118,6 +131,7 @@ def main() -> None:
         out[f"zero{stage}"]["n_params"] = sum(v.numel() for v in finals[stage].values())
     for stage in RESUMED_STAGES:
         out[f"zero{stage}_resumed"] = resumed(stage, shard, finals[stage])
+    out["zero3_lora"] = lora(3, shard)
     if rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)

@@ -4,6 +4,7 @@ process; a DeepSpeed checkpoint resumes the same trajectory."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -105,3 +106,11 @@ def test_deepspeed_checkpoint_resumes_the_same_trajectory(
         "DeepSpeed checkpoint made with world_size 1 cannot resume with world_size 2: its optimizer "
         "state is partitioned per rank (resume with the same setting)"
     )
+
+
+@pytest.mark.slow
+def test_deepspeed_zero3_trains_lora_adapters_only(deepspeed_run: dict[str, Any]) -> None:
+    run = deepspeed_run["zero3_lora"]
+    assert all(map(math.isfinite, run["losses"])) and run["same_keys"]
+    # all-linear LoRA on 2 layers × 7 projections: an A and a B each, and nothing else moves
+    assert len(run["moved"]) == 2 * 7 * 2 and all("lora_" in k for k in run["moved"])
