@@ -41,7 +41,7 @@ def tiny_model(seed: int = 0) -> nn.Module:
     return init_causal_lm(scratch_config(spec, 64, eos_token_id=0, pad_token_id=0), seed=seed)
 
 
-def train_steps(engine: DeepSpeedTrainEngine, shard: list[int], steps: int) -> list[float]:
+def train_steps(engine: Any, shard: list[int], steps: int) -> list[float]:
     """fsdp_worker.train's loop: ``steps`` optimizer steps on this rank's shard, two micro-batches."""
     seqs, masks = batch()
     n_tokens = count_loss_tokens(masks)  # global normaliser, all ranks
@@ -105,10 +105,16 @@ def resumed(stage: int, shard: list[int], uninterrupted: dict[str, torch.Tensor]
     }
 
 
+def lora_model() -> nn.Module:
+    """The tiny model with all-linear LoRA adapters. LoRA's A matrices are random: every rank must
+    draw the same ones (ZeRO-3, like FSDP2, keeps each rank's own slice and broadcasts nothing)."""
+    torch.manual_seed(0)
+    return PackedCausalLM(apply_lora(tiny_model(), rank=4, alpha=8, dropout=0.0, target_modules="all-linear"))
+
+
 def lora(stage: int, shard: list[int]) -> dict[str, Any]:
-    """LoRA under ZeRO-``stage``: which gathered weights moved in SAVE_AT steps (rank 0)."""
-    lm = apply_lora(tiny_model(), rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
-    model = PackedCausalLM(lm)
+    """LoRA under ZeRO-``stage``: the losses and which gathered weights moved in SAVE_AT steps."""
+    model = lora_model()
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
     engine = engine_for(stage, model)
     losses = train_steps(engine, shard, SAVE_AT)
