@@ -127,7 +127,7 @@ def _load(
         with tempfile.TemporaryDirectory() as tmp:
             d = materialise_export(store, manifest, tmp)
             return load_causal_lm(str(d)), load_tokenizer_from_files(d)
-    policy = read_policy(store, manifest, "policy", cfg.model)
+    policy = read_policy(store, manifest, "policy", cfg.model, for_training=False)
     return policy, load_tokenizer(store, template_pack_uri)
 
 

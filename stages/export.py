@@ -54,7 +54,9 @@ def export_model(
         return stage.manifest_uri
 
     # 2. Load the policy as it was trained, merge LoRA into the base
-    policy = read_policy(store, store.read_manifest(source.manifest_uri), "policy", cfg.model)
+    policy = read_policy(
+        store, store.read_manifest(source.manifest_uri), "policy", cfg.model, for_training=False
+    )
     merged = merge_policy(policy)
     tokenizer = load_tokenizer(store, template_pack_uri)
 

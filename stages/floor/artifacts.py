@@ -30,13 +30,14 @@ import pyarrow as pa
 import torch
 from torch import Tensor, nn
 
+from stages.floor.builders import quant_spec
 from stages.floor.locations import SFT, ckpt_stage, eval_label, export_stage, list_checkpoints
 from verl_core.config import ModelConfig
 from verl_core.data import load_tokenizer_from_bytes
 from verl_core.errors import ArtifactNotFoundError, ConfigError, DataError
 from verl_core.files import write_files
 from verl_core.models.checkpoint import model_files
-from verl_core.models.loading import load_causal_lm, unwrap
+from verl_core.models.loading import enable_gradient_checkpointing, load_causal_lm, unwrap
 from verl_core.rollout import Completion
 from verl_core.rollout.multi_turn import Trajectory, turns_to_rows
 from verl_core.seeding import derive_seed
@@ -81,31 +82,44 @@ def _plain_base(lm: nn.Module) -> nn.Module:
     return plain
 
 
-def read_policy(store: ArtifactStore, manifest: Manifest, prefix: str, model: ModelConfig) -> nn.Module:
-    """Load a policy checkpoint written by :func:`write_policy` (trainable LoRA adapters included)."""
-    from peft import PeftModel
+def read_policy(
+    store: ArtifactStore, manifest: Manifest, prefix: str, model: ModelConfig, *, for_training: bool = True
+) -> nn.Module:
+    """Load a policy checkpoint written by :func:`write_policy` (trainable LoRA adapters included).
+    ``for_training``: set up as :func:`~stages.floor.builders.build_policy` sets up a new one (a QLoRA
+    base quantized again and prepared for k-bit training, gradient checkpointing when configured);
+    False: for merging and evaluation, the base in ``model.dtype`` without quantization."""
+    from peft import PeftModel, prepare_model_for_kbit_training
 
     with tempfile.TemporaryDirectory() as tmp:
         policy_dir = _materialise(store, manifest, prefix, Path(tmp) / "policy")
         if model.lora_rank == 0:
-            return load_causal_lm(
+            lm = load_causal_lm(
                 str(policy_dir),
                 dtype=model.dtype,
                 attn_implementation=model.attn_implementation,
                 trust_remote_code=model.trust_remote_code,
             )
-        if model.init == "scratch":
-            base_path = str(_materialise(store, manifest, f"{prefix}-base", Path(tmp) / "base"))
         else:
-            assert model.path is not None
-            base_path = model.path
-        base = load_causal_lm(
-            base_path,
-            dtype=model.dtype,
-            attn_implementation=model.attn_implementation,
-            trust_remote_code=model.trust_remote_code,
-        )
-        return PeftModel.from_pretrained(base, str(policy_dir), is_trainable=True)
+            if model.init == "scratch":
+                base_path = str(_materialise(store, manifest, f"{prefix}-base", Path(tmp) / "base"))
+            else:
+                assert model.path is not None
+                base_path = model.path
+            quant = quant_spec(model) if for_training else None
+            base = load_causal_lm(
+                base_path,
+                dtype=model.dtype,
+                attn_implementation=model.attn_implementation,
+                trust_remote_code=model.trust_remote_code,
+                quantization=quant,
+            )
+            if quant is not None:
+                base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
+            lm = PeftModel.from_pretrained(base, str(policy_dir), is_trainable=True)
+    if for_training and model.gradient_checkpointing:
+        enable_gradient_checkpointing(lm)
+    return lm
 
 
 def files_under(store: ArtifactStore, manifest: Manifest, prefix: str) -> dict[str, bytes]:

@@ -71,17 +71,22 @@ from verl_core.training.ppo import ActorLossSpec, PPOSpec
 # Policy and reference
 
 
+def quant_spec(model: ModelConfig) -> QuantSpec | None:
+    """The bitsandbytes quantization of the base (QLoRA), None without ``model.quantization``."""
+    if model.quantization is None:
+        return None
+    if model.lora_rank == 0:
+        raise ConfigError(
+            "model.quantization: a quantized base can only be trained with LoRA (model.lora_rank > 0)"
+        )
+    q = model.quantization
+    return QuantSpec(q.bits, q.quant_type, q.double_quant, q.compute_dtype)
+
+
 def build_policy(model: ModelConfig, tokenizer: Any, *, seed: int) -> nn.Module:
     """The initial policy: a scratch model sized by ``model`` for ``tokenizer``'s vocabulary, or the
     pretrained ``model.path``; LoRA adapters when ``model.lora_rank > 0``."""
-    quant = None
-    if model.quantization is not None:
-        if model.lora_rank == 0:
-            raise ConfigError(
-                "model.quantization: a quantized base can only be trained with LoRA (model.lora_rank > 0)"
-            )
-        q = model.quantization
-        quant = QuantSpec(q.bits, q.quant_type, q.double_quant, q.compute_dtype)
+    quant = quant_spec(model)
     if model.init == "scratch":
         if quant is not None:
             raise ConfigError("model.quantization: not supported for model.init=scratch")

@@ -199,6 +199,13 @@ def _distributed(cfg: VerlFlowConfig) -> list[str]:
                 f"actor.tensor_parallel_size: {tp} does not divide model.num_attention_heads "
                 f"{m.num_attention_heads} and model.num_key_value_heads {m.num_key_value_heads}"
             )
+    for section, strategy, offload in (
+        ("actor", a.strategy, a.param_offload),
+        ("critic", cfg.critic.strategy, cfg.critic.param_offload and cfg.use_critic),
+        ("ref", cfg.ref.strategy, cfg.ref.param_offload),
+    ):
+        if offload and strategy != "fsdp2":
+            out.append(f"{section}.param_offload: needs {section}.strategy 'fsdp2', got {strategy!r}")
     sharded = [name for name, value in placed if value != "single"]
     if sharded and cfg.model.lora_rank:
         out.append(

@@ -51,10 +51,9 @@ def build_train_engine(
         return TrainEngine(model, spec, _fsdp2(device, param_dtype, tp_size, param_offload))
     from verl_core.training.deepspeed_engine import DeepSpeedTrainEngine
 
-    kwargs: dict[str, Any] = {"zero_stage": zero_stage, "bf16": param_dtype == torch.bfloat16}
-    if param_offload:  # only when asked: the engine grows this argument in the same issue
-        kwargs["param_offload"] = True
-    return DeepSpeedTrainEngine(model, spec, **kwargs)
+    if param_offload:
+        raise ConfigError(f"{role}.param_offload: not supported with {role}.strategy deepspeed (use fsdp2)")
+    return DeepSpeedTrainEngine(model, spec, zero_stage=zero_stage, bf16=param_dtype == torch.bfloat16)
 
 
 def prepare_frozen(
