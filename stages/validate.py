@@ -58,7 +58,7 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
     )
     gen_s = time.perf_counter() - t0
     rollouts = rollouts_table(
-        completions, prompts, iteration, policy_version=state.version, trajectories=trajectories
+        completions, prompts, iteration, policy_version=state.engine.policy_version, trajectories=trajectories
     )
 
     # 3. Score, write, commit

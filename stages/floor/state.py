@@ -24,11 +24,12 @@ iteration.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from stages.floor.artifacts import files_under, load_tokenizer, read_policy, write_policy
 from stages.floor.builders import (
@@ -61,6 +62,7 @@ from verl_core.run import RunContext
 from verl_core.run_length import StepCount
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
+from verl_core.training.distributed import full_state_dict
 from verl_core.training.engine import SingleStrategy, TrainEngine
 from verl_core.training.ppo import AdapterDisabledPolicy, LogProbModel, PPOModels
 
@@ -159,7 +161,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         publish_pending(store, ckpt)
         stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
     engine = make_engine(cfg.rollout.name, lm, tokenizer, **engine_kwargs(cfg.rollout))
-    _STATES[ctx.run_id] = RLState(
+    state = _STATES[ctx.run_id] = RLState(
         ctx.run_id,
         lm,
         actor,
@@ -175,6 +177,8 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         lineage,
         device,
     )
+    seconds = sync_rollout_weights(state)  # the engine holds the loaded policy, as version `version`
+    stage_logger(__name__).info("rl: rollout engine at policy version %d (sync %.2f s)", version, seconds)
     return version
 
 
@@ -314,6 +318,36 @@ def completed_iterations(ctx: RunContext, cfg: VerlFlowConfig) -> StepCount:
     those restored from a checkpoint included)."""
     state = get_state(ctx)
     return iteration_count(cfg, state.iterations, state.version)
+
+
+def sync_rollout_weights(state: RLState) -> float:
+    """Give the rollout engine the policy of ``state.version`` (the weight-sync contract of
+    :mod:`verl_core.rollout.base`); returns the seconds it took (``timing_s/weight_sync``).
+
+    An engine sharing the live module only records the version. Otherwise it receives the full
+    weights (:func:`policy_weights`) or, for a LoRA policy, the adapter's weights. Under SPMD every
+    rank must call this: gathering an FSDP2-sharded policy is a collective."""
+    t0 = time.perf_counter()
+    engine, lm = state.engine, state.lm
+    if engine.shares_weights:
+        engine.update_weights(lm, state.version)
+    elif hasattr(lm, "peft_config"):
+        from peft import get_peft_model_state_dict
+
+        engine.load_adapter(get_peft_model_state_dict(lm, state_dict=policy_weights(lm)), state.version)
+    else:
+        engine.load_weights(policy_weights(lm).items(), state.version)
+    return time.perf_counter() - t0
+
+
+def policy_weights(lm: nn.Module) -> dict[str, Tensor]:
+    """The policy's full state dict (names of ``lm.state_dict()``): gathered on every rank when
+    ``lm`` is FSDP2-sharded (parameters are DTensors; every rank must call), the plain one otherwise."""
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in lm.parameters()):
+        return full_state_dict(lm)
+    return lm.state_dict()
 
 
 def ppo_models(state: RLState) -> PPOModels:

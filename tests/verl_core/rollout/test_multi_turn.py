@@ -59,7 +59,9 @@ class Recorder:
         self.engine = engine
         self.calls: list[tuple[list[list[int]], list[Completion]]] = []
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, prompt_keys: Any = None
+    ) -> list[Completion]:
         out = self.engine.generate(prompts, params)
         self.calls.append(([list(p) for p in prompts], out))
         return out
@@ -184,7 +186,9 @@ class Scripted:
         self.tok, self.script, self.turn = tok, script, 0
         self.sizes: list[int] = []
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, prompt_keys: Any = None
+    ) -> list[Completion]:
         text = self.script[min(self.turn, len(self.script) - 1)]
         self.turn += 1
         self.sizes.append(len(prompts) * params.n)
