@@ -32,9 +32,7 @@ from verl_core.run import RunContext
 
 # the engine on its own copy of the policy; GAE (TINY_RL's): the untrained policy scores 0 on every
 # sample, so group-relative advantages (GRPO) would be 0 and the update would not move the policy
-SYNC_CFG = TINY_RL.model_copy(
-    update={"rollout": TINY_RL.rollout.model_copy(update={"share_weights": False})}
-)
+SYNC_CFG = TINY_RL.model_copy(update={"rollout": TINY_RL.rollout.model_copy(update={"share_weights": False})})
 LORA_CFG = SYNC_CFG.model_copy(update={"model": SYNC_CFG.model.model_copy(update={"lora_rank": 4})})
 
 

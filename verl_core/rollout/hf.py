@@ -128,7 +128,9 @@ class HFEngine:
             _Request(i, j, ids) for i, ids in enumerate(prompt_ids) for j in range(params.n)
         ]  # (prompt_index, sample_index) order
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
-        row_keys = sample_keys(seed, [pkeys[r.prompt_index] for r in requests], [r.sample_index for r in requests])
+        row_keys = sample_keys(
+            seed, [pkeys[r.prompt_index] for r in requests], [r.sample_index for r in requests]
+        )
         batches = plan_batches(
             [len(r.ids) for r in requests], params.max_new_tokens, self.max_batch_size, self.max_batch_tokens
         )
@@ -409,8 +411,9 @@ class _SampleAndRecord:
 def sample_inverse_cdf(probs: Tensor, uniforms: Tensor | None = None) -> Tensor:
     """One token per row of ``probs (B, V)`` (rows need not sum exactly to 1): ``(B, 1)`` indices.
 
-    With ``uniforms (B,)`` in [0, 1) (default: drawn from the global RNG), ``u = uniform · Σp`` and takes the first index whose cumulative probability exceeds ``u``, so
-    zero-probability tokens are never chosen; the rare ``u`` that rounds up to the total falls back
+    With ``uniforms (B,)`` in [0, 1) (default: drawn from the global RNG), ``u = uniform · Σp``;
+    takes the first index whose cumulative probability exceeds ``u``, so zero-probability tokens
+    are never chosen; the rare ``u`` that rounds up to the total falls back
     to the row's most likely token."""
     cdf = probs.cumsum(dim=-1)  # (B, V)
     if uniforms is None:

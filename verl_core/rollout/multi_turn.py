@@ -22,7 +22,8 @@ The loop (:func:`multi_turn_generate`), per turn k = 1, 2, ...:
    with ``params.seed`` and the prompts' keys (the single-turn call), turn k > 1 one per sample with a
    seed derived from (seed, k) and the sample's own key ``derive_seed("multi_turn_row", prompt_key,
    sample_index)`` (so a sample's turns do not depend on which other samples are still active or on
-   the rank it runs on); at most ``max_tokens_per_turn`` new tokens and what is left of ``max_response_tokens``;
+   the rank it runs on); at most ``max_tokens_per_turn`` new tokens and what is left of
+   ``max_response_tokens``;
 2. a sample is done when its turn has no tool call, was cut by a token budget, or k = ``max_turns``;
 3. otherwise its tool calls run (malformed calls and calls past ``max_tool_calls`` are answered with
    an error text instead), the results are rendered as a tool turn and appended unless that would

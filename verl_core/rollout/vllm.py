@@ -153,7 +153,8 @@ class VLLMEngine:
         )
         beat(sequences=len(outputs))
         return [
-            _completion(i, j, prompt_ids[i], out.outputs[0]) for (i, j), out in zip(rows, outputs, strict=True)
+            _completion(i, j, prompt_ids[i], out.outputs[0])
+            for (i, j), out in zip(rows, outputs, strict=True)
         ]
 
     def update_weights(self, model: nn.Module, version: int | None = None) -> None:
@@ -180,7 +181,9 @@ class VLLMEngine:
         """A LoRA adapter (``get_peft_model_state_dict`` names) → a new ``LoRARequest``, as policy
         ``version``: written with its ``adapter_config.json`` for vLLM's LoRA loader."""
         if not self.enable_lora or self._lora_config is None:
-            raise ConfigError("VLLMEngine.load_adapter: the engine was built without a LoRA policy (enable_lora)")
+            raise ConfigError(
+                "VLLMEngine.load_adapter: the engine was built without a LoRA policy (enable_lora)"
+            )
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 

@@ -50,7 +50,7 @@ def test_counter_uniforms_are_deterministic_batch_independent_and_roughly_unifor
     u0, u1 = counter_uniforms(keys, 0), counter_uniforms(keys, 1)
     assert torch.equal(u0, counter_uniforms(keys, 0))
     assert torch.equal(counter_uniforms(keys[5:9], 0), u0[5:9])  # a row's uniform ignores the batch
-    assert 0 <= u0.min() and u0.max() < 1
+    assert u0.min() >= 0 and u0.max() < 1
     # 20000 U[0,1): mean 0.5 ± 0.002 (sd 1/√(12·20000)); 10 bins of 2000 ± 42 (binomial sd): ±8 sd
     assert abs(u0.mean().item() - 0.5) < 0.01
     counts = torch.histc(u0, bins=10, min=0, max=1)
@@ -118,7 +118,9 @@ def test_own_copy_is_stale_until_load_weights(tok: Any, prompts: list[str]) -> N
     assert _tokens(engine.generate(prompts, greedy)) == at_start
     engine.load_weights(live.state_dict().items(), 4)
     assert engine.policy_version == 4
-    assert _tokens(engine.generate(prompts, greedy)) == _tokens(HFEngine(other, tok).generate(prompts, greedy))
+    assert _tokens(engine.generate(prompts, greedy)) == _tokens(
+        HFEngine(other, tok).generate(prompts, greedy)
+    )
     with pytest.raises(ValueError, match="missing"):
         engine.load_weights(list(live.state_dict().items())[1:], 5)
     with pytest.raises(ValueError, match="shares the trainer's live module"):
