@@ -62,7 +62,7 @@ class Recorder:
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, prompt_keys: Any = None
     ) -> list[Completion]:
-        out = self.engine.generate(prompts, params)
+        out = self.engine.generate(prompts, params, prompt_keys=prompt_keys)
         self.calls.append(([list(p) for p in prompts], out))
         return out
 
@@ -230,6 +230,33 @@ def run(tok: Any, script: list[str], **spec: int) -> tuple[Scripted, list[Any]]:
         MultiTurnSpec(**full), ToolTurnRenderer(HERMES),
     )  # fmt: skip
     return engine, out
+
+
+def test_split_prompts_with_their_keys_sample_what_one_call_samples(
+    overfit: tuple[Any, torch.nn.Module],
+) -> None:
+    # sampled (T = 1, 2 per prompt): every turn of a sample is keyed by (prompt key, sample), so the
+    # prompts split over two calls (other active sets at turn 2) give the same trajectories
+    tok, model = overfit
+    prompts = [
+        tok.encode(render(HERMES, c[:1], add_generation_prompt=True), add_special_tokens=False)
+        for c in CONVERSATIONS
+    ]
+    spec = MultiTurnSpec(
+        max_turns=3, max_tool_calls=2, max_tokens_per_turn=32, max_response_tokens=64, tool_workers=1
+    )
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=32, seed=5)
+    tools, renderer = load_tools(["calculator"]), ToolTurnRenderer(HERMES)
+
+    def run(engine: Any, ps: list[list[int]], keys: list[int] | None) -> list[list[int]]:
+        out = multi_turn_generate(engine, tok, ps, params, tools, spec, renderer, prompt_keys=keys)
+        return [t.completion.response_ids for t in out]
+
+    engine = HFEngine(model, tok)
+    whole = run(engine, prompts, None)  # (prompt, sample) order: 0.0 0.1 1.0 1.1 2.0 2.1
+    first = run(HFEngine(model, tok, max_batch_size=1), [prompts[0], prompts[2]], [0, 2])
+    second = run(engine, [prompts[1]], [1])
+    assert first == whole[0:2] + whole[4:6] and second == whole[2:4]
 
 
 def test_malformed_call_is_answered_with_an_error_and_counted(tok: Any) -> None:
