@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import stages.ppo_update as ppo_update_module
-from stages.floor.state import drop_state, get_state, init_state
+from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
 from stages.ppo_update import ppo_update
 from stages.reward import reward
 from stages.rollout import rollout
@@ -138,6 +138,20 @@ def test_rollout_ahead_allows_a_lagging_batch(ctx: RunContext, tiny_rl: tuple[Pa
         check_policy_lag(rows, 1, 0, 1, r0)
     with pytest.raises(DataError, match="policy version 0, but the trainer is at version -1"):
         check_policy_lag(rows, -1, 0, 1, r0)  # a rollout newer than the trainer is refused too
+
+
+def test_resumed_state_gives_its_engine_the_checkpointed_policy(
+    ctx: RunContext, tiny_rl: tuple[Path, str]
+) -> None:
+    r0, w0 = _rollout(ctx, SYNC_CFG, tiny_rl[1], 0)
+    ppo_update.fn(ctx, SYNC_CFG, r0, w0, 0)
+    save_checkpoint(ctx, SYNC_CFG, 1)
+    drop_state(ctx.run_id)
+    assert init_state(ctx, SYNC_CFG, tiny_rl[1], None) == 1  # resumed (trainer.resume_mode auto)
+    state = get_state(ctx)
+    assert state.engine.policy_version == 1
+    own = state.engine.model.state_dict()  # type: ignore[attr-defined]
+    assert all(torch.equal(own[k], v) for k, v in state.lm.state_dict().items())
 
 
 def test_lora_engine_receives_the_adapter_of_each_version(
