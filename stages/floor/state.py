@@ -62,7 +62,6 @@ from verl_core.run import RunContext
 from verl_core.run_length import StepCount
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
-from verl_core.training.distributed import full_state_dict
 from verl_core.training.engine import SingleStrategy, TrainEngine
 from verl_core.training.ppo import AdapterDisabledPolicy, LogProbModel, PPOModels
 
@@ -341,13 +340,19 @@ def sync_rollout_weights(state: RLState) -> float:
 
 
 def policy_weights(lm: nn.Module) -> dict[str, Tensor]:
-    """The policy's full state dict (names of ``lm.state_dict()``): gathered on every rank when
-    ``lm`` is FSDP2-sharded (parameters are DTensors; every rank must call), the plain one otherwise."""
+    """The policy's full state dict (names of ``lm.state_dict()``) on *every* rank: each rank's engine
+    generates its own share of the prompts. Gathered when ``lm`` is sharded (FSDP2 / TP parameters
+    are DTensors; every rank must call: all-gathers), the plain state dict otherwise.
+
+    Not a checkpoint getter: those offload to CPU, where torch.distributed hands the tensors to rank
+    0 alone; here the whole tensors stay on the ranks' devices."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.tensor import DTensor
 
-    if any(isinstance(p, DTensor) for p in lm.parameters()):
-        return full_state_dict(lm)
-    return lm.state_dict()
+    if not any(isinstance(p, DTensor) for p in lm.parameters()):
+        return lm.state_dict()
+    state = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+    return {k: v for k, v in state.items() if isinstance(v, Tensor)}
 
 
 def ppo_models(state: RLState) -> PPOModels:

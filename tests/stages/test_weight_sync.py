@@ -160,3 +160,26 @@ def test_lora_engine_receives_the_adapter_of_each_version(
     state = get_state(lora_ctx)
     assert hasattr(state.lm, "peft_config") and hasattr(state.engine.model, "peft_config")  # type: ignore[attr-defined]
     _check_synced_loop(lora_ctx, LORA_CFG, tiny_rl[1], updates=1)
+
+
+def test_sync_from_an_fsdp2_sharded_policy_gives_every_rank_the_full_weights(tmp_path: Path) -> None:
+    # 2 gloo ranks: the policy fully_shard-ed per decoder layer; each rank's own-copy engine receives
+    # the gathered weights (bit-equal to the unsharded model's) and samples its greedy tokens
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.stages import weight_sync_worker
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.run(
+        [*cmd, weight_sync_worker.__file__, str(tmp_path)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=repo,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in range(2):
+        result = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert result == {"keys_equal": True, "max_diff": 0.0, "tokens_equal": True, "version": 1}
