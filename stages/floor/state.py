@@ -160,7 +160,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         publish_pending(store, ckpt)
         stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
     engine = make_engine(cfg.rollout.name, lm, tokenizer, **engine_kwargs(cfg.rollout))
-    state = _STATES[ctx.run_id] = RLState(
+    rl = _STATES[ctx.run_id] = RLState(
         ctx.run_id,
         lm,
         actor,
@@ -176,7 +176,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         lineage,
         device,
     )
-    seconds = sync_rollout_weights(state)  # the engine holds the loaded policy, as version `version`
+    seconds = sync_rollout_weights(rl)  # the engine holds the loaded policy, as version `version`
     stage_logger(__name__).info("rl: rollout engine at policy version %d (sync %.2f s)", version, seconds)
     return version
 
