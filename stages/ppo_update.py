@@ -79,16 +79,17 @@ def ppo_update(
         where=f"ppo_update: iteration {iteration}",
     )
 
-    # 4. Write the per-sample table, log metrics, advance the policy version; the next checkpoint commits
+    # 4. Advance the policy version; the rollout engine receives it before the next rollout (every
+    # rank of an SPMD job: gathering a sharded policy is a collective)
+    state.version = iteration + 1
+    sync_s = sync_rollout_weights(state)
+
+    # 5. Write the per-sample table, log metrics; the next checkpoint commits
     stage.write_table(
         "update.parquet", _update_table(batch, result.advantages, result.returns, result.kl), "update"
     )
-    state.version = iteration + 1
     summary = {"policy_version": state.version, **{k: result.metrics[k] for k in sorted(result.metrics)}}
     state.pending.append(stage.seal(summary))  # published by the next checkpoint
-
-    # 5. The rollout engine receives policy i+1 before the next rollout
-    sync_s = sync_rollout_weights(state)
     tracker = ctx.tracker()
     tracker.log_metrics({**result.metrics, "timing_s/weight_sync": sync_s}, step=iteration)
     if cfg.tracking.log_samples:

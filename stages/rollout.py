@@ -79,7 +79,6 @@ def rollout(
     gen = partial(
         generate_rollouts, state.engine, state.tokenizer, ids,
         multi_turn=cfg.multi_turn, max_response_length=data.max_response_length, sandbox=sandbox,
-        prompt_keys=list(range(len(ids))),  # a prompt's key: its index in the iteration's batch
     )  # fmt: skip
     main = gen(sampling)
     completions, baselines, baseline_traj = main.completions, [], []
