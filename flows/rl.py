@@ -9,17 +9,22 @@ whose rollout/reward artifacts are committed are not sampled again (same seeds �
 The loop ends with the policy holding every planned update or fails (:mod:`verl_core.run_length`):
 a policy short of the plan never gets the final checkpoint. Each stage runs under the hang watchdog
 (``execution.stall_timeout_s``, :func:`stages.floor.logging.watched`).
+
+More than one process (``trainer.nnodes × trainer.n_gpus_per_node``) or a sharded strategy: the flow
+runs :func:`rl_iterations` as an SPMD job under torchrun (:mod:`flows.spmd`); every rank runs the same
+loop, the main rank runs the stages as tasks of this flow run and scores the rollouts, the others follow.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, task
 
+from flows.spmd import SpmdJob, needs_spmd, run_job
 from stages.floor.environment import check_environment
 from stages.floor.locations import ckpt_stage, validations
-from stages.floor.logging import timed, watched
+from stages.floor.logging import stage_logger, timed, watched
 from stages.floor.state import (
     RLResult,
     completed_iterations,
@@ -33,6 +38,7 @@ from stages.reward import reward
 from stages.rollout import rollout
 from stages.validate import validate
 from verl_core.config import VerlFlowConfig
+from verl_core.ranks import on_main
 from verl_core.run import RunContext
 from verl_core.run_length import check_completed
 
@@ -68,7 +74,8 @@ def run_iteration(
     as_tasks: bool = True,
 ) -> IterationArtifacts:
     """rollout → reward → ppo_update of one iteration, adding each stage's seconds to ``timings``.
-    ``as_tasks=False`` calls the stage functions without Prefect task runs (the benchmarks' baseline)."""
+    ``as_tasks=False`` calls the stage functions without Prefect task runs (the benchmarks' baseline,
+    the other ranks of an SPMD job). In an SPMD job the main rank alone scores (the others get the URI)."""
     cfg = config
     e = cfg.execution
     if as_tasks:
@@ -83,7 +90,9 @@ def run_iteration(
             ctx, cfg.data, cfg.rollout, template_pack_uri, iteration, lineage, baseline, sandbox=cfg.sandbox
         )
     with timed(timings, "reward"), watched(ctx, "reward", stall, iteration):
-        w = score(ctx, cfg.reward, r, iteration, cfg.data.max_response_length, sandbox=cfg.sandbox)
+        w = on_main(
+            lambda: score(ctx, cfg.reward, r, iteration, cfg.data.max_response_length, sandbox=cfg.sandbox)
+        )
     with timed(timings, "update"), watched(ctx, "ppo_update", stall, iteration):
         u = update(ctx, cfg, r, w, iteration)
     return IterationArtifacts(r, w, u)
@@ -92,10 +101,30 @@ def run_iteration(
 @flow(name="rl-loop", log_prints=True)
 def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None) -> RLResult:
     """Run the RL iterations; returns the final checkpoint URI, validation accuracies and timings."""
-    logger = get_run_logger()
     check_environment(config)  # this worker's packages and torch build can run the config (no network)
+    if needs_spmd(config):
+        job = SpmdJob(
+            stage="rl-loop", ctx=ctx, config=config, template_pack_uri=template_pack_uri, sft_uri=sft_uri
+        )
+        return RLResult.from_json(run_job(job))
+    return rl_iterations(ctx, config, template_pack_uri, sft_uri)
+
+
+def rl_iterations(
+    ctx: RunContext,
+    config: VerlFlowConfig,
+    template_pack_uri: str,
+    sft_uri: str | None,
+    *,
+    as_tasks: bool = True,
+) -> RLResult:
+    """The loop itself, in this process (one rank of an SPMD job, or the only process)."""
+    logger = stage_logger(__name__)
+    init, save, val_task = (
+        (init_rl_state, checkpoint, validate) if as_tasks else (init_rl_state.fn, checkpoint.fn, validate.fn)
+    )
     cfg, t, store = config, config.trainer, ctx.store()
-    start = init_rl_state(ctx, cfg, template_pack_uri, sft_uri)
+    start = init(ctx, cfg, template_pack_uri, sft_uri)
     lineage, total = get_state(ctx).lineage, get_state(ctx).iterations
     stall = cfg.execution.stall_timeout_s
     val: dict[int, float] = {}
@@ -103,18 +132,18 @@ def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft
     try:
         if t.val_before_train and start == 0 and t.test_freq:
             with timed(timings, "validate"), watched(ctx, "validate", stall, 0):
-                val[0] = validate(ctx, cfg, template_pack_uri, 0)
+                val[0] = val_task(ctx, cfg, template_pack_uri, 0)
         last_ckpt = None
         for it in range(start, total):
-            run_iteration(ctx, cfg, template_pack_uri, it, lineage, timings)
+            run_iteration(ctx, cfg, template_pack_uri, it, lineage, timings, as_tasks=as_tasks)
             done = it + 1
             if t.test_freq and (done % t.test_freq == 0 or done == total):
                 with timed(timings, "validate"), watched(ctx, "validate", stall, done):
-                    val[done] = validate(ctx, cfg, template_pack_uri, done)
+                    val[done] = val_task(ctx, cfg, template_pack_uri, done)
             if done == total:  # the final checkpoint marks the plan done: not for a policy short of it
                 check_completed("rl", completed_iterations(ctx, cfg))
             if done == total or (t.save_freq and done % t.save_freq == 0):
-                last_ckpt = checkpoint(ctx, cfg, done)
+                last_ckpt = save(ctx, cfg, done)
             acc = f", val accuracy {val[done]:.3f}" if done in val else ""
             logger.info("rl: iteration %d/%d done%s", done, total, acc)
         iterations = check_completed("rl", completed_iterations(ctx, cfg))

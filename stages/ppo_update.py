@@ -29,6 +29,7 @@ from stages.floor.state import get_state, ppo_models, sync_rollout_weights
 from verl_core.algorithms.stats import masked_mean
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
+from verl_core.ranks import broadcast_from_main, is_main
 from verl_core.run import RunContext
 from verl_core.training.ppo import RolloutBatch, ppo_iteration
 
@@ -40,7 +41,7 @@ def ppo_update(
     """One PPO/GRPO iteration's update; returns the stage's manifest URI."""
     store, state = ctx.store(), get_state(ctx)
     # 1. Skip only when the policy in memory already includes this update
-    params = {k: getattr(cfg, k).model_dump(mode="json") for k in ("actor", "critic", "algorithm", "model")}
+    params = {k: cfg.section_without_placement(k) for k in ("actor", "critic", "algorithm", "model")}
     stage = store.open_stage(
         ctx.run_id,
         iteration_stage(iteration, "update"),
@@ -48,7 +49,7 @@ def ppo_update(
         inputs={"rollout": rollout_uri, "reward": reward_uri},
         force=state.version == iteration,
     )
-    if stage.done:
+    if broadcast_from_main(stage.done):  # rank 0 decides for every rank of an SPMD job
         return stage.manifest_uri
     if state.version != iteration:
         raise RuntimeError(
@@ -83,6 +84,9 @@ def ppo_update(
     # rank of an SPMD job: gathering a sharded policy is a collective)
     state.version = iteration + 1
     sync_s = sync_rollout_weights(state)
+
+    if not is_main():  # every rank holds the new weights (its shard) and synced its engine; rank 0 writes
+        return stage.manifest_uri
 
     # 5. Write the per-sample table, log metrics; the next checkpoint commits
     stage.write_table(

@@ -18,10 +18,11 @@ from functools import partial
 from prefect import task
 
 from stages.floor.artifacts import batch_rows, rollouts_table
-from stages.floor.builders import generate_rollouts, sampling_params
+from stages.floor.builders import sampling_params, sharded_rollouts
 from stages.floor.locations import iteration_stage
 from stages.floor.state import get_state
-from verl_core.config import DataConfig, RolloutConfig, SandboxConfig
+from verl_core.config import PLACEMENT_FIELDS, DataConfig, RolloutConfig, SandboxConfig
+from verl_core.ranks import broadcast_from_main, is_main
 from verl_core.run import RunContext
 
 
@@ -44,7 +45,7 @@ def rollout(
     params = {
         "iteration": iteration,
         "lineage": lineage,
-        "rollout": cfg.model_dump(mode="json"),
+        "rollout": cfg.model_dump(mode="json", exclude=PLACEMENT_FIELDS["rollout"]),
         "batch": data.train_batch_size,
         "max_response_length": data.max_response_length,
         "seed": data.seed,
@@ -57,7 +58,7 @@ def rollout(
         params=params,
         inputs={"prompts": template_pack_uri},
     )
-    if stage.done:
+    if broadcast_from_main(stage.done):  # rank 0 decides for every rank of an SPMD job
         return stage.manifest_uri
     state = get_state(ctx)
     if state.version != iteration:
@@ -77,7 +78,7 @@ def rollout(
     ids = batch.column("input_ids").to_pylist()
     sampling = sampling_params(cfg, data.max_response_length, iteration, validation=False)
     gen = partial(
-        generate_rollouts, state.engine, state.tokenizer, ids,
+        sharded_rollouts, state.engine, state.tokenizer, ids,
         multi_turn=cfg.multi_turn, max_response_length=data.max_response_length, sandbox=sandbox,
     )  # fmt: skip
     main = gen(sampling)
@@ -87,6 +88,8 @@ def rollout(
         baselines = [c._replace(sample_index=sampling.n) for c in greedy.completions]
         baseline_traj = greedy.trajectories or []
     seconds = time.perf_counter() - t0
+    if not is_main():  # every rank holds every rollout; rank 0 commits them
+        return broadcast_from_main("")
 
     # 4. Write and commit (multi-turn rows carry their loss mask and turns)
     marks = [False] * len(completions) + [True] * len(baselines)
@@ -119,4 +122,4 @@ def rollout(
         },
         step=iteration,
     )
-    return uri
+    return broadcast_from_main(uri)

@@ -17,33 +17,44 @@ from typing import Any
 
 import pyarrow as pa
 import torch
+import torch.distributed as dist
 from prefect import task
 
 from stages.floor.artifacts import load_tokenizer, read_policy, write_policy
 from stages.floor.builders import build_policy
 from stages.floor.locations import SFT, SFT_CKPT
 from stages.floor.logging import progress, stage_logger
-from verl_core.config import ModelConfig, SFTConfig, TrainerConfig
-from verl_core.data.packing import PackedBatch, dynamic_micro_batches, pack
+from verl_core.config import ActorConfig, ModelConfig, SFTConfig, TrainerConfig
+from verl_core.data.packing import PackedBatch, pack
 from verl_core.errors import DataError
 from verl_core.models.checkpoint import load_state_bytes, rng_state, set_rng_state, state_bytes
 from verl_core.models.loading import count_parameters, resolve_device
 from verl_core.models.packed import PackedCausalLM
+from verl_core.ranks import broadcast_from_main, is_main, on_main, rank0_to_main
 from verl_core.run import RunContext
 from verl_core.run_length import StepCount, check_completed
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
-from verl_core.training.engine import OptimSpec, TrainEngine
-from verl_core.training.sft import count_loss_tokens, sft_loss
+from verl_core.training.data_parallel import dp_view
+from verl_core.training.engine import OptimSpec
+from verl_core.training.sft import sft_loss, sft_step_plan
+from verl_core.training.strategies import build_train_engine, full_weights
 
 CKPT_STAGE = SFT_CKPT
 
 
 @task(name="sft_warmup")
 def sft_warmup(
-    ctx: RunContext, model: ModelConfig, sft: SFTConfig, trainer: TrainerConfig, template_pack_uri: str
+    ctx: RunContext,
+    model: ModelConfig,
+    sft: SFTConfig,
+    trainer: TrainerConfig,
+    template_pack_uri: str,
+    actor: ActorConfig | None = None,
 ) -> str:
-    """Fine-tune the initial policy on the SFT split; returns the stage's manifest URI."""
+    """Fine-tune the initial policy on the SFT split; returns the stage's manifest URI. ``actor``: how
+    the policy trains (``actor.strategy``, …: one rank of an SPMD job; None: one process). The
+    strategy does not change the result, so it is not part of the stage's inputs."""
     log = stage_logger(__name__)
     store = ctx.store()
     # 1. Skip when committed with the same inputs
@@ -53,7 +64,7 @@ def sft_warmup(
         "seed": trainer.seed,
     }
     stage = store.open_stage(ctx.run_id, SFT, params=params, inputs={"template_pack": template_pack_uri})
-    if stage.done:
+    if broadcast_from_main(stage.done):  # rank 0 decides for every rank of an SPMD job
         log.info("sft: committed with the same inputs, skipped")
         return stage.manifest_uri
 
@@ -85,7 +96,11 @@ def sft_warmup(
     ckpt = store.committed(ctx.run_id, CKPT_STAGE)
     if ckpt is not None and ckpt.summary.get("sft_key") == stage.input_key:
         lm = read_policy(store, ckpt, "policy", model)
-    engine = TrainEngine(PackedCausalLM(lm), spec, _strategy(device))
+    a = actor or ActorConfig()
+    engine = build_train_engine(
+        PackedCausalLM(lm), spec, strategy=a.strategy, device=device, zero_stage=a.zero_stage,
+        param_offload=a.param_offload, tp_size=a.tensor_parallel_size,
+    )  # fmt: skip
     start = 0
     history: list[tuple[int, str, float]] = []
     if ckpt is not None and ckpt.summary.get("sft_key") == stage.input_key:
@@ -114,10 +129,9 @@ def sft_warmup(
             rows = _batch_rows(len(train[0]), sft.batch_size, step, steps_per_epoch, trainer.seed)
             if not rows:  # the loader ran out before the plan: the step count check below fails the stage
                 break
-            micro = _micro_batches(train, rows, sft.max_token_len_per_batch, device)
-            n_loss = count_loss_tokens([train[1][i] for i in rows])
+            micro, n_loss = _micro_batches(engine, train, rows, sft.max_token_len_per_batch, device)
             stats = engine.step(micro, _loss_fn(engine, n_loss), where="sft")
-            tokens += sum(mb.num_tokens for mb in micro)
+            tokens += sum(mb.num_tokens for mb, weight in micro if weight)  # this rank's, padding not
             metrics = {"sft/loss": stats.loss, "sft/grad_norm": stats.grad_norm, "sft/lr": stats.lr}
             done = completed = step + 1
             if sft.val_every and done % sft.val_every == 0 and done < total:
@@ -142,7 +156,10 @@ def sft_warmup(
     final_val = _val_loss(engine, val, sft.max_token_len_per_batch, device)
     tracker.log_metrics({"sft/val_loss": final_val}, step=total)
     history.append((total, "sft/val_loss", final_val))
-    write_policy(stage, "policy", lm, tokenizer, model)
+    weights = full_weights(engine, "lm.")  # every rank (gathered to rank 0 when sharded)
+    if not is_main():  # the other ranks of an SPMD job: rank 0 commits, everyone returns its URI
+        return broadcast_from_main("")
+    write_policy(stage, "policy", lm, tokenizer, model, state_dict=weights)
     stage.write_table("metrics.parquet", _metrics_table(history), "metrics")
     first_val = next((v for s, k, v in history if k == "sft/val_loss"), final_val)
     report = {
@@ -157,25 +174,23 @@ def sft_warmup(
     stage.write_json("report.json", report)
     uri = stage.commit(summary=report)
     log.info("sft: done, val loss %.4f", final_val)
-    return uri
+    return broadcast_from_main(uri)
 
 
-def _loss_fn(engine: TrainEngine, num_loss_tokens: int) -> Callable[[PackedBatch], torch.Tensor]:
-    """The micro-batch loss: its share of the mini-batch token-mean NLL."""
+Micro = tuple[PackedBatch, float]  # a packed micro-batch and its loss weight (0: padding, see below)
+
+
+def _loss_fn(engine: Any, num_loss_tokens: int) -> Callable[[Micro], torch.Tensor]:
+    """The micro-batch loss: its share of the step's token-mean NLL (all ranks), times its weight."""
     model = engine.model
-    assert isinstance(model, PackedCausalLM)
 
-    def loss(mb: PackedBatch) -> torch.Tensor:
+    def loss(micro: Micro) -> torch.Tensor:
+        mb, weight = micro
         assert mb.loss_mask is not None
-        return sft_loss(model, mb.input_ids, mb.cu_seqlens, mb.loss_mask, num_loss_tokens=num_loss_tokens)[0]
+        nll = sft_loss(model, mb.input_ids, mb.cu_seqlens, mb.loss_mask, num_loss_tokens=num_loss_tokens)[0]
+        return nll * weight
 
     return loss
-
-
-def _strategy(device: torch.device) -> Any:
-    from verl_core.training.engine import SingleStrategy
-
-    return SingleStrategy(device)
 
 
 def _rows(store: ArtifactStore, manifest: Manifest, name: str) -> tuple[list[list[int]], list[list[int]]]:
@@ -193,50 +208,67 @@ def _batch_rows(n: int, batch_size: int, step: int, steps_per_epoch: int, seed: 
 
 
 def _micro_batches(
-    data: tuple[list[list[int]], list[list[int]]], rows: Sequence[int], budget: int, device: torch.device
-) -> list[PackedBatch]:
+    engine: Any,
+    data: tuple[list[list[int]], list[list[int]]],
+    rows: Sequence[int],
+    budget: int,
+    device: torch.device,
+) -> tuple[list[Micro], int]:
+    """This rank's packed micro-batches of the step ``rows`` (its data-parallel share, padded to the
+    count every rank runs: a padding micro-batch has weight 0) and the step's loss-token count."""
     ids, masks = data
-    parts = dynamic_micro_batches([len(ids[i]) for i in rows], budget)
-    return [
-        pack(
-            [ids[rows[j]] for j in p], seq_index=[rows[j] for j in p], loss_masks=[masks[rows[j]] for j in p]
-        ).to(device)
-        for p in parts
+    plan = sft_step_plan(rows, [len(x) for x in ids], masks, budget, dp_view(engine))
+    micro = [
+        (
+            pack([ids[r] for r in mb.rows], seq_index=mb.rows, loss_masks=[masks[r] for r in mb.rows]).to(
+                device
+            ),
+            mb.weight,
+        )
+        for mb in plan.micro_batches
     ]
+    return micro, plan.num_loss_tokens
 
 
 @torch.no_grad()
 def _val_loss(
-    engine: TrainEngine, val: tuple[list[list[int]], list[list[int]]], budget: int, device: torch.device
+    engine: Any, val: tuple[list[list[int]], list[list[int]]], budget: int, device: torch.device
 ) -> float:
-    """Token-mean NLL over the whole validation split."""
+    """Token-mean NLL over the whole validation split (each rank its share, summed over ranks)."""
     if not val[0]:
         return float("nan")
     engine.model.eval()
-    rows = list(range(len(val[0])))
-    n_loss = count_loss_tokens(val[1])
+    micro, n_loss = _micro_batches(engine, val, list(range(len(val[0]))), budget, device)
     loss = _loss_fn(engine, n_loss)
-    return sum(float(loss(mb)) for mb in _micro_batches(val, rows, budget, device))
+    total = torch.tensor([sum(float(loss(mb)) for mb in micro)], dtype=torch.float64)
+    group = dp_view(engine).group
+    if group is not None:
+        dist.all_reduce(total, group=group)
+    return float(total)
 
 
 def _save_checkpoint(
     store: ArtifactStore,
     run_id: str,
     sft_key: str,
-    engine: TrainEngine,
+    engine: Any,
     lm: torch.nn.Module,
     tokenizer: Any,
     model: ModelConfig,
     step: int,
     history: list[tuple[int, str, float]],
 ) -> None:
-    ckpt = store.open_stage(run_id, CKPT_STAGE, params={"sft_key": sft_key, "step": step})
-    write_policy(ckpt, "policy", lm, tokenizer, model)
-    ckpt.write_bytes(
-        "trainer_state.pt",
-        state_bytes({"engine": engine.state_dict(), "rng": rng_state(), "step": step, "history": history}),
-    )
-    ckpt.commit(summary={"sft_key": sft_key, "step": step})
+    weights = full_weights(engine, "lm.")  # every rank: collectives when sharded
+    optimizer = rank0_to_main(engine.state_dict())  # every rank: the full state lands on global rank 0
+    trainer_state = {"engine": optimizer, "rng": rng_state(), "step": step, "history": history}
+
+    def commit() -> None:
+        ckpt = store.open_stage(run_id, CKPT_STAGE, params={"sft_key": sft_key, "step": step})
+        write_policy(ckpt, "policy", lm, tokenizer, model, state_dict=weights)
+        ckpt.write_bytes("trainer_state.pt", state_bytes(trainer_state))
+        ckpt.commit(summary={"sft_key": sft_key, "step": step})
+
+    on_main(commit)
 
 
 def _metrics_table(history: list[tuple[int, str, float]]) -> pa.Table:

@@ -10,11 +10,12 @@ import time
 from prefect import task
 
 from stages.floor.artifacts import rollouts_table
-from stages.floor.builders import generate_rollouts, sampling_params, score_batch
+from stages.floor.builders import sampling_params, score_batch, sharded_rollouts
 from stages.floor.locations import iteration_stage
 from stages.floor.samples import log_samples, sample_columns
 from stages.floor.state import get_state
 from verl_core.config import VerlFlowConfig
+from verl_core.ranks import broadcast_from_main, is_main
 from verl_core.reward import batch_from_columns, rewards_table
 from verl_core.run import RunContext
 
@@ -29,7 +30,7 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
     params = {
         "iteration": iteration,
         "lineage": state.lineage,
-        "rollout": cfg.rollout.model_dump(mode="json"),
+        "rollout": cfg.section_without_placement("rollout"),
         "reward": cfg.reward.model_dump(mode="json"),
         "max_val": cfg.data.max_val_samples,
         "max_response_length": cfg.data.max_response_length,
@@ -37,8 +38,9 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
     stage = store.open_stage(
         ctx.run_id, iteration_stage(iteration, "val"), params=params, inputs={"prompts": template_pack_uri}
     )
-    if stage.done and stage.manifest is not None:
-        return float(stage.manifest.summary["accuracy"])
+    done = broadcast_from_main(stage.manifest.summary["accuracy"] if stage.done and stage.manifest else None)
+    if done is not None:  # rank 0 decides for every rank of an SPMD job
+        return float(done)
     if state.version != iteration:
         raise RuntimeError(
             f"validation at iteration {iteration} needs policy version {iteration}, have {state.version}"
@@ -47,7 +49,7 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
     # 2. Generate on the held-out prompts
     prompts = store.read_table(store.read_manifest(template_pack_uri), "prompt_tokens/val.parquet")
     t0 = time.perf_counter()
-    completions, trajectories, turn_metrics = generate_rollouts(
+    completions, trajectories, turn_metrics = sharded_rollouts(
         state.engine,
         state.tokenizer,
         prompts.column("input_ids").to_pylist(),
@@ -57,6 +59,8 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
         cfg.sandbox,
     )
     gen_s = time.perf_counter() - t0
+    if not is_main():  # every rank generated its share; rank 0 scores and commits
+        return float(broadcast_from_main(0.0))
     rollouts = rollouts_table(
         completions, prompts, iteration, policy_version=state.engine.policy_version, trajectories=trajectories
     )
@@ -84,4 +88,4 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
     if cfg.tracking.log_samples:
         columns = sample_columns(rollouts, result.scores, cfg.tracking.log_samples)
         log_samples(tracker, "val", iteration, columns)
-    return accuracy
+    return float(broadcast_from_main(accuracy))

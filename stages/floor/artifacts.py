@@ -21,14 +21,14 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from stages.floor.locations import SFT, ckpt_stage, eval_label, export_stage, list_checkpoints
 from verl_core.config import ModelConfig
@@ -50,9 +50,18 @@ MODEL_PREFIX = "model"  # an export's HF model dir
 # Policy checkpoints
 
 
-def write_policy(stage: StageWriter, prefix: str, lm: nn.Module, tokenizer: Any, model: ModelConfig) -> None:
-    """Write a policy checkpoint under ``prefix`` (see the module docstring)."""
-    for name, data in model_files(lm, tokenizer).items():
+def write_policy(
+    stage: StageWriter,
+    prefix: str,
+    lm: nn.Module,
+    tokenizer: Any,
+    model: ModelConfig,
+    *,
+    state_dict: Mapping[str, Tensor] | None = None,
+) -> None:
+    """Write a policy checkpoint under ``prefix`` (see the module docstring). ``state_dict``: the full
+    weights of a sharded ``lm`` (gathered by its strategy; None: ``lm``'s own)."""
+    for name, data in model_files(lm, tokenizer, state_dict=state_dict).items():
         stage.write_bytes(f"{prefix}/{name}", data)
     if model.lora_rank > 0 and model.init == "scratch":
         for name, data in model_files(_plain_base(lm), None).items():

@@ -32,6 +32,7 @@ from verl_core.models.loading import (
     scratch_config,
     unwrap,
 )
+from verl_core.ranks import all_gather, rank, world_size
 from verl_core.registry import Registry
 from verl_core.reward import (
     CodeScorer,
@@ -62,6 +63,7 @@ from verl_core.sandbox import SandboxSpec, check_sandbox
 from verl_core.seeding import derive_seed
 from verl_core.tools import load_tools
 from verl_core.tools.parsing import TOOL_CALL_FORMATS
+from verl_core.training.distributed import rank_shard
 from verl_core.training.engine import OptimSpec
 from verl_core.training.ppo import ActorLossSpec, PPOSpec
 
@@ -444,3 +446,45 @@ def generate_rollouts(
         engine, tokenizer, prompt_ids, sampling, tools, spec, renderer, call_format, prompt_keys=prompt_keys
     )
     return Rollouts([t.completion for t in out], out, multi_turn_metrics(out))
+
+
+def sharded_rollouts(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingParams,
+    multi_turn: MultiTurnConfig,
+    max_response_length: int,
+    sandbox: SandboxConfig | None = None,
+) -> Rollouts:
+    """:func:`generate_rollouts` over every rank of an SPMD job (one process: the same call): each
+    engine generates a Karmarkar–Karp share of the prompts (balanced by prompt length), each prompt
+    keyed by its index in ``prompt_ids`` so it samples the tokens it would in one process, and every
+    rank gets all the rollouts, in (prompt, sample) order. An engine with a ``tensor_parallel_size``
+    (vLLM) spans that many consecutive ranks, which generate the same share together."""
+    tensor_parallel_size = int(getattr(engine, "tensor_parallel_size", 1))
+    engines = world_size() // tensor_parallel_size
+    if engines == 1 or len(prompt_ids) < engines:
+        return generate_rollouts(
+            engine, tokenizer, prompt_ids, sampling, multi_turn, max_response_length, sandbox
+        )
+    rows = rank_shard([len(p) for p in prompt_ids], rank() // tensor_parallel_size, engines)
+    mine = generate_rollouts(
+        engine, tokenizer, [prompt_ids[i] for i in rows], sampling, multi_turn, max_response_length, sandbox,
+        prompt_keys=rows,
+    )  # fmt: skip
+    local = [c._replace(prompt_index=rows[c.prompt_index]) for c in mine.completions]
+    trajectories = (
+        None
+        if mine.trajectories is None
+        else [t._replace(completion=c) for t, c in zip(mine.trajectories, local, strict=True)]
+    )
+    first = rank() % tensor_parallel_size == 0  # one copy of each engine's share
+    pairs = list(zip(local, trajectories or [None] * len(local), strict=True)) if first else []
+    gathered = all_gather(pairs)
+    gathered.sort(key=lambda pair: (pair[0].prompt_index, pair[0].sample_index))
+    completions = [c for c, _ in gathered]
+    if trajectories is None:
+        return Rollouts(completions, None, {})
+    everything = [t for _, t in gathered]
+    return Rollouts(completions, everything, multi_turn_metrics(everything))

@@ -31,6 +31,8 @@ def config_needs(cfg: VerlFlowConfig) -> Needs:
         cuda.append("rollout.name: 'vllm'")
     if cfg.actor.strategy == "deepspeed":
         packages["deepspeed"] = "actor.strategy: 'deepspeed'"
+    elif cfg.use_critic and cfg.critic.strategy == "deepspeed":
+        packages["deepspeed"] = "critic.strategy: 'deepspeed'"
     if cfg.model.quantization is not None:
         packages["bitsandbytes"] = "model.quantization"
     if cfg.model.attn_implementation == "flash_attention_2":

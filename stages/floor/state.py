@@ -57,13 +57,15 @@ from verl_core.models.checkpoint import (
 from verl_core.models.heads import load_value_model, value_model_from_policy
 from verl_core.models.loading import resolve_device
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
+from verl_core.ranks import on_main, rank0_to_main
 from verl_core.rollout import RolloutEngine, make_engine
 from verl_core.run import RunContext
 from verl_core.run_length import StepCount
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
-from verl_core.training.engine import SingleStrategy, TrainEngine
+from verl_core.training.engine import TrainEngine
 from verl_core.training.ppo import AdapterDisabledPolicy, LogProbModel, PPOModels
+from verl_core.training.strategies import build_train_engine, full_weights, prepare_frozen
 
 PENDING = "pending"  # checkpoint files holding the manifests of updates it publishes
 
@@ -128,7 +130,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
     actor = PackedCausalLM(lm)
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         if cfg.ref.path:  # a reference other than the starting policy
-            ref = PackedCausalLM(load_reference(cfg, lm)).to(device)
+            ref = PackedCausalLM(load_reference(cfg, lm))
         elif cfg.model.lora_rank:  # the base with the adapters disabled
             ref = AdapterDisabledPolicy(actor, lm)
         else:  # the starting policy (SFT, or the initial model), frozen
@@ -136,14 +138,24 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
                 frozen = read_policy(store, store.read_manifest(sft_uri), "policy", cfg.model)
             else:
                 frozen = build_policy(cfg.model, tokenizer, seed=cfg.trainer.seed)
-            ref = PackedCausalLM(frozen.eval().requires_grad_(False)).to(device)
+            ref = PackedCausalLM(frozen.eval().requires_grad_(False))
     iterations = planned_iterations(cfg, train_prompts(store, template_pack_uri))
-    actor_engine = TrainEngine(actor, actor_spec(cfg, iterations), SingleStrategy(device))
     critic = critic_engine = None
-    if cfg.use_critic:
-        critic_model = _critic(cfg, store, ckpt, lm)
-        critic = PackedScoreModel(critic_model)
-        critic_engine = TrainEngine(critic, critic_spec(cfg, iterations), SingleStrategy(device))
+    if cfg.use_critic:  # before the actor is sharded: a new critic copies the policy's backbone
+        critic = PackedScoreModel(_critic(cfg, store, ckpt, lm))
+    if isinstance(ref, PackedCausalLM):
+        ref = prepare_frozen(ref, cfg.ref.strategy, device, param_offload=cfg.ref.param_offload)
+    a = cfg.actor
+    actor_engine = build_train_engine(
+        actor, actor_spec(cfg, iterations), strategy=a.strategy, device=device, zero_stage=a.zero_stage,
+        param_offload=a.param_offload, tp_size=a.tensor_parallel_size,
+    )  # fmt: skip
+    if critic is not None:
+        c = cfg.critic
+        critic_engine = build_train_engine(
+            critic, critic_spec(cfg, iterations), strategy=c.strategy, device=device,
+            zero_stage=c.zero_stage, param_offload=c.param_offload, role="critic",
+        )  # fmt: skip
     kl = cfg.algorithm.kl_ctrl
     kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
     version = 0
@@ -157,7 +169,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         kl_ctrl.load_state_dict(state["kl_ctrl"])
         set_rng_state(state["rng"])
         version = int(state["iteration"])
-        publish_pending(store, ckpt)
+        on_main(lambda: publish_pending(store, ckpt))
         stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
     engine = make_engine(cfg.rollout.name, lm, tokenizer, **engine_kwargs(cfg.rollout))
     rl = _STATES[ctx.run_id] = RLState(
@@ -191,7 +203,7 @@ def policy_lineage(cfg: VerlFlowConfig, start_sha: str | None) -> str:
     model) and every setting that changes what the policy becomes. Iteration i's policy is a function
     of this and i (fixed seeds), so stages keyed by (lineage, i) can be skipped on rerun."""
     shaping = {
-        k: getattr(cfg, k).model_dump(mode="json")
+        k: cfg.section_without_placement(k)
         for k in ("data", "model", "actor", "critic", "ref", "rollout", "reward", "algorithm")
     }
     shaping["trainer"] = {
@@ -208,28 +220,40 @@ def save_checkpoint(ctx: RunContext, cfg: VerlFlowConfig, iteration: int) -> str
     """Commit ``ckpt/iter-XXXX`` for the in-memory state and prune old checkpoints."""
     state = get_state(ctx)
     store = ctx.store()
-    stage = store.open_stage(ctx.run_id, ckpt_stage(iteration), params={"iteration": iteration}, force=True)
-    write_policy(stage, "policy", state.lm, state.tokenizer, cfg.model)
-    if state.critic is not None:
-        for name, data in model_files(state.critic.model).items():
-            stage.write_bytes(f"critic/{name}", data)
-    trainer_state = {
+    # every rank: the full (unsharded) weights and optimizer states, gathered to rank 0 in an SPMD job
+    policy = full_weights(state.actor_engine, "lm.")
+    critic = None if state.critic_engine is None else full_weights(state.critic_engine, "model.")
+    engines = {
         "actor": state.actor_engine.state_dict(),
         "critic": state.critic_engine.state_dict() if state.critic_engine is not None else {},
+    }  # full optimizer states, on global rank 0
+    trainer_state = {
+        **(rank0_to_main(engines) or {}),
         "kl_ctrl": state.kl_ctrl.state_dict(),
         "rng": rng_state(),
         "iteration": iteration,
     }
-    stage.write_bytes("trainer_state.pt", state_bytes(trainer_state))
-    for m in state.pending:  # updates whose weights this checkpoint makes durable
-        stage.write_bytes(f"{PENDING}/{m.stage}.json", m.to_bytes())
-    pending = [m.stage for m in state.pending]
-    summary = {"iteration": iteration, "planned_iterations": state.iterations, "lineage": state.lineage}
-    uri = stage.commit(summary={**summary, "pending": pending})
-    publish_pending(store, store.read_manifest(uri))
+
+    def commit() -> str:  # rank 0 writes
+        where = ckpt_stage(iteration)
+        stage = store.open_stage(ctx.run_id, where, params={"iteration": iteration}, force=True)
+        write_policy(stage, "policy", state.lm, state.tokenizer, cfg.model, state_dict=policy)
+        if state.critic is not None:
+            for name, data in model_files(state.critic.model, state_dict=critic).items():
+                stage.write_bytes(f"critic/{name}", data)
+        stage.write_bytes("trainer_state.pt", state_bytes(trainer_state))
+        for m in state.pending:  # updates whose weights this checkpoint makes durable
+            stage.write_bytes(f"{PENDING}/{m.stage}.json", m.to_bytes())
+        pending = [m.stage for m in state.pending]
+        summary = {"iteration": iteration, "planned_iterations": state.iterations, "lineage": state.lineage}
+        uri = stage.commit(summary={**summary, "pending": pending})
+        publish_pending(store, store.read_manifest(uri))
+        for old in list_checkpoints(store, ctx.run_id)[: -cfg.trainer.max_ckpt_to_keep]:
+            store.delete_stage(ctx.run_id, ckpt_stage(old))
+        return uri
+
+    uri = on_main(commit)
     state.pending.clear()
-    for old in list_checkpoints(store, ctx.run_id)[: -cfg.trainer.max_ckpt_to_keep]:
-        store.delete_stage(ctx.run_id, ckpt_stage(old))
     return uri
 
 
@@ -294,6 +318,27 @@ class RLResult:
     val_accuracy: dict[int, float]
     timing_s: dict[str, float] = field(default_factory=dict)
     iterations: StepCount | None = None  # planned vs completed (None: rebuilt from an older checkpoint)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready (how an SPMD job's rank 0 hands it to the launching flow)."""
+        count = None if self.iterations is None else self.iterations.model_dump(mode="json")
+        val = {str(k): v for k, v in self.val_accuracy.items()}
+        return {
+            "checkpoint": self.checkpoint,
+            "val_accuracy": val,
+            "timing_s": self.timing_s,
+            "iterations": count,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RLResult:
+        count = data.get("iterations")
+        return cls(
+            data["checkpoint"],
+            {int(k): float(v) for k, v in data["val_accuracy"].items()},
+            {k: float(v) for k, v in data["timing_s"].items()},
+            None if count is None else StepCount.model_validate(count),
+        )
 
 
 def committed_rl_result(

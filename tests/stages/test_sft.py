@@ -10,13 +10,13 @@ import pyarrow.compute
 import pytest
 import torch
 
-import stages.sft as sft_stage
 from stages.floor.artifacts import load_tokenizer
 from stages.preprocess import preprocess
 from stages.sft import CKPT_STAGE, sft_warmup
 from stages.template_pack import template_pack
 from verl_core.config import DataConfig, ModelConfig, SFTConfig, TrainerConfig
 from verl_core.run import RunContext
+from verl_core.training.engine import TrainEngine
 
 DATA = DataConfig(arithmetic_train_size=96, arithmetic_val_size=16, pack_token_budget=512)
 MODEL = ModelConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
@@ -75,7 +75,7 @@ def test_killed_sft_resumes_to_identical_weights(
 
     # interrupted after the checkpoint at step 4 (the 5th step dies)
     crashed = _ctx(root, "crashed")
-    real_step = sft_stage.TrainEngine.step
+    real_step = TrainEngine.step
     calls = {"n": 0}
 
     def dying_step(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -84,14 +84,14 @@ def test_killed_sft_resumes_to_identical_weights(
             raise KeyboardInterrupt("killed")
         return real_step(self, *args, **kwargs)
 
-    monkeypatch.setattr(sft_stage.TrainEngine, "step", dying_step)
+    monkeypatch.setattr(TrainEngine, "step", dying_step)
     with pytest.raises(KeyboardInterrupt):
         sft_warmup.fn(crashed, MODEL, SFT, TrainerConfig(), tp)
     store = crashed.store()
     assert store.committed("crashed", "sft") is None  # nothing half-written is visible
     ckpt = store.committed("crashed", CKPT_STAGE)
     assert ckpt is not None and ckpt.summary["step"] == 4
-    monkeypatch.setattr(sft_stage.TrainEngine, "step", real_step)
+    monkeypatch.setattr(TrainEngine, "step", real_step)
 
     sft_warmup.fn(crashed, MODEL, SFT, TrainerConfig(), tp)
     assert _policy_sha(crashed) == _policy_sha(straight)

@@ -19,6 +19,7 @@ from verl_core.config.loader import (
     with_overrides,
 )
 from verl_core.config.schema import (
+    PLACEMENT_FIELDS,
     ActorConfig,
     AdvEstimator,
     AlgorithmConfig,
@@ -56,6 +57,7 @@ from verl_core.config.schema import (
 )
 
 __all__ = [
+    "PLACEMENT_FIELDS",
     "ActorConfig",
     "AdvEstimator",
     "AlgorithmConfig",

@@ -11,7 +11,9 @@ What is checked:
 * token budgets: every micro-batch budget holds one full-length sample (prompt + response), so a budget
   set for memory is a bound, not a hint; the longest sequence fits the model's positions;
 * schedule: the actor is updated at least once (``trainer.critic_warmup``);
-* placement: in deployments mode every location is reachable from every worker.
+* placement: in deployments mode every location is reachable from every worker;
+* distribution: several ranks train with sharded engines (fsdp2/deepspeed), their prompts can be shared,
+  several nodes have a rendezvous, tensor parallelism divides the node and the heads.
 
 Micro-batch sizes need not divide mini-batches: loss denominators are summed over the whole mini-batch
 (:mod:`verl_core.training.ppo`), so an uneven last micro-batch weighs its tokens exactly like the others.
@@ -164,10 +166,59 @@ def _shared_locations(cfg: VerlFlowConfig) -> list[str]:
     return out
 
 
+def _distributed(cfg: VerlFlowConfig) -> list[str]:
+    """An SPMD job (torchrun) that can run: sharded engines for several ranks, a rendezvous for several
+    nodes, a tensor-parallel degree that divides the node and the heads, a rollout engine that does not
+    generate from sharded weights."""
+    out = []
+    world, t, a = cfg.world_size, cfg.trainer, cfg.actor
+    geometry = f"trainer.nnodes × trainer.n_gpus_per_node = {world} processes"
+    placed = [("actor.strategy", a.strategy)] + (
+        [("critic.strategy", cfg.critic.strategy)] if cfg.use_critic else []
+    )
+    if world > 1:
+        out += [
+            f"{name}: 'single' trains one copy per process, but {geometry}: use 'fsdp2' or 'deepspeed'"
+            for name, value in placed
+            if value == "single"
+        ]
+    if t.nnodes > 1 and not t.rdzv_endpoint:
+        out.append(f"trainer.rdzv_endpoint: required (host:port of node 0) when trainer.nnodes is {t.nnodes}")
+    tp = a.tensor_parallel_size
+    if tp > 1:
+        if a.strategy != "fsdp2":
+            out.append(f"actor.tensor_parallel_size: {tp} needs actor.strategy 'fsdp2', got {a.strategy!r}")
+        if t.n_gpus_per_node % tp:
+            out.append(
+                f"actor.tensor_parallel_size: {tp} does not divide trainer.n_gpus_per_node "
+                f"{t.n_gpus_per_node} (tensor-parallel groups stay inside a node)"
+            )
+        m = cfg.model
+        if m.init == "scratch" and (m.num_attention_heads % tp or m.num_key_value_heads % tp):
+            out.append(
+                f"actor.tensor_parallel_size: {tp} does not divide model.num_attention_heads "
+                f"{m.num_attention_heads} and model.num_key_value_heads {m.num_key_value_heads}"
+            )
+    sharded = [name for name, value in placed if value != "single"]
+    if sharded and cfg.model.lora_rank:
+        out.append(
+            f"model.lora_rank: LoRA with {' and '.join(sharded)} {a.strategy!r} is not supported yet "
+            "(train LoRA with strategy 'single', or full weights sharded)"
+        )
+    if cfg.rollout.name == "hf" and cfg.rollout.share_weights and a.strategy != "single":
+        out.append(
+            f"rollout.share_weights: the hf engine cannot generate from the actor's sharded weights "
+            f"(actor.strategy {a.strategy!r}): set rollout.share_weights=false (its own full copy, synced "
+            "after every update)"
+        )
+    return out
+
+
 CHECKS: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (
     _required_fields,
     _batch_sizes,
     _token_budgets,
     _schedule,
     _shared_locations,
+    _distributed,
 )

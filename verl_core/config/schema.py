@@ -534,6 +534,9 @@ class TrainerConfig(Section):
     rdzv_endpoint: str | None = _f(
         None, "host:port of the c10d rendezvous of a multi-node job (None: this host, one node)"
     )
+    rdzv_id: str = _f(
+        "verl-flow", "c10d rendezvous id of multi-node jobs; followers (verl-flow spmd-follow) pass the same"
+    )
     rollout_ahead: int = _f(
         0,
         "Policy versions a rollout may lag the trainer: ppo_update refuses an older batch (0: on-policy)",
@@ -630,6 +633,16 @@ class ExecutionConfig(Section):
     )
 
 
+# Where and how models are placed, not what they compute: left out of the identity of a policy's
+# trajectory (a run resumes on another world size or strategy) and of the update stage's inputs.
+PLACEMENT_FIELDS: dict[str, set[str]] = {
+    "actor": {"strategy", "zero_stage", "param_offload", "tensor_parallel_size"},
+    "critic": {"strategy", "zero_stage", "param_offload"},
+    "ref": {"strategy", "param_offload"},
+    "rollout": {"share_weights"},
+}
+
+
 class VerlFlowConfig(Section):
     """The whole run."""
 
@@ -671,6 +684,11 @@ class VerlFlowConfig(Section):
         if self.critic.enable is not None:
             return self.critic.enable
         return self.algorithm.adv_estimator == "gae"
+
+    def section_without_placement(self, name: str) -> dict[str, Any]:
+        """Section ``name`` as JSON without its :data:`PLACEMENT_FIELDS`."""
+        section: Section = getattr(self, name)
+        return section.model_dump(mode="json", exclude=PLACEMENT_FIELDS.get(name))
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the resolved config (see :func:`.loader.config_hash`)."""

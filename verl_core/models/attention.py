@@ -14,6 +14,10 @@ It is registered with transformers as the attention implementation ``varlen_sdpa
 flash-attn style keyword ``cu_seq_lens_q`` (what :func:`verl_core.models.packed.packed_hidden_states`
 passes) it attends within each sequence; called without it (generation, padded batches) it is exactly
 transformers' ``sdpa`` with its usual masks.
+
+Head counts come from the tensors' shapes (the GQA ratio is ``H / H_kv``), never from the config: under
+tensor parallelism each rank holds ``H / tp`` query and ``H_kv / tp`` key/value heads and the same code
+runs on its local heads (transformers' attention reshapes by ``-1`` heads as well).
 """
 
 from __future__ import annotations

@@ -13,14 +13,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from verl_core.errors import ArtifactCorruptError
 from verl_core.files import read_files
 
 
-def model_files(model: nn.Module, tokenizer: Any | None = None) -> dict[str, bytes]:
-    """``save_pretrained`` of the model (and tokenizer) as ``{file name: bytes}`` (safetensors)."""
+def model_files(
+    model: nn.Module, tokenizer: Any | None = None, *, state_dict: Mapping[str, Tensor] | None = None
+) -> dict[str, bytes]:
+    """``save_pretrained`` of the model (and tokenizer) as ``{file name: bytes}`` (safetensors).
+    ``state_dict``: the weights to write instead of the module's own (the full weights of a sharded
+    module, gathered by its strategy)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -32,7 +36,8 @@ def model_files(model: nn.Module, tokenizer: Any | None = None) -> dict[str, byt
         if config is not None:
             config.use_cache = True
         try:
-            model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+            extra = {} if state_dict is None else {"state_dict": dict(state_dict)}
+            model.save_pretrained(tmp, safe_serialization=True, **extra)  # type: ignore[operator]
         finally:
             if config is not None:
                 config.use_cache = use_cache

@@ -97,6 +97,11 @@ class HFEngine:
         if tokenizer is None:
             raise ConfigError("HFEngine: a live model needs its tokenizer (HFEngine(model, tokenizer))")
         if not share_weights:  # an own copy, frozen: it changes only through load_weights / load_adapter
+            if _sharded(model):
+                raise ConfigError(
+                    "HFEngine(share_weights=False): the model is sharded (DTensor parameters); build the "
+                    "engine from the unsharded policy, before the training strategy shards it"
+                )
             model = copy.deepcopy(model).eval().requires_grad_(False)
         self.model: nn.Module = model
         self.shares_weights = share_weights
@@ -514,6 +519,12 @@ def _forget_static_cache_length(model: nn.Module) -> None:
     base = unwrap(model)
     if hasattr(base, "_previous_max_cache_length"):
         del base._previous_max_cache_length
+
+
+def _sharded(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _device(model: nn.Module) -> torch.device:

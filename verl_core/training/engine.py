@@ -5,8 +5,11 @@ Loss convention (see :mod:`verl_core.algorithms.aggregation`): the loss function
 micro-batch's share of the mini-batch loss (normalised by the *whole* mini-batch's token or sequence
 count), so the micro-batch losses sum to the mini-batch loss and the accumulated gradient equals the
 mini-batch gradient whatever the split (1×8 == 8×1). Under data parallelism the normaliser is global
-(all ranks) and gradients are averaged by the strategy, so each rank's loss is multiplied by the
-world size.
+(all data-parallel ranks) and gradients are averaged over those ranks by the strategy, so each rank's
+loss is multiplied by ``dp_size`` (with tensor parallelism, ``world_size / tp_size``).
+
+Checkpoints (:meth:`TrainEngine.state_dict`) hold the *full* optimizer state keyed by parameter name,
+whatever the strategy: a checkpoint from any world size loads at any other, one process included.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from verl_core.errors import VerlFlowError
+from verl_core.training.distributed import full_optimizer_state, load_full_optimizer_state
 from verl_core.watchdog import beat
 
 T = TypeVar("T")
@@ -42,7 +47,7 @@ class OptimSpec:
 
 
 class StepStats(NamedTuple):
-    loss: float  # the mini-batch loss (sum of micro-batch losses, over all ranks)
+    loss: float  # the mini-batch loss (sum of micro-batch losses, over all data-parallel ranks)
     grad_norm: float  # global gradient norm before clipping
     lr: float  # learning rate used for this step
     micro_batches: int
@@ -77,10 +82,18 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 
 class Strategy(Protocol):
-    """How a model is placed, how gradients are combined across ranks, how the norm is clipped."""
+    """How a model is placed, how gradients are combined across ranks, how the norm is clipped.
+
+    ``rank``/``world_size``: this process among all; ``dp_rank``/``dp_size``/``dp_group``: among the
+    data-parallel ranks whose gradients are averaged (``dp_size = world_size / tp_size``; group None
+    in one process)."""
 
     rank: int
     world_size: int
+    dp_rank: int
+    dp_size: int
+    dp_group: dist.ProcessGroup | None
+    tp_size: int
 
     def prepare(self, model: nn.Module) -> nn.Module: ...
     def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> Tensor: ...
@@ -92,6 +105,10 @@ class SingleStrategy:
 
     rank = 0
     world_size = 1
+    dp_rank = 0
+    dp_size = 1
+    dp_group: dist.ProcessGroup | None = None
+    tp_size = 1
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
@@ -132,9 +149,26 @@ class TrainEngine:
         self.global_step = 0
 
     @property
+    def rank(self) -> int:
+        return self.strategy.rank
+
+    @property
     def world_size(self) -> int:
-        """Ranks whose gradients this engine averages (1 in one process)."""
+        """All ranks of the job (1 in one process)."""
         return self.strategy.world_size
+
+    @property
+    def dp_rank(self) -> int:
+        return self.strategy.dp_rank
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks whose gradients this engine averages (1 in one process)."""
+        return self.strategy.dp_size
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        return self.strategy.dp_group
 
     def step(
         self, micro_batches: Sequence[T], loss_fn: Callable[[T], Tensor], *, where: str = "train"
@@ -154,7 +188,7 @@ class TrainEngine:
                 raise NonFiniteError(
                     f"{where}: loss is {loss.item()} at step {self.global_step}, micro-batch {i}"
                 )
-            (loss * self.strategy.world_size).backward()
+            (loss * self.strategy.dp_size).backward()  # the strategy averages over dp_size ranks
             total += float(loss.detach())
             beat(optimizer_step=self.global_step + 1, micro_batch=f"{i + 1}/{len(micro_batches)}")
         grad_norm = self.strategy.clip_grad_norm(self.params, self.spec.grad_clip)
@@ -177,14 +211,17 @@ class TrainEngine:
         return StepStats(self.strategy.all_reduce_sum(total), float(grad_norm), lr, len(micro_batches))
 
     def state_dict(self) -> dict[str, Any]:
+        """Optimizer (full, on CPU, keyed by parameter name), scheduler and step. Every rank calls it;
+        under torch.distributed the optimizer tensors reach rank 0 only (the rank that saves)."""
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": full_optimizer_state(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "global_step": self.global_step,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Load :meth:`state_dict` saved at any world size; every rank calls it with the same state."""
+        load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = int(state["global_step"])
 

@@ -3,9 +3,17 @@ cleanrl's ``ppo.py``: old/ref log-probs and values, token rewards and advantages
 shuffled mini-batches of whole prompt groups × micro-batches (kernels in
 :mod:`verl_core.training.ppo_kernels`).
 
-Losses follow :mod:`verl_core.algorithms`: one :class:`AggNorm` per mini-batch (summed over the
-data-parallel group when there is one), and every micro-batch loss is its share of the mini-batch
-loss, so gradients and the logged metrics do not depend on micro-batching.
+Losses follow :mod:`verl_core.algorithms`: one :class:`AggNorm` per mini-batch, and every
+micro-batch loss is its share of the mini-batch loss, so gradients and the logged metrics do not
+depend on micro-batching.
+
+Data parallelism (SPMD under torchrun): every rank passes the *whole* batch; the data-parallel view
+comes from the actor engine (:func:`verl_core.training.data_parallel.dp_view`). The no-grad forwards
+run on each rank's Karmarkar–Karp shard and are gathered; rewards and advantages are computed on the
+full batch on every rank (identical, no collective); each mini-batch is split over the ranks and its
+``AggNorm`` counts the whole mini-batch; every rank runs the same number of forward/backward calls
+(padding micro-batches of weight 0, :mod:`verl_core.training.data_parallel`); the logged metrics are
+summed over the ranks, so they equal one process's.
 """
 
 from __future__ import annotations
@@ -18,7 +26,6 @@ from typing import NamedTuple
 
 import pyarrow as pa
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from verl_core.algorithms import (
@@ -30,10 +37,17 @@ from verl_core.algorithms import (
     masked_mean,
     scores_to_token_rewards,
 )
-from verl_core.data.packing import dynamic_micro_batches
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
 from verl_core.seeding import derive_seed
 from verl_core.timing import timed
+from verl_core.training.data_parallel import (
+    DPView,
+    MicroBatch,
+    dp_micro_batches,
+    dp_view,
+    micro_batches,
+    sum_over_ranks,
+)
 from verl_core.training.engine import NonFiniteError, TrainEngine
 from verl_core.training.ppo_kernels import (
     ActorLossSpec,
@@ -243,7 +257,6 @@ def ppo_iteration(
     *,
     kl_ctrl: KLController,
     seed: int,
-    group: dist.ProcessGroup | None = None,
     where: str = "ppo_iteration",
 ) -> PPOIterationResult:
     """One PPO iteration (Schulman et al. 2017, Algorithm 1, as in cleanrl's ``ppo.py``):
@@ -254,22 +267,22 @@ def ppo_iteration(
     3. for each epoch, for each shuffled mini-batch of whole prompt groups: one critic step, then
        (after critic warm-up) one actor step, each accumulating gradients over micro-batches.
 
-    ``group``: the data-parallel process group when ``batch`` is this rank's shard; the loss
-    denominators (tokens, sequences) are summed over it. ``seed`` fixes the mini-batch order.
+    Under data parallelism every rank passes the same, whole ``batch`` (see the module docstring);
+    the results and metrics are the same on every rank. ``seed`` fixes the mini-batch order.
     Raises :class:`NonFiniteError` (naming ``where``) before any optimizer step when an input is NaN/Inf.
     """
-    _check_group(models, group)
+    dp = _dp_of(models)
     timing: dict[str, float] = defaultdict(float)
     mask = batch.response_mask.to(models.device)  # (S, R)
 
-    # 1. Old log-probs, reference log-probs, values (no grad)
-    old_logp, ref_logp, values = _no_grad_forwards(models, batch, spec, mask, timing)
+    # 1. Old log-probs, reference log-probs, values (no grad; each rank its shard, then gathered)
+    old_logp, ref_logp, values = _no_grad_forwards(models, batch, spec, mask, timing, dp)
     beat(phase="old/ref log-probs and values", sequences=len(batch))
 
     # 2. Token rewards r_t = score·[t = last] − β·KL_t, then advantages Â_t and returns R_t
     with timed(timing, "adv"):
         scores = batch.scores.to(models.device)  # (S,)
-        rewards = _token_rewards(scores, old_logp, ref_logp, mask, spec, kl_ctrl, group)
+        rewards = _token_rewards(scores, old_logp, ref_logp, mask, spec, kl_ctrl)
         greedy = None if batch.baseline_scores is None else batch.baseline_scores.to(models.device)
         if spec.adv_estimator == "remax" and greedy is None:
             raise ValueError("adv_estimator remax needs baseline scores (the greedy is_baseline rollouts)")
@@ -293,8 +306,10 @@ def ppo_iteration(
         critic_loss_fn = partial(_critic_micro_loss, models.critic, batch, spec, values, adv.returns, log)
         with timed(timing, "update_critic"):
             for rows in minibatches(batch.group_ids, spec.critic_mini_batch_groups, spec.critic_epochs, seed):
-                norm = _agg_norm(mask[rows], spec.horizon, group)
-                mbs = micro_batches(rows, batch.lengths, spec.critic_token_budget, spec.micro_batch_size)
+                norm = _agg_norm(mask[rows], spec.horizon)  # the whole mini-batch, all ranks
+                mbs = dp_micro_batches(
+                    rows, batch.lengths, spec.critic_token_budget, dp, spec.micro_batch_size
+                )
                 stats = models.critic_engine.step(
                     mbs, partial(critic_loss_fn, norm, models.device), where=f"{where} critic"
                 )
@@ -307,33 +322,42 @@ def ppo_iteration(
         )
         with timed(timing, "update_actor"):
             for rows in minibatches(batch.group_ids, spec.actor_mini_batch_groups, spec.actor_epochs, seed):
-                norm = _agg_norm(mask[rows], spec.horizon, group)
-                mbs = micro_batches(rows, batch.lengths, spec.actor_token_budget, spec.micro_batch_size)
+                norm = _agg_norm(mask[rows], spec.horizon)  # the whole mini-batch, all ranks
+                mbs = dp_micro_batches(
+                    rows, batch.lengths, spec.actor_token_budget, dp, spec.micro_batch_size
+                )
                 stats = models.actor_engine.step(
                     mbs, partial(actor_loss_fn, norm, models.device), where=f"{where} actor"
                 )
                 log.step({"actor/grad_norm": stats.grad_norm, "actor/lr": stats.lr})
 
-    metrics.update(log.means())
+    metrics.update(log.means(dp))
     metrics.update(_batch_metrics(scores, rewards.token_rewards, adv.advantages, adv.returns, values, mask))
     metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
     metrics["perf/throughput"] = sum(batch.lengths) * spec.actor_epochs / max(sum(timing.values()), 1e-9)
     return PPOIterationResult(adv.advantages, adv.returns, rewards.kl, metrics)
 
 
-def _check_group(models: PPOModels, group: dist.ProcessGroup | None) -> None:
-    """The engines average gradients over as many ranks as the loss denominators are summed over."""
-    ranks = 1 if group is None else dist.get_world_size(group)
-    for name, engine in (("actor", models.actor_engine), ("critic", models.critic_engine)):
-        if engine is not None and engine.world_size != ranks:
+def _dp_of(models: PPOModels) -> DPView:
+    """The actor engine's data-parallel view; the critic engine must split the batch the same way."""
+    dp = dp_view(models.actor_engine)
+    if models.critic_engine is not None:
+        critic = dp_view(models.critic_engine)
+        if (critic.rank, critic.size) != (dp.rank, dp.size):
             raise ValueError(
-                f"the {name} engine averages gradients over {engine.world_size} ranks but the "
-                f"data-parallel group has {ranks}: pass group= the engines' process group"
+                f"the critic engine is data-parallel rank {critic.rank} of {critic.size} but the actor "
+                f"engine rank {dp.rank} of {dp.size}: build both with the same world and tensor-parallel size"
             )
+    return dp
 
 
 def _no_grad_forwards(
-    models: PPOModels, batch: RolloutBatch, spec: PPOSpec, mask: Tensor, timing: dict[str, float]
+    models: PPOModels,
+    batch: RolloutBatch,
+    spec: PPOSpec,
+    mask: Tensor,
+    timing: dict[str, float],
+    dp: DPView,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """``(S, R)`` old log-probs (recomputed, or the engine's behaviour log-probs), reference
     log-probs (None without KL) and values (None without a critic)."""
@@ -346,7 +370,7 @@ def _no_grad_forwards(
         else:
             actor = models.actor
             old_logp = _forward(
-                batch, device, spec.log_prob_token_budget, mask,
+                batch, device, spec.log_prob_token_budget, mask, dp,
                 lambda b: response_log_probs(actor, b, temperature=temperature)[0],
             )  # fmt: skip
     ref_logp = None
@@ -356,7 +380,7 @@ def _no_grad_forwards(
             raise ValueError("KL (actor.use_kl_loss or use_kl_in_reward) needs a reference policy")
         with timed(timing, "ref"):
             ref_logp = _forward(
-                batch, device, spec.ref_token_budget, mask,
+                batch, device, spec.ref_token_budget, mask, dp,
                 lambda b: response_log_probs(ref, b, temperature=temperature)[0],
             )  # fmt: skip
     values = None
@@ -364,7 +388,7 @@ def _no_grad_forwards(
         critic = models.critic
         with timed(timing, "values"):
             values = _forward(
-                batch, device, spec.critic_token_budget, mask, lambda b: response_values(critic, b)
+                batch, device, spec.critic_token_budget, mask, dp, lambda b: response_values(critic, b)
             )
     return old_logp, ref_logp, values
 
@@ -382,10 +406,9 @@ def _token_rewards(
     mask: Tensor,
     spec: PPOSpec,
     kl_ctrl: KLController,
-    group: dist.ProcessGroup | None,
 ) -> _TokenRewards:
     """r_t = score·[t = last response token] − β·KL_t (the KL term only with ``use_kl_in_reward``);
-    the controller moves β with the KL measured over the whole batch (all ranks)."""
+    the controller moves β with the KL measured over the whole batch (every rank holds all of it)."""
     token_scores = scores_to_token_rewards(scores, mask)  # (S, R)
     if not spec.use_kl_in_reward:
         return _TokenRewards(token_scores, None, {})
@@ -398,11 +421,7 @@ def _token_rewards(
         kl_coef=kl_ctrl.value,
         kl_penalty=spec.kl_penalty,
     )
-    kl, n = float(pen.stats.kl), len(scores)  # mean sequence KL of this rank's samples
-    if group is not None:  # the mean over every rank's samples
-        sums = torch.tensor([kl * n, n], dtype=torch.float64)
-        dist.all_reduce(sums, group=group)
-        kl, n = float(sums[0] / sums[1]), int(sums[1])
+    kl, n = float(pen.stats.kl), len(scores)  # mean sequence KL of the whole batch
     kl_ctrl.update(kl, n_steps=n)
     metrics = {"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": pen.stats.kl_coef}
     return _TokenRewards(pen.token_level_rewards, pen.kl, metrics)
@@ -418,15 +437,17 @@ def _actor_micro_loss(
     log: _MetricLog,
     norm: AggNorm,
     device: torch.device,
-    rows: list[int],
+    mb: MicroBatch,
 ) -> Tensor:
-    """The actor loss share of micro-batch ``rows``; per-token inputs ``(S, R)`` of the whole batch."""
+    """The actor loss share of micro-batch ``mb`` (× its weight: 0 for padding); per-token inputs
+    ``(S, R)`` of the whole batch."""
+    rows = mb.rows
     b = batch.micro(rows).to(device)
     r = b.response_mask.shape[1]
     ref = None if ref_logp is None else ref_logp[rows, :r]
     loss, metrics = actor_loss(actor, b, old_logp[rows, :r], advantages[rows, :r], ref, spec.actor, norm)
-    log.micro(metrics, float(b.response_mask.sum()))
-    return loss
+    log.micro(metrics, float(b.response_mask.sum()), mb.weight)
+    return loss * mb.weight
 
 
 def _critic_micro_loss(
@@ -438,9 +459,11 @@ def _critic_micro_loss(
     log: _MetricLog,
     norm: AggNorm,
     device: torch.device,
-    rows: list[int],
+    mb: MicroBatch,
 ) -> Tensor:
-    """The critic loss share of micro-batch ``rows``; per-token inputs ``(S, R)`` of the whole batch."""
+    """The critic loss share of micro-batch ``mb`` (× its weight: 0 for padding); per-token inputs
+    ``(S, R)`` of the whole batch."""
+    rows = mb.rows
     b = batch.micro(rows).to(device)
     r = b.response_mask.shape[1]
     loss, metrics = critic_loss(
@@ -452,36 +475,55 @@ def _critic_micro_loss(
         loss_agg_mode=spec.critic_loss_agg_mode,
         norm=norm,
     )
-    log.micro(metrics, float(b.response_mask.sum()))
-    return loss
+    log.micro(metrics, float(b.response_mask.sum()), mb.weight)
+    return loss * mb.weight
 
 
 class _MetricLog:
-    """Micro-batch metrics → iteration means that do not depend on how mini-batches are split."""
+    """Micro-batch metrics → iteration means that do not depend on how mini-batches are split, nor
+    on how they are shared among data-parallel ranks.
+
+    Per rank: the loss shares of each mini-batch (summed), Σ value·tokens and Σ tokens of every
+    token-mean metric; :meth:`means` sums them over the ranks (one all-reduce) and divides. A padding
+    micro-batch (weight 0) records zeros, so every rank holds the same keys and step counts."""
 
     def __init__(self) -> None:
-        self.losses: dict[str, float] = defaultdict(float)  # current mini-batch's loss sums
-        self.per_step: dict[str, list[float]] = defaultdict(list)
+        self.losses: dict[str, float] = defaultdict(float)  # current mini-batch's loss sums (this rank)
+        self.step_losses: dict[str, list[float]] = defaultdict(list)  # per step, summed over ranks later
+        self.per_step: dict[str, list[float]] = defaultdict(list)  # per step, already global
         self.weighted: dict[str, float] = defaultdict(float)  # Σ value·tokens
         self.tokens: dict[str, float] = defaultdict(float)  # Σ tokens
 
-    def micro(self, metrics: dict[str, float], tokens: float) -> None:
+    def micro(self, metrics: dict[str, float], tokens: float, weight: float = 1.0) -> None:
         for k, v in metrics.items():
             if k in _LOSS_METRICS:
-                self.losses[k] += v
+                self.losses[k] += v * weight
             else:
-                self.weighted[k] += v * tokens
-                self.tokens[k] += tokens
+                self.weighted[k] += v * tokens * weight
+                self.tokens[k] += tokens * weight
 
     def step(self, metrics: dict[str, float]) -> None:
-        """End of a mini-batch (one optimizer step): its loss sums become one value each."""
-        for k, v in {**self.losses, **metrics}.items():
+        """End of a mini-batch (one optimizer step): its loss sums become one value each; ``metrics``
+        (grad norm, lr) are the same on every rank."""
+        for k, v in self.losses.items():
+            self.step_losses[k].append(v)
+        for k, v in metrics.items():
             self.per_step[k].append(v)
         self.losses.clear()
 
-    def means(self) -> dict[str, float]:
+    def means(self, dp: DPView) -> dict[str, float]:
+        losses, weighted = sorted(self.step_losses), sorted(self.weighted)
+        flat = [v for k in losses for v in self.step_losses[k]]
+        flat += [self.weighted[k] for k in weighted] + [self.tokens[k] for k in weighted]
+        summed = sum_over_ranks(torch.tensor(flat, dtype=torch.float64), dp).tolist()
         out = {k: sum(v) / len(v) for k, v in self.per_step.items() if v}
-        out.update({k: self.weighted[k] / self.tokens[k] for k in self.weighted if self.tokens[k] > 0})
+        at = 0
+        for k in losses:  # each step's loss: Σ over ranks of the rank's shares
+            n = len(self.step_losses[k])
+            out[k] = sum(summed[at : at + n]) / n
+            at += n
+        num, den = summed[at : at + len(weighted)], summed[at + len(weighted) :]
+        out.update({k: a / b for k, a, b in zip(weighted, num, den, strict=True) if b > 0})
         return out
 
 
@@ -501,39 +543,28 @@ def minibatches(group_ids: Tensor, groups_per_minibatch: int, epochs: int, seed:
     return out
 
 
-def micro_batches(
-    rows: Sequence[int], lengths: Sequence[int], budget: int, fixed: int | None = None
-) -> list[list[int]]:
-    """Micro-batches (lists of sample rows) of one mini-batch: ``fixed`` samples each, or balanced
-    token-budget ones (verl's ``use_dynamic_bsz``; a sample longer than ``budget`` gets its own)."""
-    if fixed is not None:
-        return [list(rows[i : i + fixed]) for i in range(0, len(rows), fixed)]
-    parts = dynamic_micro_batches([lengths[r] for r in rows], max(budget, max(lengths[r] for r in rows)))
-    return [[rows[i] for i in p] for p in parts]
-
-
 @torch.no_grad()
 def _forward(
     batch: RolloutBatch,
     device: torch.device,
     budget: int,
     mask: Tensor,
+    dp: DPView,
     fn: Callable[[PPOBatch], Tensor],
 ) -> Tensor:
-    """``fn`` over token-budget micro-batches of every sample, gathered into ``(S, R)``."""
-    out = torch.zeros_like(mask)
-    for rows in micro_batches(range(len(batch)), batch.lengths, budget):
-        value = fn(batch.micro(rows).to(device))
-        out[rows, : value.shape[1]] = value.float()
-    return out
+    """``fn`` over token-budget micro-batches of this rank's share of the samples (padded to the
+    count every rank runs; a padding result is dropped), gathered from all ranks into ``(S, R)``."""
+    out = torch.zeros_like(mask)  # (S, R): this rank's rows filled, zeros elsewhere
+    for mb in dp_micro_batches(range(len(batch)), batch.lengths, budget, dp):
+        value = fn(batch.micro(mb.rows).to(device))  # (B, R_mb)
+        if mb.weight:
+            out[mb.rows, : value.shape[1]] = value.float()
+    return sum_over_ranks(out, dp)
 
 
-def _agg_norm(mask: Tensor, horizon: float, group: dist.ProcessGroup | None) -> AggNorm:
-    """Loss denominators of a mini-batch ``mask (B, R)``, summed over the data-parallel group."""
-    counts = torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64)
-    if group is not None:
-        dist.all_reduce(counts, group=group)
-    return AggNorm(num_tokens=float(counts[0]), num_seqs=float(counts[1]), horizon=horizon)
+def _agg_norm(mask: Tensor, horizon: float) -> AggNorm:
+    """Loss denominators of a whole mini-batch ``mask (B, R)``: its response tokens and sequences."""
+    return AggNorm(num_tokens=float(mask.sum()), num_seqs=float(mask.shape[0]), horizon=horizon)
 
 
 def _check_finite(tensors: dict[str, Tensor], where: str) -> None:

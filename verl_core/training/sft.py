@@ -3,17 +3,45 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from verl_core.models.packed import PackedCausalLM
+from verl_core.training.data_parallel import DPView, MicroBatch, dp_micro_batches
 
 
 def count_loss_tokens(loss_masks: Sequence[Sequence[int]]) -> int:
     """Tokens that are prediction targets in the loss: masked tokens except each sequence's first
     (nothing predicts the first token)."""
     return sum(int(sum(m[1:])) for m in loss_masks)
+
+
+class SFTStepPlan(NamedTuple):
+    """One SFT optimizer step on this rank.
+
+    micro_batches    this rank's micro-batches, padded to the count every rank runs (a padding
+                     micro-batch has weight 0: multiply its loss by ``mb.weight``)
+    num_loss_tokens  loss targets of the whole step, all ranks: the normaliser of :func:`sft_loss`
+    """
+
+    micro_batches: list[MicroBatch]
+    num_loss_tokens: int
+
+
+def sft_step_plan(
+    rows: Sequence[int],
+    lengths: Sequence[int],
+    loss_masks: Sequence[Sequence[int]],
+    budget: int,
+    dp: DPView,
+) -> SFTStepPlan:
+    """Split one optimizer step's ``rows`` (the same on every rank) over the data-parallel ranks
+    (Karmarkar–Karp on ``lengths``) into token-budget micro-batches, padded to a common count so every
+    rank makes the same FSDP2/ZeRO-3 collective calls; ``lengths[i]``, ``loss_masks[i]``: row i's."""
+    micro = dp_micro_batches(rows, lengths, budget, dp)
+    return SFTStepPlan(micro, count_loss_tokens([loss_masks[i] for i in rows]))
 
 
 def target_mask(loss_mask: Tensor, has_target: Tensor) -> Tensor:

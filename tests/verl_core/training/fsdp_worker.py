@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from verl_core.data.packing import pack
+from verl_core.data.packing import PackedBatch, pack
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
 from verl_core.models.packed import PackedCausalLM
 from verl_core.training.engine import OptimSpec, SingleStrategy, Strategy, TrainEngine
@@ -40,20 +40,23 @@ def with_strategy(strategy: Strategy) -> Callable[[nn.Module, OptimSpec], Any]:
     return lambda model, optim: TrainEngine(model, optim, strategy)
 
 
-def train(make_engine: Callable[[nn.Module, OptimSpec], Any], shard: list[int] | None = None) -> list[float]:
-    """STEPS optimizer steps of SFT on a fixed batch (this rank's ``shard`` of it); the losses."""
-    spec = ScratchSpec("qwen2", 32, 2, 4, 2, 64, 64)
-    model = init_causal_lm(scratch_config(spec, 64, eos_token_id=0, pad_token_id=0), seed=0)
-    engine = make_engine(PackedCausalLM(model), OPTIM)
+def make_model(seed: int = 0, architecture: str = "qwen2") -> PackedCausalLM:
+    """4 query heads, 2 key/value heads (GQA), 2 layers: tensor parallelism of 2 divides everything."""
+    spec = ScratchSpec(architecture, 32, 2, 4, 2, 64, 64)
+    return PackedCausalLM(init_causal_lm(scratch_config(spec, 64, eos_token_id=0, pad_token_id=0), seed=seed))
+
+
+def run_steps(engine: Any, shard: list[int] | None, steps: int) -> list[float]:
+    """``steps`` optimizer steps of SFT on the fixed batch (this rank's ``shard`` of it); the losses."""
     seqs, masks = batch()
     n_tokens = count_loss_tokens(masks)  # global normaliser, all ranks
     idx = shard if shard is not None else list(range(len(seqs)))
     # two micro-batches per rank
-    micro = [
+    micro: list[PackedBatch] = [
         pack([seqs[i] for i in part], loss_masks=[masks[i] for i in part]) for part in (idx[::2], idx[1::2])
     ]
     losses = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         stats = engine.step(
             micro,
             lambda mb: sft_loss(
@@ -62,6 +65,11 @@ def train(make_engine: Callable[[nn.Module, OptimSpec], Any], shard: list[int] |
         )
         losses.append(stats.loss)
     return losses
+
+
+def train(make_engine: Callable[[nn.Module, OptimSpec], Any], shard: list[int] | None = None) -> list[float]:
+    """STEPS optimizer steps of SFT on a fixed batch (this rank's ``shard`` of it); the losses."""
+    return run_steps(make_engine(make_model(), OPTIM), shard, STEPS)
 
 
 def main() -> None:

@@ -368,12 +368,16 @@ def test_rollout_logprobs_serve_as_old_logprobs() -> None:
 
 
 def test_data_parallel_group_of_one_changes_nothing() -> None:
+    # an engine whose strategy reports a data-parallel group of one rank: the collectives run (sums
+    # over one rank) and change nothing
     a, b = make_models(), make_models()
     run(a, make_spec())
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
+        strategy = b.actor_engine.strategy
+        strategy.dp_rank, strategy.dp_size, strategy.dp_group = 0, 1, dist.group.WORLD  # type: ignore[attr-defined]
         kl = make_kl_controller("fixed", kl_coef=0.0, target_kl=0.1, horizon=1)
-        ppo_iteration(b, make_batch(), make_spec(), kl_ctrl=kl, seed=3, group=dist.group.WORLD)
+        ppo_iteration(b, make_batch(), make_spec(), kl_ctrl=kl, seed=3)
     finally:
         dist.destroy_process_group()
     wa, wb = weights(a.actor), weights(b.actor)
@@ -450,15 +454,15 @@ def test_rollout_batch_sets_baseline_rows_apart() -> None:
         RolloutBatch.from_tables(*tables([True, True, False, True, False, True]))
 
 
-def test_data_parallel_group_must_match_the_engines() -> None:
-    # an engine that averages gradients over 2 ranks with loss denominators of one rank would train
-    # with gradients twice too large
-    models = make_models()
-    two_ranks = SimpleNamespace(world_size=2)
+def test_actor_and_critic_engines_must_split_the_batch_alike() -> None:
+    # the data-parallel view comes from the actor engine; a critic engine on another split would
+    # train on other rows than the ones its loss denominators count
+    models = make_models(critic=True)
+    two_ranks = SimpleNamespace(strategy=SimpleNamespace(dp_rank=0, dp_size=2, dp_group=None))
     with pytest.raises(
-        ValueError, match="the actor engine averages gradients over 2 ranks but the data-parallel"
+        ValueError, match="critic engine is data-parallel rank 0 of 2 but the actor engine rank 0 of 1"
     ):
-        run(PPOModels(models.actor, two_ranks), make_spec())  # type: ignore[arg-type]
+        run(PPOModels(models.actor, models.actor_engine, None, models.critic, two_ranks), make_spec())  # type: ignore[arg-type]
 
 
 def test_rollout_batch_refuses_misaligned_or_malformed_tables() -> None:

@@ -1,0 +1,258 @@
+"""SPMD jobs: the SFT stage and the RL loop on several processes (``trainer.nnodes ×
+trainer.n_gpus_per_node``, or any sharded strategy), launched with torchrun.
+
+The launching side (:func:`run_job`, called by the SFT and RL-loop flows) writes the job spec (run
+context, config, stage inputs) to a private directory, hands the worker its Prefect context, runs
+:func:`verl_core.launch.torchrun_command` and waits. The worker side (``python -m flows.spmd --job
+PATH``, every rank): joins the process group, receives the job from node 0, and runs the very stage
+code a single process runs (:func:`flows.rl.rl_iterations`, :func:`stages.sft.sft_warmup`):
+
+* the main rank (node 0's first, :mod:`verl_core.ranks`) runs it inside the parent flow run's Prefect
+  context (its tasks appear in the parent flow run; it talks to the parent's API, never starting a
+  server of its own), commits the artifacts and logs to MLflow/W&B;
+* the other ranks run the same functions without Prefect (the tasks' ``.fn``) and with no tracker,
+  and follow the main rank through collectives (:mod:`verl_core.ranks`).
+
+A rank that dies (an exception, SIGKILL, OOM) ends the job: torchrun (``--max-restarts 0``) stops the
+other ranks, and :class:`SpmdJobError` names the failed rank, its exit code and its error. Nothing
+half-written is visible (only the main rank commits, through manifests); the stage's own resume picks up
+from the last checkpoint when the flow runs again, with any world size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import deque
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from flows.follow import launch_spec
+from verl_core.config import VerlFlowConfig
+from verl_core.errors import VerlFlowError
+from verl_core.launch import FOLLOWER_JOB_URI, JOB_INFO_ENV, JobInfo, torchrun_command, write_job_info
+from verl_core.run import RunContext
+
+PREFECT_CONTEXT_ENV = "VERL_FLOW_PREFECT_CONTEXT"  # file with the parent flow run's serialised context
+
+
+class SpmdJob(BaseModel):
+    """What every rank of one job runs (JSON, written by the launching flow)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stage: Literal["sft", "rl-loop"]
+    ctx: RunContext
+    config: VerlFlowConfig
+    template_pack_uri: str
+    sft_uri: str | None = None
+    final: bool = True  # the last SPMD job of the pipeline: followers stop after it
+    result_path: str | None = None  # the main rank writes the stage's result (JSON) here
+
+
+class SpmdJobError(VerlFlowError):
+    """The torchrun job failed; the message names the rank, its exit code and its error."""
+
+
+def needs_spmd(cfg: VerlFlowConfig) -> bool:
+    """More than one process, or a sharded strategy (fsdp2/deepspeed need a process group even alone)."""
+    strategies = (cfg.actor.strategy, cfg.critic.strategy if cfg.use_critic else "single", cfg.ref.strategy)
+    return cfg.world_size > 1 or any(s != "single" for s in strategies)
+
+
+def run_job(job: SpmdJob) -> dict[str, Any]:
+    """Run ``job`` under torchrun on this host (node 0 of a multi-node job) and wait; returns what rank
+    0 wrote as the result. Raises :class:`SpmdJobError` when any rank fails."""
+    with tempfile.TemporaryDirectory(prefix="verl-flow-spmd-") as tmp:
+        result = Path(tmp, "result.json")
+        job_path = Path(tmp, "job.json")
+        job_path.write_text(job.model_copy(update={"result_path": str(result)}).model_dump_json())
+        env = {**os.environ, **_prefect_env(Path(tmp))}
+        spec = launch_spec(job.config)
+        code, tail = _run_streaming(torchrun_command(spec, str(job_path)), env)
+        if code != 0:
+            raise SpmdJobError(f"{job.stage} job of run {job.ctx.run_id!r}: {failure_summary(tail, code)}")
+        if not result.exists():
+            raise SpmdJobError(f"{job.stage} job of run {job.ctx.run_id!r}: the main rank left no result")
+        return json.loads(result.read_text())  # type: ignore[no-any-return]
+
+
+def _prefect_env(tmp: Path) -> dict[str, str]:
+    """The parent flow run's context for the main rank, and the API it runs against (the temporary server of
+    a serverless run included), so the main rank reports into the same flow run."""
+    import cloudpickle
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext, serialize_context
+
+    if FlowRunContext.get() is None:
+        return {}
+    path = tmp / "prefect-context.pkl"
+    path.write_bytes(cloudpickle.dumps(serialize_context()))
+    with get_client(sync_client=True) as client:
+        api_url = str(client.api_url)
+    return {PREFECT_CONTEXT_ENV: str(path), "PREFECT_API_URL": api_url}
+
+
+def _run_streaming(argv: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
+    """Run ``argv`` with its output passed through to ours; returns the exit code and the last 400
+    lines of its stderr (where torchrun summarises a failure)."""
+    tail: deque[str] = deque(maxlen=400)
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+    assert proc.stderr is not None
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            tail.append(line.rstrip("\n"))
+            sys.stderr.write(line)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait()
+    except BaseException:  # interrupted: take the job down with us
+        proc.terminate()
+        proc.wait()
+        raise
+    reader.join(timeout=5)
+    return code, list(tail)
+
+
+_FIELD = re.compile(r"^\s*(rank|exitcode|traceback)\s*:\s*(.*)$")
+_RULE = re.compile(r"^\s*[=-]{10,}\s*$")
+
+
+def failure_summary(stderr_tail: list[str], code: int) -> str:
+    """One line from torchrun's failure report ("Root Cause" section): the first failed rank, its
+    exit code (negative: the signal that killed it) and its error (the traceback's last line);
+    torchrun's exit code and last line when there is no report."""
+    start = next((i for i, s in enumerate(stderr_tail) if "Root Cause" in s), None)
+    if start is None:
+        last = next((s.strip() for s in reversed(stderr_tail) if s.strip()), "")
+        return f"torchrun exited with code {code}" + (f" ({last})" if last else "")
+    fields: dict[str, str] = {}
+    error = ""
+    in_traceback = False
+    for line in stderr_tail[start + 1 :]:
+        if _RULE.match(line):
+            break
+        m = _FIELD.match(line)
+        if m and not in_traceback:
+            fields[m.group(1)] = m.group(2).strip()
+            in_traceback = m.group(1) == "traceback"
+            error = fields.get("traceback", "")
+        elif in_traceback and line.strip():
+            error = line.strip()  # the exception line comes last
+    where = fields.get("rank", "?").split(" (")[0]
+    exitcode = fields.get("exitcode", str(code)).split(" (")[0]
+    if error.startswith("To enable traceback"):  # torchrun's hint, not the error
+        error = ""
+    return f"rank {where} failed with exit code {exitcode}" + (f": {error}" if error else "")
+
+
+# -- worker side (every rank) -------------------------------------------------------------------------
+
+
+def _init_process_group(timeout_s: float) -> None:
+    """gloo on CPU; NCCL for CUDA tensors plus gloo for CPU ones where a GPU is visible."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    timeout = timedelta(seconds=timeout_s) if timeout_s > 0 else None
+    dist.init_process_group(backend=backend, timeout=timeout)
+
+
+def _receive_job(job_arg: str) -> SpmdJob:
+    """Node 0's ranks read the job file, followers (:data:`FOLLOWER_JOB_URI`) have none; every rank
+    takes it from the lowest rank that read it, which becomes the main rank (it holds the Prefect
+    context and the result path, which live on node 0)."""
+    from verl_core.ranks import all_gather, rank, set_main
+
+    text = Path(job_arg).read_text() if job_arg != FOLLOWER_JOB_URI else None
+    holders = [(r, t) for r, t in all_gather([(rank(), text)]) if t is not None]
+    if not holders:
+        raise SpmdJobError("no rank of this job was given its job spec (every node ran as a follower)")
+    main, spec = min(holders, key=lambda h: h[0])
+    set_main(main)
+    return SpmdJob.model_validate_json(spec)
+
+
+def _prefect_context() -> AbstractContextManager[Any]:
+    """Rank 0 inside the parent flow run's context (when the launcher passed one)."""
+    path = os.environ.get(PREFECT_CONTEXT_ENV)
+    if not path:
+        return nullcontext()
+    import cloudpickle
+    from prefect.context import hydrated_context
+
+    return hydrated_context(cloudpickle.loads(Path(path).read_bytes()))
+
+
+def run_rank(job: SpmdJob) -> dict[str, Any] | None:
+    """This rank's part of ``job``; the main rank returns the stage's result (JSON-ready)."""
+    from verl_core.ranks import is_main
+
+    main = is_main()
+    prefect = main and bool(os.environ.get(PREFECT_CONTEXT_ENV))
+    ctx = job.ctx if main else job.ctx.model_copy(update={"mlflow_run_id": None, "wandb_run_id": None})
+    with _prefect_context() if prefect else nullcontext():
+        if job.stage == "rl-loop":
+            from flows.rl import rl_iterations
+
+            rl = rl_iterations(ctx, job.config, job.template_pack_uri, job.sft_uri, as_tasks=prefect)
+            return rl.to_json() if main else None
+        from stages.sft import sft_warmup
+
+        fn = sft_warmup if prefect else sft_warmup.fn
+        c = job.config
+        uri = fn(ctx, c.model, c.sft, c.trainer, job.template_pack_uri, c.actor)
+        return {"sft_uri": uri} if main else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of every rank: ``python -m flows.spmd --job PATH`` (``rendezvous`` on followers)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    parser = argparse.ArgumentParser(prog="python -m flows.spmd")
+    parser.add_argument("--job", required=True, help=f"job spec file on node 0, or {FOLLOWER_JOB_URI!r}")
+    args = parser.parse_args(argv)
+    record(_worker)(args.job)
+
+
+def _worker(job_arg: str) -> None:
+    import torch.distributed as dist
+
+    from verl_core.ranks import barrier, is_main
+
+    # the job (and its stall timeout) is known only after joining: a generous bound for the join itself
+    _init_process_group(float(os.environ.get("VERL_FLOW_JOIN_TIMEOUT_S", "1800")))
+    try:
+        job = _receive_job(job_arg)
+        info = os.environ.get(JOB_INFO_ENV)
+        if info and os.environ.get("LOCAL_RANK", "0") == "0":  # a follower learns what it ran
+            write_job_info(info, JobInfo(job.stage, job.final))
+        result = run_rank(job)
+        if is_main() and job.result_path and result is not None:
+            Path(job.result_path).write_text(json.dumps(result))
+        barrier()  # nobody leaves before the main rank's last commit (a follower's next job waits)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The SPMD launcher's failure report and when a config runs as an SPMD job."""
+
+from __future__ import annotations
+
+from flows.spmd import failure_summary, needs_spmd
+from verl_core.config import VerlFlowConfig
+
+# torchrun's report when rank 1 was killed with SIGKILL and rank 0 was then stopped by torchrun
+KILLED = """
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+flows.spmd FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-23_01:40:17
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 12449)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 12449
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_01:40:16
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 12450)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 12450
+============================================================
+""".splitlines()
+
+# a rank that raised: the traceback's last line is the error
+RAISED = """
+Root Cause (first observed failure):
+[0]:
+  rank      : 3 (local_rank: 1)
+  exitcode  : 1 (pid: 77)
+  error_file: /tmp/torchelastic/attempt_0/1/error.json
+  traceback : Traceback (most recent call last):
+    File "flows/spmd.py", line 10, in wrapper
+      return f(*args, **kwargs)
+  ValueError: rank 3 ran out of prompts
+============================================================
+""".splitlines()
+
+
+def test_a_killed_rank_is_named_with_its_signal() -> None:
+    assert failure_summary(KILLED, 1) == (
+        "rank 1 failed with exit code -9: Signal 9 (SIGKILL) received by PID 12450"
+    )
+
+
+def test_a_raised_error_is_the_tracebacks_last_line() -> None:
+    assert (
+        failure_summary(RAISED, 1) == "rank 3 failed with exit code 1: ValueError: rank 3 ran out of prompts"
+    )
+
+
+def test_without_a_report_the_exit_code_and_last_line() -> None:
+    assert (
+        failure_summary(["", "usage: torchrun ...", ""], 2)
+        == "torchrun exited with code 2 (usage: torchrun ...)"
+    )
+    assert failure_summary([], 2) == "torchrun exited with code 2"
+
+
+def test_a_config_runs_as_an_spmd_job_with_several_processes_or_a_sharded_engine() -> None:
+    cfg = VerlFlowConfig()
+    assert not needs_spmd(cfg)  # one process, 'single' everywhere
+    assert needs_spmd(
+        cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"n_gpus_per_node": 2})})
+    )
+    assert needs_spmd(cfg.model_copy(update={"actor": cfg.actor.model_copy(update={"strategy": "fsdp2"})}))
+    # a critic's strategy counts only when there is a critic (grpo by default: none)
+    critic = cfg.critic.model_copy(update={"strategy": "fsdp2"})
+    assert not needs_spmd(cfg.model_copy(update={"critic": critic}))

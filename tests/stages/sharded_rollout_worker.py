@@ -1,0 +1,48 @@
+"""Run by test_sharded_rollouts.py: the rollouts of 7 prompts × 3 samples, sharded over the ranks of
+``torchrun`` (or in one process when run without it); rank 0 writes every token id to OUT."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch.distributed as dist
+
+from stages.floor.builders import sharded_rollouts
+from tests.verl_core.rollout.conftest import arithmetic_texts, tiny_model
+from verl_core.config import MultiTurnConfig
+from verl_core.data.tokenizer import train_tokenizer
+from verl_core.rollout import HFEngine, SamplingParams
+from verl_core.rollout.hf import encode_prompts
+
+PROMPTS = [
+    "Q: 12 + 7 = ? A:",
+    "Q: 3 + 4",
+    "Q: 45 + 45 = ? A: 90 Q: 1 + 2 = ? A:",
+    "Q:",
+    "Q: 9",
+    "Q: 1 +",
+    "A: 5",
+]
+
+
+def rollouts() -> list[list[object]]:
+    tok = train_tokenizer(arithmetic_texts(400), 300)
+    engine = HFEngine(tiny_model(tok), tok, max_batch_size=4)
+    ids = encode_prompts(tok, PROMPTS)
+    sampling = SamplingParams(n=3, temperature=1.0, max_new_tokens=12, seed=7)
+    out = sharded_rollouts(engine, tok, ids, sampling, MultiTurnConfig(), 12)
+    return [[c.prompt_index, c.sample_index, c.response_ids, c.logprobs] for c in out.completions]
+
+
+def main(path: str) -> None:
+    dist.init_process_group("gloo")
+    result = rollouts()
+    if dist.get_rank() == 0:
+        with open(path, "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

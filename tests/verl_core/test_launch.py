@@ -1,0 +1,31 @@
+"""The torchrun command of an SPMD job: one node (standalone rendezvous) or several (c10d)."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_core.launch import LaunchSpec, torchrun_command
+
+
+def test_one_node_uses_a_standalone_rendezvous() -> None:
+    argv = torchrun_command(LaunchSpec(1, 2, rdzv_id="r-rl-loop"), "/tmp/job.json", python="py")
+    assert argv == [
+        "py", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        "--nproc-per-node", "2", "--max-restarts", "0", "-m", "flows.spmd", "--job", "/tmp/job.json",
+    ]  # fmt: skip
+
+
+def test_several_nodes_meet_at_the_c10d_endpoint() -> None:
+    spec = LaunchSpec(4, 8, rdzv_id="r-rl-loop", rdzv_endpoint="node0:29400")
+    argv = torchrun_command(spec, "rendezvous", python="py")
+    assert argv[3:13] == [
+        "--nnodes", "4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400",
+        "--rdzv-id", "r-rl-loop", "--nproc-per-node", "8",
+    ]  # fmt: skip
+    assert argv[-2:] == ["--job", "rendezvous"]
+    assert spec.world_size == 32  # 4 nodes × 8 processes
+
+
+def test_several_nodes_need_an_endpoint() -> None:
+    with pytest.raises(ValueError, match=r"trainer\.rdzv_endpoint"):
+        LaunchSpec(2, 1, rdzv_id="x")
