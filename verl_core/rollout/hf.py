@@ -8,7 +8,7 @@ How a ``generate(prompts, params)`` call runs:
    ``max_batch_tokens`` padded tokens (bucketing: little left padding inside a batch);
 4. each batch left-padded and run through ``model.generate(use_cache=True)`` in greedy mode with one
    logits processor that is the sampler: it records the behaviour log-probs, applies temperature /
-   top-k / top-p and draws the token (see :class:`_SampleAndRecord`) with the row's own uniform at
+   top-k / top-p and draws the token (see :class:`SampleAndRecord`) with the row's own uniform at
    each step, a hash of (row key, step) where row key = ``derive_seed("sample", seed, prompt_key,
    sample_index)`` (:func:`verl_core.seeding.counter_uniforms`): a row draws the same tokens whatever
    batch, call or rank it is generated in, so a rollout split over ranks (each passing its prompts'
@@ -41,7 +41,8 @@ from verl_core.data.tokenizer import IM_END
 from verl_core.errors import ConfigError
 from verl_core.models.loading import load_causal_lm, resolve_device, unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
-from verl_core.seeding import counter_uniforms, sample_keys
+from verl_core.rollout.sampler import SampleAndRecord, check_prompt_keys
+from verl_core.seeding import sample_keys
 from verl_core.watchdog import beat
 
 
@@ -229,7 +230,7 @@ class HFEngine:
         pad_id = self.tokenizer.pad_token_id
         pad_id = stop_ids[0] if pad_id is None else int(pad_id)
         input_ids, attention_mask = left_pad(rows, pad_id, _device(self.model))  # (B, P)
-        recorder = _SampleAndRecord(params, torch.tensor(keys, dtype=torch.long, device=input_ids.device))
+        recorder = SampleAndRecord(params, torch.tensor(keys, dtype=torch.long, device=input_ids.device))
         criteria = StoppingCriteriaList()
         if params.stop:
             criteria.append(_StopStrings(self.tokenizer, params.stop, input_ids.shape[1]))
@@ -357,78 +358,6 @@ def cut_at_stop_string(tokenizer: Any, ids: Sequence[int], stop: Sequence[str]) 
     return lo, text[: min(ends)]
 
 
-class _SampleAndRecord:
-    """The sampler, run as a logits processor: records behaviour log-probs and draws the next token.
-
-    ``generate`` runs in greedy mode with this as its only processor. At every step it receives the
-    raw logits ``(B, V)``, keeps ``log_softmax(logits / T)`` and, one step later, gathers it at the
-    token that was chosen (by then the last column of ``input_ids``): memory stays ``(B, V)`` instead
-    of ``(T_new, B, V)`` with ``output_logits=True``. When sampling, it applies top-k / top-p to the
-    scaled logits, draws a token by inverse CDF (``searchsorted`` of a uniform in the cumulative
-    probabilities: ~40× cheaper than ``torch.multinomial`` on CPU, the same distribution) with row
-    b's uniform ``counter_uniforms(keys, step)[b]`` and returns scores whose argmax is that token.
-    Greedy (T = 0) returns the raw logits: log-probs at T = 1. ``keys (B,)`` int64 row keys.
-    """
-
-    def __init__(self, params: SamplingParams, keys: Tensor) -> None:
-        from transformers import TopKLogitsWarper, TopPLogitsWarper
-
-        self.greedy = params.greedy
-        self.temperature = 1.0 if params.greedy else params.temperature
-        self.warpers: list[Any] = []
-        if not params.greedy and params.top_k > 0:
-            self.warpers.append(TopKLogitsWarper(top_k=params.top_k))
-        if not params.greedy and params.top_p < 1.0:
-            self.warpers.append(TopPLogitsWarper(top_p=params.top_p))
-        self.keys = keys  # (B,)
-        self.step = 0  # generation steps sampled so far
-        self.last: Tensor | None = None  # (B, V) log-probs of the latest step
-        self.recorded: list[Tensor] = []  # per step (B,)
-
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        if self.last is not None:
-            self.recorded.append(self.last.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        scaled = scores.float() / self.temperature  # (B, V)
-        self.last = torch.log_softmax(scaled, dim=-1)
-        if self.greedy:
-            return scores
-        if self.warpers:
-            for warp in self.warpers:
-                scaled = warp(input_ids, scaled)
-            probs = torch.softmax(scaled, dim=-1)
-        else:
-            probs = self.last.exp()
-        token = sample_inverse_cdf(probs, counter_uniforms(self.keys, self.step))  # (B, 1)
-        self.step += 1
-        return torch.full_like(scores, float("-inf")).scatter_(-1, token, 0.0)
-
-    def finish(self, tokens: Tensor) -> Tensor:
-        """Log-probs ``(B, T_new)`` of the generated ``tokens (B, T_new)``."""
-        if self.last is not None and tokens.shape[1] > len(self.recorded):
-            self.recorded.append(self.last.gather(-1, tokens[:, -1:]).squeeze(-1))
-        if len(self.recorded) != tokens.shape[1]:
-            raise RuntimeError(f"recorded {len(self.recorded)} steps for {tokens.shape[1]} generated tokens")
-        if not self.recorded:
-            return tokens.new_zeros(tokens.shape, dtype=torch.float32)
-        return torch.stack(self.recorded, dim=1)
-
-
-def sample_inverse_cdf(probs: Tensor, uniforms: Tensor | None = None) -> Tensor:
-    """One token per row of ``probs (B, V)`` (rows need not sum exactly to 1): ``(B, 1)`` indices.
-
-    With ``uniforms (B,)`` in [0, 1) (default: drawn from the global RNG), ``u = uniform · Σp``;
-    takes the first index whose cumulative probability exceeds ``u``, so zero-probability tokens
-    are never chosen; the rare ``u`` that rounds up to the total falls back
-    to the row's most likely token."""
-    cdf = probs.cumsum(dim=-1)  # (B, V)
-    if uniforms is None:
-        uniforms = torch.rand(probs.shape[0], device=probs.device)
-    u = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]  # (B, 1)
-    token = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[1] - 1)  # (B, 1)
-    impossible = probs.gather(-1, token) <= 0
-    return torch.where(impossible, probs.argmax(-1, keepdim=True), token)
-
-
 class _StopStrings:
     """Stopping criterion: a row is done once the text of its last few generated tokens contains a
     stop string (the exact cut is made afterwards by :func:`cut_at_stop_string`)."""
@@ -466,19 +395,6 @@ def _generation_mode(model: nn.Module) -> Iterator[None]:
         _forget_static_cache_length(model)
         base.generation_config = saved_config
         model.train(training)
-
-
-def check_prompt_keys(prompt_keys: Sequence[int] | None, n_prompts: int) -> list[int]:
-    """The prompts' sampling keys: ``prompt_keys`` (one int per prompt, distinct), default the prompt's
-    index in the call."""
-    if prompt_keys is None:
-        return list(range(n_prompts))
-    keys = [int(k) for k in prompt_keys]
-    if len(keys) != n_prompts:
-        raise ValueError(f"prompt_keys: {len(keys)} keys for {n_prompts} prompts")
-    if len(set(keys)) != len(keys):
-        raise ValueError("prompt_keys: keys must be distinct (equal keys would draw equal samples)")
-    return keys
 
 
 def _check_params(params: SamplingParams) -> None:

@@ -52,7 +52,8 @@ from verl_core.doctor import require
 from verl_core.errors import ConfigError
 from verl_core.models.loading import unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
-from verl_core.rollout.hf import check_prompt_keys, encode_prompts
+from verl_core.rollout.hf import encode_prompts
+from verl_core.rollout.sampler import check_prompt_keys
 from verl_core.seeding import derive_seed
 from verl_core.watchdog import beat
 

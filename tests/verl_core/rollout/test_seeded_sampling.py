@@ -14,7 +14,7 @@ import torch
 from tests.verl_core.rollout.conftest import tiny_model
 from verl_core.models.loading import apply_lora
 from verl_core.rollout import HFEngine, SamplingParams
-from verl_core.rollout.hf import check_prompt_keys
+from verl_core.rollout.sampler import check_prompt_keys
 from verl_core.seeding import counter_uniforms, derive_seed, sample_keys, splitmix64
 
 M64 = (1 << 64) - 1
