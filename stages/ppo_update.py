@@ -7,18 +7,25 @@ in-memory policy from version i to i+1. The new weights live in memory until the
 checkpoint that makes the weights durable publishes it (see :mod:`stages.floor.state`). A committed
 update is therefore always covered by a checkpoint and never runs again; an uncommitted one is re-run
 after a crash, and being deterministic writes the same table.
+
+Weight sync: right after the update the rollout engine receives policy i+1
+(:func:`stages.floor.state.sync_rollout_weights`, logged as ``timing_s/weight_sync``). Before it, the
+update refuses rollouts sampled by a policy more than ``trainer.rollout_ahead`` versions behind the
+trainer's (their ``policy_version`` column is the version the engine held): a stale engine fails
+loudly instead of training silently off-policy.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from prefect import task
 from torch import Tensor
 
 from stages.floor.builders import ppo_spec, update_seed
 from stages.floor.locations import iteration_stage
 from stages.floor.samples import log_samples, sample_columns
-from stages.floor.state import get_state, ppo_models
+from stages.floor.state import get_state, ppo_models, sync_rollout_weights
 from verl_core.algorithms.stats import masked_mean
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
@@ -52,6 +59,7 @@ def ppo_update(
     # 2. Read rollouts and rewards into one typed batch (ReMax's greedy baseline rows set apart)
     rollouts = store.read_table(store.read_manifest(rollout_uri), "rollouts.parquet")
     rewards = store.read_table(store.read_manifest(reward_uri), "rewards.parquet")
+    check_policy_lag(rollouts, state.version, cfg.trainer.rollout_ahead, iteration, rollout_uri)
     try:
         batch = RolloutBatch.from_tables(rollouts, rewards)
     except ValueError as err:
@@ -72,22 +80,46 @@ def ppo_update(
         where=f"ppo_update: iteration {iteration}",
     )
 
-    # 4. Write the per-sample table, log metrics, advance the policy version; the next checkpoint commits
+    # 4. Advance the policy version; the rollout engine receives it before the next rollout (every
+    # rank of an SPMD job: gathering a sharded policy is a collective)
     state.version = iteration + 1
-    if not is_main():  # every rank holds the new weights (its shard); rank 0 writes
+    sync_s = sync_rollout_weights(state)
+
+    if not is_main():  # every rank holds the new weights (its shard) and synced its engine; rank 0 writes
         return stage.manifest_uri
+
+    # 5. Write the per-sample table, log metrics; the next checkpoint commits
     stage.write_table(
         "update.parquet", _update_table(batch, result.advantages, result.returns, result.kl), "update"
     )
     summary = {"policy_version": state.version, **{k: result.metrics[k] for k in sorted(result.metrics)}}
     state.pending.append(stage.seal(summary))  # published by the next checkpoint
     tracker = ctx.tracker()
-    tracker.log_metrics(result.metrics, step=iteration)
+    tracker.log_metrics({**result.metrics, "timing_s/weight_sync": sync_s}, step=iteration)
     if cfg.tracking.log_samples:
         advantage = masked_mean(result.advantages, batch.response_mask, dim=-1).tolist()  # (S,) mean
         columns = sample_columns(rollouts, batch.scores.tolist(), cfg.tracking.log_samples, advantage)
         log_samples(tracker, "train", iteration, columns)
     return stage.manifest_uri
+
+
+def check_policy_lag(
+    rollouts: pa.Table, trainer_version: int, rollout_ahead: int, iteration: int, rollout_uri: str
+) -> None:
+    """Refuse rollouts whose oldest ``policy_version`` lags ``trainer_version`` by more than
+    ``rollout_ahead`` (or is newer than the trainer's, which no sync can produce)."""
+    oldest = pc.min(rollouts.column("policy_version")).as_py()
+    newest = pc.max(rollouts.column("policy_version")).as_py()
+    if oldest is None:
+        return
+    if trainer_version - oldest > rollout_ahead or newest > trainer_version:
+        bad = oldest if trainer_version - oldest > rollout_ahead else newest
+        raise DataError(
+            f"ppo_update: iteration {iteration}: {rollout_uri} was sampled with policy version {bad}, "
+            f"but the trainer is at version {trainer_version} and trainer.rollout_ahead={rollout_ahead} "
+            "allows a rollout at most that many versions behind: the rollout engine did not receive the "
+            "updated weights (weight sync), or the rollout is from another run"
+        )
 
 
 def _update_table(batch: RolloutBatch, adv: Tensor, returns: Tensor, kl: Tensor | None) -> pa.Table:

@@ -3,7 +3,10 @@ policy; writes ``iter-XXXX/rollout/rollouts.parquet`` (kind "rollouts").
 
 The batch of iteration i comes from a deterministic loader over ``prompt_tokens/train``: one seeded
 permutation per epoch, batches taken in order across epoch boundaries, so the same iteration always
-sees the same prompts (a resumed run included). Sampling is seeded by (rollout.seed, i).
+sees the same prompts (a resumed run included). Sampling is seeded by (rollout.seed, i) and, per
+sample, by the prompt's index in the batch (its key) and the sample index, so a rank generating a
+shard of the batch draws the samples one process would. Each row records the policy version the
+rollout engine held (``ppo_update`` refuses a batch too far behind the trainer's).
 """
 
 from __future__ import annotations
@@ -92,7 +95,12 @@ def rollout(
     marks = [False] * len(completions) + [True] * len(baselines)
     trajectories = None if main.trajectories is None else main.trajectories + baseline_traj
     table = rollouts_table(
-        completions + baselines, batch, iteration, state.version, is_baseline=marks, trajectories=trajectories
+        completions + baselines,
+        batch,
+        iteration,
+        state.engine.policy_version,  # the weights the engine sampled from (synced after each update)
+        is_baseline=marks,
+        trajectories=trajectories,
     )
     stage.write_table("rollouts.parquet", table, "rollouts")
     gen_tokens = sum(len(c.response_ids) for c in completions + baselines)

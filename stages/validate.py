@@ -62,7 +62,7 @@ def validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, itera
     if not is_main():  # every rank generated its share; rank 0 scores and commits
         return float(broadcast_from_main(0.0))
     rollouts = rollouts_table(
-        completions, prompts, iteration, policy_version=state.version, trajectories=trajectories
+        completions, prompts, iteration, policy_version=state.engine.policy_version, trajectories=trajectories
     )
 
     # 3. Score, write, commit

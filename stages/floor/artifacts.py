@@ -282,7 +282,9 @@ def rollouts_table(
 ) -> pa.Table:
     """One row per completion (kind "rollouts"); ``prompts`` are the generate() input rows.
     ``is_baseline[i]``: completion i is a greedy baseline (ReMax), not a training sample.
-    ``trajectories[i]``: completion i's multi-turn trajectory (its loss mask and turns), None: single-turn."""
+    ``trajectories[i]``: completion i's multi-turn trajectory (its loss mask and turns), None: single-turn.
+    ``policy_version``: the version of the weights the rollout engine held (``engine.policy_version``),
+    not the trainer's: a stale engine shows in the table."""
     multi = list(trajectories) if trajectories is not None else [None] * len(completions)
     names = ("group_id", "sample_index", "prompt_index", "data_source", "ground_truth", "prompt_text")
     cols: dict[str, list[Any]] = {name: [] for name in names}

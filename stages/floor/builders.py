@@ -286,7 +286,7 @@ ENGINE_KWARGS: Registry[EngineKwargs] = Registry("rollout engine")  # one entry 
 
 @ENGINE_KWARGS.register("hf")
 def _hf_engine_kwargs(rollout: RolloutConfig) -> dict[str, Any]:
-    return {"max_batch_size": rollout.max_batch_size}
+    return {"max_batch_size": rollout.max_batch_size, "share_weights": rollout.share_weights}
 
 
 @ENGINE_KWARGS.register("vllm")
@@ -421,9 +421,11 @@ def generate_rollouts(
     """``engine.generate``, or the multi-turn loop with tools when ``rollout.multi_turn.enable``: tool
     turns are rendered with the tokenizer's chat template (the one template_pack stored), and
     ``max_response_length`` bounds the whole response, model and tool tokens. Tools that run code
-    (``python``) run in the sandbox ``sandbox.*`` describes."""
+    (``python``) run in the sandbox ``sandbox.*`` describes. ``prompt_keys``: the prompts' sampling
+    keys, their indices in the iteration's whole batch (default: their indices here), so a rank
+    generating a shard draws the samples one process would."""
     if not multi_turn.enable:
-        return Rollouts(engine.generate(prompt_ids, sampling), None, {})
+        return Rollouts(engine.generate(prompt_ids, sampling, prompt_keys=prompt_keys), None, {})
     spec = MultiTurnSpec(
         max_turns=multi_turn.max_turns,
         max_tool_calls=multi_turn.max_tool_calls,
@@ -445,7 +447,9 @@ def generate_rollouts(
         limits = sandbox_spec(sandbox)
         tools = {name: t.bound(limits) for name, t in tools.items()}
     call_format = TOOL_CALL_FORMATS.get(multi_turn.format)
-    out = multi_turn_generate(engine, tokenizer, prompt_ids, sampling, tools, spec, renderer, call_format)
+    out = multi_turn_generate(
+        engine, tokenizer, prompt_ids, sampling, tools, spec, renderer, call_format, prompt_keys=prompt_keys
+    )
     return Rollouts([t.completion for t in out], out, multi_turn_metrics(out))
 
 

@@ -24,11 +24,12 @@ iteration.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from stages.floor.artifacts import files_under, load_tokenizer, read_policy, write_policy
 from stages.floor.builders import (
@@ -171,7 +172,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         on_main(lambda: publish_pending(store, ckpt))
         stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
     engine = make_engine(cfg.rollout.name, lm, tokenizer, **engine_kwargs(cfg.rollout))
-    _STATES[ctx.run_id] = RLState(
+    rl = _STATES[ctx.run_id] = RLState(
         ctx.run_id,
         lm,
         actor,
@@ -187,6 +188,8 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         lineage,
         device,
     )
+    seconds = sync_rollout_weights(rl)  # the engine holds the loaded policy, as version `version`
+    stage_logger(__name__).info("rl: rollout engine at policy version %d (sync %.2f s)", version, seconds)
     return version
 
 
@@ -359,6 +362,42 @@ def completed_iterations(ctx: RunContext, cfg: VerlFlowConfig) -> StepCount:
     those restored from a checkpoint included)."""
     state = get_state(ctx)
     return iteration_count(cfg, state.iterations, state.version)
+
+
+def sync_rollout_weights(state: RLState) -> float:
+    """Give the rollout engine the policy of ``state.version`` (the weight-sync contract of
+    :mod:`verl_core.rollout.base`); returns the seconds it took (``timing_s/weight_sync``).
+
+    An engine sharing the live module only records the version. Otherwise it receives the full
+    weights (:func:`policy_weights`) or, for a LoRA policy, the adapter's weights. Under SPMD every
+    rank must call this: gathering an FSDP2-sharded policy is a collective."""
+    t0 = time.perf_counter()
+    engine, lm = state.engine, state.lm
+    if engine.shares_weights:
+        engine.update_weights(lm, state.version)
+    elif hasattr(lm, "peft_config"):
+        from peft import get_peft_model_state_dict
+
+        engine.load_adapter(get_peft_model_state_dict(lm, state_dict=policy_weights(lm)), state.version)
+    else:
+        engine.load_weights(policy_weights(lm).items(), state.version)
+    return time.perf_counter() - t0
+
+
+def policy_weights(lm: nn.Module) -> dict[str, Tensor]:
+    """The policy's full state dict (names of ``lm.state_dict()``) on *every* rank: each rank's engine
+    generates its own share of the prompts. Gathered when ``lm`` is sharded (FSDP2 / TP parameters
+    are DTensors; every rank must call: all-gathers), the plain state dict otherwise.
+
+    Not a checkpoint getter: those offload to CPU, where torch.distributed hands the tensors to rank
+    0 alone; here the whole tensors stay on the ranks' devices."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(p, DTensor) for p in lm.parameters()):
+        return lm.state_dict()
+    state = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+    return {k: v for k, v in state.items() if isinstance(v, Tensor)}
 
 
 def ppo_models(state: RLState) -> PPOModels:

@@ -8,19 +8,29 @@ How a ``generate(prompts, params)`` call runs:
    ``max_batch_tokens`` padded tokens (bucketing: little left padding inside a batch);
 4. each batch left-padded and run through ``model.generate(use_cache=True)`` in greedy mode with one
    logits processor that is the sampler: it records the behaviour log-probs, applies temperature /
-   top-k / top-p and draws the token (see :class:`_SampleAndRecord`);
+   top-k / top-p and draws the token (see :class:`SampleAndRecord`) with the row's own uniform at
+   each step, a hash of (row key, step) where row key = ``derive_seed("sample", seed, prompt_key,
+   sample_index)`` (:func:`verl_core.seeding.counter_uniforms`): a row draws the same tokens whatever
+   batch, call or rank it is generated in, so a rollout split over ranks (each passing its prompts'
+   ``prompt_keys``) samples exactly what one process does;
 5. responses cut at the first stop token or stop string, results put back in
    ``(prompt_index, sample_index)`` order.
 
-The engine holds a *reference* to the model (colocated with the trainer): ``update_weights(model)``
-swaps the reference, nothing is copied. The model's train/eval flag, its ``generation_config``, the
-caller's tokenizer and (with a seed) the caller's RNG state are left as they were.
+Weights. With ``share_weights=True`` (default) the engine holds a *reference* to the model
+(colocated with the trainer): it samples from the live weights, ``update_weights(model, version)``
+swaps the reference and records the version, nothing is copied. With ``share_weights=False`` it
+keeps its own deep copy (twice the policy's memory), stale until synced like a vLLM engine:
+``load_weights`` (the full state dict) or, for a PEFT policy, ``load_adapter`` (the adapter's
+weights), each with the policy version they hold. The model's train/eval flag, its
+``generation_config``, the caller's tokenizer and (with a seed) the caller's RNG state are left as
+they were.
 """
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple, cast
 
@@ -31,6 +41,8 @@ from verl_core.data.tokenizer import IM_END
 from verl_core.errors import ConfigError
 from verl_core.models.loading import load_causal_lm, resolve_device, unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
+from verl_core.rollout.sampler import SampleAndRecord, check_prompt_keys
+from verl_core.seeding import sample_keys
 from verl_core.watchdog import beat
 
 
@@ -51,7 +63,9 @@ class HFEngine:
     ``model`` is a path / hub id (model and tokenizer are loaded) or a live ``nn.Module`` (a causal
     LM, possibly PEFT-wrapped) used in place; a live model needs its ``tokenizer``. The engine is
     single-device: ``tensor_parallel_size`` must be 1. ``max_batch_tokens`` bounds the padded size
-    ``rows × (prompt + max_new_tokens)`` of one ``generate`` batch (default: no bound)."""
+    ``rows × (prompt + max_new_tokens)`` of one ``generate`` batch (default: no bound).
+    ``share_weights``: sample from the live module (True) or from an own copy synced explicitly
+    (False; see the module docstring); ``policy_version``: the version of the weights it starts with."""
 
     def __init__(
         self,
@@ -64,6 +78,8 @@ class HFEngine:
         device: str | torch.device | None = None,
         dtype: str = "float32",
         trust_remote_code: bool = False,
+        share_weights: bool = True,
+        policy_version: int = 0,
     ) -> None:
         if tensor_parallel_size != 1:
             raise ConfigError(
@@ -81,41 +97,102 @@ class HFEngine:
             model.to(device)
         if tokenizer is None:
             raise ConfigError("HFEngine: a live model needs its tokenizer (HFEngine(model, tokenizer))")
+        if not share_weights:  # an own copy, frozen: it changes only through load_weights / load_adapter
+            if _sharded(model):
+                raise ConfigError(
+                    "HFEngine(share_weights=False): the model is sharded (DTensor parameters); build the "
+                    "engine from the unsharded policy, before the training strategy shards it"
+                )
+            model = copy.deepcopy(model).eval().requires_grad_(False)
         self.model: nn.Module = model
+        self.shares_weights = share_weights
+        self._version = policy_version
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
 
     # -- RolloutEngine ----------------------------------------------------------------------------
 
+    @property
+    def policy_version(self) -> int:
+        """The policy version of the weights this engine samples from."""
+        return self._version
+
     def generate(
-        self, prompts: Sequence[str] | Sequence[Sequence[int]], params: SamplingParams | None = None
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        params: SamplingParams | None = None,
+        *,
+        prompt_keys: Sequence[int] | None = None,
     ) -> list[Completion]:
         params = params or SamplingParams()
         _check_params(params)
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         _check_lengths(prompt_ids, params.max_new_tokens, _max_positions(self.model))
+        pkeys = check_prompt_keys(prompt_keys, len(prompt_ids))
         requests = [
             _Request(i, j, ids) for i, ids in enumerate(prompt_ids) for j in range(params.n)
         ]  # (prompt_index, sample_index) order
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        row_keys = sample_keys(
+            seed, [pkeys[r.prompt_index] for r in requests], [r.sample_index for r in requests]
+        )
         batches = plan_batches(
             [len(r.ids) for r in requests], params.max_new_tokens, self.max_batch_size, self.max_batch_tokens
         )
         stop_ids = self._stop_token_ids(params)
         samples: dict[int, _Sample] = {}
-        with _seeded(params.seed, _device(self.model)), _generation_mode(self.model):
+        with _generation_mode(self.model):
             tokens = 0
             for batch in batches:
                 rows = [requests[k].ids for k in batch]
-                for k, sample in zip(batch, self._generate_batch(rows, params, stop_ids), strict=True):
+                keys = [row_keys[k] for k in batch]
+                for k, sample in zip(batch, self._generate_batch(rows, keys, params, stop_ids), strict=True):
                     samples[k] = sample
                     tokens += len(sample.response_ids)
                 beat(sequences=f"{len(samples)}/{len(requests)}", generated_tokens=tokens)
         return [self._completion(r, samples[k], params, stop_ids) for k, r in enumerate(requests)]
 
-    def update_weights(self, model: nn.Module) -> None:
-        """Colocated: sample from ``model`` itself from now on (a reference swap, no copy)."""
-        self.model = model
+    def update_weights(self, model: nn.Module, version: int | None = None) -> None:
+        """Sample from ``model``'s current weights, of policy ``version`` (default: the held version
+        + 1). Sharing: ``model`` itself from now on (a reference swap); own copy: its weights are
+        copied in (one process only: a sharded trainer syncs with :meth:`load_weights`)."""
+        version = self._version + 1 if version is None else version
+        if self.shares_weights:
+            self.model, self._version = model, version
+        elif hasattr(model, "peft_config"):
+            from peft import get_peft_model_state_dict
+
+            self.load_adapter(get_peft_model_state_dict(model), version)
+        else:
+            self.load_weights(model.state_dict().items(), version)
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """Copy the full weights ``(name, tensor)`` (the names of the engine model's ``state_dict``,
+        every one of them) into the engine's own model; it then holds policy ``version``."""
+        self._check_own_copy("load_weights")
+        state = dict(weights)
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(
+                f"load_weights(version {version}): the weights do not match the engine's model "
+                f"(missing: {sorted(missing)[:5]}, unexpected: {sorted(unexpected)[:5]})"
+            )
+        self._version = version
+
+    def load_adapter(self, weights: Mapping[str, Tensor], version: int) -> None:
+        """Load a LoRA adapter's weights (PEFT's saved names, ``get_peft_model_state_dict``) into the
+        engine's own PEFT model; it then holds policy ``version``."""
+        self._check_own_copy("load_adapter")
+        if not hasattr(self.model, "peft_config"):
+            raise ValueError("load_adapter: the engine's model has no LoRA adapter (use load_weights)")
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(self.model, dict(weights))
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise ValueError(f"load_adapter(version {version}): unexpected keys {sorted(unexpected)[:5]}")
+        self._version = version
 
     def sleep(self) -> None:
         """Nothing to free: the weights are the trainer's."""
@@ -124,6 +201,13 @@ class HFEngine:
         """Nothing to restore (see :meth:`sleep`)."""
 
     # -- helpers ------------------------------------------------------------------------------------
+
+    def _check_own_copy(self, what: str) -> None:
+        if self.shares_weights:
+            raise ValueError(
+                f"{what}: this engine shares the trainer's live module (share_weights=True); "
+                "use update_weights(model, version)"
+            )
 
     def _stop_token_ids(self, params: SamplingParams) -> list[int]:
         """eos, ``<|im_end|>`` when the tokenizer has it, and ``params.stop_token_ids``."""
@@ -137,16 +221,16 @@ class HFEngine:
         return list(dict.fromkeys(ids))
 
     def _generate_batch(
-        self, rows: list[list[int]], params: SamplingParams, stop_ids: list[int]
+        self, rows: list[list[int]], keys: list[int], params: SamplingParams, stop_ids: list[int]
     ) -> list[_Sample]:
-        """Sample one left-padded batch; returns each row's generated tokens (pad included, uncut)
-        and their behaviour log-probs."""
+        """Sample one left-padded batch, row b with the uniforms of ``keys[b]``; returns each row's
+        generated tokens (pad included, uncut) and their behaviour log-probs."""
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         pad_id = self.tokenizer.pad_token_id
         pad_id = stop_ids[0] if pad_id is None else int(pad_id)
         input_ids, attention_mask = left_pad(rows, pad_id, _device(self.model))  # (B, P)
-        recorder = _SampleAndRecord(params)
+        recorder = SampleAndRecord(params, torch.tensor(keys, dtype=torch.long, device=input_ids.device))
         criteria = StoppingCriteriaList()
         if params.stop:
             criteria.append(_StopStrings(self.tokenizer, params.stop, input_ids.shape[1]))
@@ -274,71 +358,6 @@ def cut_at_stop_string(tokenizer: Any, ids: Sequence[int], stop: Sequence[str]) 
     return lo, text[: min(ends)]
 
 
-class _SampleAndRecord:
-    """The sampler, run as a logits processor: records behaviour log-probs and draws the next token.
-
-    ``generate`` runs in greedy mode with this as its only processor. At every step it receives the
-    raw logits ``(B, V)``, keeps ``log_softmax(logits / T)`` and, one step later, gathers it at the
-    token that was chosen (by then the last column of ``input_ids``): memory stays ``(B, V)`` instead
-    of ``(T_new, B, V)`` with ``output_logits=True``. When sampling, it applies top-k / top-p to the
-    scaled logits, draws a token by inverse CDF (``searchsorted`` of a uniform in the cumulative
-    probabilities: ~40× cheaper than ``torch.multinomial`` on CPU, the same distribution) and returns
-    scores whose argmax is that token. Greedy (T = 0) returns the raw logits: log-probs at T = 1.
-    """
-
-    def __init__(self, params: SamplingParams) -> None:
-        from transformers import TopKLogitsWarper, TopPLogitsWarper
-
-        self.greedy = params.greedy
-        self.temperature = 1.0 if params.greedy else params.temperature
-        self.warpers: list[Any] = []
-        if not params.greedy and params.top_k > 0:
-            self.warpers.append(TopKLogitsWarper(top_k=params.top_k))
-        if not params.greedy and params.top_p < 1.0:
-            self.warpers.append(TopPLogitsWarper(top_p=params.top_p))
-        self.last: Tensor | None = None  # (B, V) log-probs of the latest step
-        self.recorded: list[Tensor] = []  # per step (B,)
-
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        if self.last is not None:
-            self.recorded.append(self.last.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        scaled = scores.float() / self.temperature  # (B, V)
-        self.last = torch.log_softmax(scaled, dim=-1)
-        if self.greedy:
-            return scores
-        if self.warpers:
-            for warp in self.warpers:
-                scaled = warp(input_ids, scaled)
-            probs = torch.softmax(scaled, dim=-1)
-        else:
-            probs = self.last.exp()
-        token = sample_inverse_cdf(probs)  # (B, 1)
-        return torch.full_like(scores, float("-inf")).scatter_(-1, token, 0.0)
-
-    def finish(self, tokens: Tensor) -> Tensor:
-        """Log-probs ``(B, T_new)`` of the generated ``tokens (B, T_new)``."""
-        if self.last is not None and tokens.shape[1] > len(self.recorded):
-            self.recorded.append(self.last.gather(-1, tokens[:, -1:]).squeeze(-1))
-        if len(self.recorded) != tokens.shape[1]:
-            raise RuntimeError(f"recorded {len(self.recorded)} steps for {tokens.shape[1]} generated tokens")
-        if not self.recorded:
-            return tokens.new_zeros(tokens.shape, dtype=torch.float32)
-        return torch.stack(self.recorded, dim=1)
-
-
-def sample_inverse_cdf(probs: Tensor) -> Tensor:
-    """One token per row of ``probs (B, V)`` (rows need not sum exactly to 1): ``(B, 1)`` indices.
-
-    Draws ``u ~ U[0, Σp)`` and takes the first index whose cumulative probability exceeds ``u``, so
-    zero-probability tokens are never chosen; the rare ``u`` that rounds up to the total falls back
-    to the row's most likely token."""
-    cdf = probs.cumsum(dim=-1)  # (B, V)
-    u = torch.rand(probs.shape[0], 1, device=probs.device) * cdf[:, -1:]
-    token = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[1] - 1)  # (B, 1)
-    impossible = probs.gather(-1, token) <= 0
-    return torch.where(impossible, probs.argmax(-1, keepdim=True), token)
-
-
 class _StopStrings:
     """Stopping criterion: a row is done once the text of its last few generated tokens contains a
     stop string (the exact cut is made afterwards by :func:`cut_at_stop_string`)."""
@@ -357,18 +376,6 @@ class _StopStrings:
 
 
 # -- context managers and checks ------------------------------------------------------------------------
-
-
-@contextmanager
-def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
-    """With a seed: fork the RNG (the caller's state comes back on exit) and seed it. Without: use
-    the global RNG as it is (successive calls then give different samples)."""
-    if seed is None:
-        yield
-        return
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        yield
 
 
 @contextmanager
@@ -428,6 +435,12 @@ def _forget_static_cache_length(model: nn.Module) -> None:
     base = unwrap(model)
     if hasattr(base, "_previous_max_cache_length"):
         del base._previous_max_cache_length
+
+
+def _sharded(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _device(model: nn.Module) -> torch.device:

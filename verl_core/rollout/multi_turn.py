@@ -19,8 +19,11 @@ sample it, the tool turn starts after it).
 The loop (:func:`multi_turn_generate`), per turn k = 1, 2, ...:
 1. one ``engine.generate`` call for every still-active sample (prompt ⧺ response so far, as ids),
    stopping at ``</tool_call>`` besides the engine's stops; turn 1 samples ``params.n`` per prompt
-   with ``params.seed`` (the single-turn call), turn k > 1 one per sample with a seed derived from
-   (seed, k); at most ``max_tokens_per_turn`` new tokens and what is left of ``max_response_tokens``;
+   with ``params.seed`` and the prompts' keys (the single-turn call), turn k > 1 one per sample with a
+   seed derived from (seed, k) and the sample's own key ``derive_seed("multi_turn_row", prompt_key,
+   sample_index)`` (so a sample's turns do not depend on which other samples are still active or on
+   the rank it runs on); at most ``max_tokens_per_turn`` new tokens and what is left of
+   ``max_response_tokens``;
 2. a sample is done when its turn has no tool call, was cut by a token budget, or k = ``max_turns``;
 3. otherwise its tool calls run (malformed calls and calls past ``max_tool_calls`` are answered with
    an error text instead), the results are rendered as a tool turn and appended unless that would
@@ -136,10 +139,13 @@ def multi_turn_generate(
     spec: MultiTurnSpec,
     render_tool_turn: ToolTurnRenderer,
     call_format: ToolCallFormat = HERMES_FORMAT,
+    prompt_keys: Sequence[int] | None = None,
 ) -> list[Trajectory]:
     """``params.n`` multi-turn responses per prompt (token ids), in (prompt, sample) order (see the
     module docstring); ``render_tool_turn`` renders tool results under the prompts' chat template,
-    ``call_format`` finds the model's tool calls (and ends its turn after one)."""
+    ``call_format`` finds the model's tool calls (and ends its turn after one); ``prompt_keys`` seed
+    the prompts' samples (default: their indices, see :class:`~verl_core.rollout.base.RolloutEngine`)."""
+    pkeys = list(range(len(prompts))) if prompt_keys is None else [int(k) for k in prompt_keys]
     stop = params.stop if call_format.stop in params.stop else (*params.stop, call_format.stop)
     base = replace(params, stop=stop)
     states: list[_State] = []
@@ -147,7 +153,7 @@ def multi_turn_generate(
         # 1. One generate call for every active sample
         if turn == 1:
             budget = min(spec.max_tokens_per_turn, spec.max_response_tokens)
-            out = engine.generate(prompts, replace(base, max_new_tokens=budget))
+            out = engine.generate(prompts, replace(base, max_new_tokens=budget), prompt_keys=pkeys)
             states = [_State(list(c.prompt_ids), c.prompt_index, c.sample_index, [], [], [], []) for c in out]
             active = list(range(len(states)))
         else:
@@ -159,6 +165,10 @@ def multi_turn_generate(
             out = engine.generate(
                 [states[i].prompt_ids + states[i].ids for i in active],
                 replace(base, n=1, seed=seed, max_new_tokens=max(budgets)),
+                prompt_keys=[
+                    derive_seed("multi_turn_row", pkeys[states[i].prompt_index], states[i].sample_index)
+                    for i in active
+                ],
             )
         # 2. Append each model turn; find the tool calls of the samples that go on
         pending: list[tuple[int, list[ToolCall], bool]] = []

@@ -17,11 +17,18 @@ Mapping onto the contract of :mod:`verl_core.rollout.base`:
   ``raw_logprobs`` would be right only at T = 1;
 - stop strings stay in the text (``include_stop_str_in_output=True``), like the HF engine's cut;
   eos, ``<|im_end|>`` and ``stop_token_ids`` are stop tokens, kept in ``response_ids``;
-- ``update_weights(model)``: weights go from the trainer's (merged) state dict straight into the
-  worker models with ``llm.apply_model(lambda m: m.load_weights(...))`` (vLLM ≥ 0.10, V1 engine; the
-  function is pickled to the workers, which needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, set
-  here). With ``enable_lora=True`` a PEFT model's adapter is saved to a temp dir instead and sent as
-  a new ``LoRARequest`` (a new int id per version): adapters are small, the base stays loaded;
+- seeding (the contract's per-row seeds): each (prompt, sample) is its own request with ``n=1`` and
+  the per-request ``seed=derive_seed("sample", seed, prompt_key, sample_index)``, so a prompt's
+  samples do not depend on the other prompts of the call (vLLM's generator is per request). vLLM's
+  sampler is not the HF engine's: the same seed gives other tokens than the HF engine;
+- weight sync (the engine never shares the trainer's module): ``load_weights(named_tensors, v)``
+  sends HF-named weights (merged, no LoRA names) straight into the worker models with
+  ``llm.apply_model(lambda m: m.load_weights(...))`` (vLLM ≥ 0.10, V1 engine; the function is
+  pickled to the workers, which needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, set here) and resets
+  the prefix cache; with ``enable_lora=True``, ``load_adapter(adapter_state_dict, v)`` writes the
+  adapter (PEFT layout) to a temp dir and sends it as a new ``LoRARequest`` (a new int id per
+  load: vLLM caches adapters by id), the base staying loaded. ``update_weights(model, v)`` does
+  either from a live module;
 - ``sleep()`` / ``wake_up()``: ``llm.sleep(level=1)`` (weights offloaded to CPU, KV cache dropped) and
   ``llm.wake_up()``; the engine is built with ``enable_sleep_mode=True``.
 
@@ -34,7 +41,7 @@ import importlib.util
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -46,6 +53,8 @@ from verl_core.errors import ConfigError
 from verl_core.models.loading import unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
 from verl_core.rollout.hf import encode_prompts
+from verl_core.rollout.sampler import check_prompt_keys
+from verl_core.seeding import derive_seed
 from verl_core.watchdog import beat
 
 
@@ -56,8 +65,9 @@ def vllm_available() -> bool:
 class VLLMEngine:
     """:class:`~verl_core.rollout.base.RolloutEngine` on ``vllm.LLM``.
 
-    ``model`` is a path / hub id, or a live ``nn.Module`` (possibly PEFT-wrapped) whose merged weights
-    are written once to a temp dir for vLLM to load (later updates go through memory)."""
+    ``model`` is a path / hub id, or a live ``nn.Module`` whose weights are written once to a temp dir
+    for vLLM to load (later updates go through memory). A live PEFT model turns ``enable_lora`` on:
+    its base is written once and each sync sends the adapter."""
 
     def __init__(
         self,
@@ -71,12 +81,16 @@ class VLLMEngine:
         dtype: str = "auto",
         trust_remote_code: bool = False,
         max_model_len: int | None = None,
+        policy_version: int = 0,
     ) -> None:
         # vllm present, its own torch/transformers pins met, a CUDA torch and a GPU (verl_core.doctor)
         require({"vllm": "rollout.name: 'vllm'"}, cuda_needed_by="rollout.name: 'vllm'")
         import vllm
 
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model pickles a function
+        if hasattr(model, "peft_config"):  # a live LoRA policy: its adapter is what every sync sends
+            enable_lora = True
+            max_lora_rank = max(max_lora_rank, int(model.peft_config["default"].r))  # type: ignore[union-attr,index]
         self._tmp = tempfile.TemporaryDirectory(prefix="verl-flow-vllm-")
         path = model if isinstance(model, str) else self._save_for_init(model, tokenizer, enable_lora)
         kwargs: dict[str, Any] = {}
@@ -97,15 +111,27 @@ class VLLMEngine:
         )
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         self.enable_lora = enable_lora
+        self.shares_weights = False  # the workers hold their own weights: synced after every update
         self._lora: Any = None  # the current LoRARequest
-        self._version = 0
+        self._lora_config: Any = getattr(model, "peft_config", {}).get("default")
+        self._lora_loads = 0  # LoRARequest ids: a new one per load
+        self._version = policy_version
         if enable_lora and not isinstance(model, str):
-            self.update_weights(model)
+            self.update_weights(model, policy_version)
 
     # -- RolloutEngine ----------------------------------------------------------------------------
 
+    @property
+    def policy_version(self) -> int:
+        """The policy version of the weights the workers hold."""
+        return self._version
+
     def generate(
-        self, prompts: Sequence[str] | Sequence[Sequence[int]], params: SamplingParams | None = None
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        params: SamplingParams | None = None,
+        *,
+        prompt_keys: Sequence[int] | None = None,
     ) -> list[Completion]:
         from vllm.inputs import TokensPrompt
 
@@ -117,33 +143,60 @@ class VLLMEngine:
                 stacklevel=2,
             )
         prompt_ids = encode_prompts(self.tokenizer, prompts)
+        pkeys = check_prompt_keys(prompt_keys, len(prompt_ids))
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        rows = [(i, j) for i in range(len(prompt_ids)) for j in range(params.n)]  # one request per sample
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
-            self._sampling_params(params),
+            [TokensPrompt(prompt_token_ids=prompt_ids[i]) for i, _ in rows],
+            [self._sampling_params(params, derive_seed("sample", seed, pkeys[i], j)) for i, j in rows],
             lora_request=self._lora,
             use_tqdm=False,
         )
-        beat(sequences=sum(len(o.outputs) for o in outputs))
-        completions = []
-        for i, (ids, out) in enumerate(zip(prompt_ids, outputs, strict=True)):
-            for sample in sorted(out.outputs, key=lambda o: o.index):
-                completions.append(_completion(i, ids, sample))
-        return completions
+        beat(sequences=len(outputs))
+        return [
+            _completion(i, j, prompt_ids[i], out.outputs[0])
+            for (i, j), out in zip(rows, outputs, strict=True)
+        ]
 
-    def update_weights(self, model: nn.Module) -> None:
+    def update_weights(self, model: nn.Module, version: int | None = None) -> None:
         """Load ``model``'s current weights into the running engine (no disk round-trip), or with
-        ``enable_lora`` register its adapter as a new LoRA version."""
+        ``enable_lora`` send its adapter as a new LoRA version; the engine then holds ``version``
+        (default: the held version + 1)."""
+        version = self._version + 1 if version is None else version
         if self.enable_lora and hasattr(model, "peft_config"):
-            self._version += 1
-            path = os.path.join(self._tmp.name, f"adapter-v{self._version}")
-            model.save_pretrained(path)  # type: ignore[operator]
-            from vllm.lora.request import LoRARequest
+            from peft import get_peft_model_state_dict
 
-            self._lora = LoRARequest(f"policy-v{self._version}", self._version, path)
-            return
-        weights = [(name, t.detach()) for name, t in merged_state_dict(model).items()]
-        self.llm.apply_model(lambda m: m.load_weights(iter(weights)))
+            self._lora_config = model.peft_config["default"]  # type: ignore[index]
+            self.load_adapter(get_peft_model_state_dict(model), version)
+        else:
+            self.load_weights(merged_state_dict(model).items(), version)
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """HF-named full weights (LoRA merged in) → the worker models, as policy ``version``."""
+        sent = [(name, t.detach()) for name, t in weights]
+        self.llm.apply_model(lambda m: m.load_weights(iter(sent)))
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self._version = version
+
+    def load_adapter(self, weights: Mapping[str, Tensor], version: int) -> None:
+        """A LoRA adapter (``get_peft_model_state_dict`` names) → a new ``LoRARequest``, as policy
+        ``version``: written with its ``adapter_config.json`` for vLLM's LoRA loader."""
+        if not self.enable_lora or self._lora_config is None:
+            raise ConfigError(
+                "VLLMEngine.load_adapter: the engine was built without a LoRA policy (enable_lora)"
+            )
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        self._lora_loads += 1
+        path = os.path.join(self._tmp.name, f"adapter-{self._lora_loads}")
+        self._lora_config.save_pretrained(path)
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in weights.items()},
+            os.path.join(path, "adapter_model.safetensors"),
+        )
+        self._lora = LoRARequest(f"policy-v{version}-{self._lora_loads}", self._lora_loads, path)
+        self._version = version
 
     def sleep(self) -> None:
         self.llm.sleep(level=1)
@@ -153,7 +206,8 @@ class VLLMEngine:
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _sampling_params(self, params: SamplingParams) -> Any:
+    def _sampling_params(self, params: SamplingParams, seed: int) -> Any:
+        """One request's vLLM sampling parameters: a single sample seeded with ``seed``."""
         import vllm
 
         stop_ids = list(params.stop_token_ids)
@@ -161,7 +215,7 @@ class VLLMEngine:
         if im_end is not None:
             stop_ids.append(int(im_end))  # eos is vLLM's own stop token already
         return vllm.SamplingParams(
-            n=params.n,
+            n=1,
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else 0,  # 0: off
@@ -169,7 +223,7 @@ class VLLMEngine:
             stop=list(params.stop),
             stop_token_ids=list(dict.fromkeys(stop_ids)),
             include_stop_str_in_output=True,
-            seed=params.seed,
+            seed=seed,
             logprobs=0,
             skip_special_tokens=True,
         )
@@ -185,7 +239,7 @@ class VLLMEngine:
         return path
 
 
-def _completion(prompt_index: int, prompt_ids: list[int], sample: Any) -> Completion:
+def _completion(prompt_index: int, sample_index: int, prompt_ids: list[int], sample: Any) -> Completion:
     """One vLLM ``CompletionOutput`` → :class:`Completion`."""
     ids = list(sample.token_ids)
     logprobs = [float(step[tok].logprob) for tok, step in zip(ids, sample.logprobs or [], strict=False)]
@@ -194,7 +248,7 @@ def _completion(prompt_index: int, prompt_ids: list[int], sample: Any) -> Comple
     finish: FinishReason = "length" if sample.finish_reason == "length" else "stop"
     return Completion(
         prompt_index=prompt_index,
-        sample_index=int(sample.index),
+        sample_index=sample_index,
         prompt_ids=list(prompt_ids),
         response_ids=ids,
         response_text=sample.text,

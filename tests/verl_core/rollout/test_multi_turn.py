@@ -27,6 +27,7 @@ from verl_core.rollout.multi_turn import (
     multi_turn_generate,
     multi_turn_metrics,
 )
+from verl_core.seeding import derive_seed
 from verl_core.store.schemas import conform
 from verl_core.tools import load_tools
 from verl_core.training.ppo import RolloutBatch
@@ -58,9 +59,13 @@ class Recorder:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.calls: list[tuple[list[list[int]], list[Completion]]] = []
+        self.keys: list[Any] = []  # each call's prompt_keys
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        out = self.engine.generate(prompts, params)
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, prompt_keys: Any = None
+    ) -> list[Completion]:
+        out = self.engine.generate(prompts, params, prompt_keys=prompt_keys)
+        self.keys.append(prompt_keys)
         self.calls.append(([list(p) for p in prompts], out))
         return out
 
@@ -184,7 +189,9 @@ class Scripted:
         self.tok, self.script, self.turn = tok, script, 0
         self.sizes: list[int] = []
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, prompt_keys: Any = None
+    ) -> list[Completion]:
         text = self.script[min(self.turn, len(self.script) - 1)]
         self.turn += 1
         self.sizes.append(len(prompts) * params.n)
@@ -226,6 +233,39 @@ def run(tok: Any, script: list[str], **spec: int) -> tuple[Scripted, list[Any]]:
         MultiTurnSpec(**full), ToolTurnRenderer(HERMES),
     )  # fmt: skip
     return engine, out
+
+
+def test_split_prompts_with_their_keys_sample_what_one_call_samples(
+    overfit: tuple[Any, torch.nn.Module],
+) -> None:
+    # sampled (T = 1, 2 per prompt): every turn of a sample is keyed by (prompt key, sample), so the
+    # prompts split over two calls (other active sets at turn 2) give the same trajectories. The
+    # memorised model samples almost deterministically at T = 1 (it still calls the tool, so turn 2
+    # runs): the keys each turn receives are checked too
+    tok, model = overfit
+    prompts = [
+        tok.encode(render(HERMES, c[:1], add_generation_prompt=True), add_special_tokens=False)
+        for c in CONVERSATIONS
+    ]
+    spec = MultiTurnSpec(
+        max_turns=3, max_tool_calls=2, max_tokens_per_turn=64, max_response_tokens=128, tool_workers=1
+    )
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=64, seed=5)
+    tools, renderer = load_tools(["calculator"]), ToolTurnRenderer(HERMES)
+
+    def run(engine: Any, ps: list[list[int]], keys: list[int] | None) -> list[list[int]]:
+        out = multi_turn_generate(engine, tok, ps, params, tools, spec, renderer, prompt_keys=keys)
+        return [t.completion.response_ids for t in out]
+
+    engine = HFEngine(model, tok)
+    whole = run(engine, prompts, None)  # (prompt, sample) order: 0.0 0.1 1.0 1.1 2.0 2.1
+    split = Recorder(HFEngine(model, tok, max_batch_size=1))
+    first = run(split, [prompts[0], prompts[2]], [0, 2])
+    second = run(engine, [prompts[1]], [1])
+    assert first == whole[0:2] + whole[4:6] and second == whole[2:4]
+    # turn 1: the prompts' keys; turn 2: prompt 0's two samples (prompt 2 answered without a tool)
+    row = [derive_seed("multi_turn_row", 0, j) for j in range(2)]
+    assert split.keys == [[0, 2], row]
 
 
 def test_malformed_call_is_answered_with_an_error_and_counted(tok: Any) -> None:

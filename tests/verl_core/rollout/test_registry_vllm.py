@@ -99,3 +99,25 @@ def test_vllm_seeded_sampling_is_deterministic(tok: Any, prompts: list[str]) -> 
     engine = VLLMEngine(tiny_model(tok, seed=6), tok, gpu_memory_utilization=0.2)
     params = SamplingParams(n=3, max_new_tokens=8, seed=11)
     assert engine.generate(prompts, params) == engine.generate(prompts, params)
+
+
+@needs_vllm
+def test_vllm_split_calls_with_prompt_keys_sample_what_one_call_samples(tok: Any, prompts: list[str]) -> None:
+    engine = VLLMEngine(tiny_model(tok, seed=6), tok, gpu_memory_utilization=0.2)
+    params = SamplingParams(n=2, max_new_tokens=8, seed=11)
+    whole = [c.response_ids for c in engine.generate(prompts, params)]
+    first = [c.response_ids for c in engine.generate(prompts[2:], params, prompt_keys=[2, 3])]
+    second = [c.response_ids for c in engine.generate(prompts[:2], params, prompt_keys=[0, 1])]
+    assert second + first == whole
+
+
+@needs_vllm
+def test_vllm_load_weights_records_the_version(tok: Any, prompts: list[str]) -> None:
+    engine = VLLMEngine(tiny_model(tok, seed=6), tok, gpu_memory_utilization=0.2, dtype="float32")
+    other = tiny_model(tok, seed=7).eval()
+    assert engine.policy_version == 0 and not engine.shares_weights
+    engine.load_weights(merged_state_dict(other).items(), 5)
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    assert engine.policy_version == 5
+    got = [c.response_ids for c in engine.generate(prompts, params)]
+    assert got == [c.response_ids for c in HFEngine(other, tok).generate(prompts, params)]
