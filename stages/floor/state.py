@@ -145,6 +145,8 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         critic = PackedScoreModel(_critic(cfg, store, ckpt, lm))
     if isinstance(ref, PackedCausalLM):
         ref = prepare_frozen(ref, cfg.ref.strategy, device, param_offload=cfg.ref.param_offload)
+    # the rollout engine before the actor is sharded: an own-copy engine copies the whole policy
+    engine = make_engine(cfg.rollout.name, lm.to(device), tokenizer, **engine_kwargs(cfg.rollout))
     a = cfg.actor
     actor_engine = build_train_engine(
         actor, actor_spec(cfg, iterations), strategy=a.strategy, device=device, zero_stage=a.zero_stage,
@@ -171,7 +173,6 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         version = int(state["iteration"])
         on_main(lambda: publish_pending(store, ckpt))
         stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
-    engine = make_engine(cfg.rollout.name, lm, tokenizer, **engine_kwargs(cfg.rollout))
     rl = _STATES[ctx.run_id] = RLState(
         ctx.run_id,
         lm,
@@ -394,6 +395,11 @@ def policy_weights(lm: nn.Module) -> dict[str, Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.tensor import DTensor
 
+    if any(hasattr(p, "ds_id") for p in lm.parameters()):  # DeepSpeed ZeRO-3 partitions
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(lm.parameters())):
+            return {k: v.detach().clone() for k, v in lm.state_dict().items()}
     if not any(isinstance(p, DTensor) for p in lm.parameters()):
         return lm.state_dict()
     state = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
