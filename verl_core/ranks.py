@@ -71,7 +71,7 @@ def broadcast_from_main(value: T) -> T:
         return value
     box: list[Any] = [value if is_main() else None]
     dist.broadcast_object_list(box, src=main_rank())
-    return box[0]  # type: ignore[no-any-return]
+    return box[0]
 
 
 def gather_to_main(items: Sequence[T]) -> list[T] | None:
@@ -111,7 +111,7 @@ def on_main(fn: Callable[[], T]) -> T:
         raise error
     if not ok:
         raise RankFailedError(f"rank {main_rank()} failed: {value}")
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def rank0_to_main(value: T) -> T | None:
@@ -127,7 +127,7 @@ def rank0_to_main(value: T) -> T | None:
         dist.send_object_list(box, dst=main)
     elif rank() == main:
         dist.recv_object_list(box, src=0)
-        return box[0]  # type: ignore[no-any-return]
+        return box[0]
     return None
 
 
