@@ -98,6 +98,12 @@ class VLLMEngine:
             kwargs["max_lora_rank"] = max_lora_rank
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            # an SPMD job (torchrun): one engine per group of tensor_parallel_size consecutive ranks, in
+            # the job's own processes (vLLM's external launcher, as verl runs it); each group generates
+            # its share of the prompts (stages.floor.builders.sharded_rollouts)
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        self.tensor_parallel_size = tensor_parallel_size
         self.llm = vllm.LLM(
             model=path,
             tensor_parallel_size=tensor_parallel_size,
