@@ -206,6 +206,12 @@ def _distributed(cfg: VerlFlowConfig) -> list[str]:
     ):
         if offload and strategy != "fsdp2":
             out.append(f"{section}.param_offload: needs {section}.strategy 'fsdp2', got {strategy!r}")
+    r = cfg.rollout
+    if r.name == "vllm" and world > 1 and t.n_gpus_per_node % r.tensor_parallel_size:
+        out.append(
+            f"rollout.tensor_parallel_size: {r.tensor_parallel_size} does not divide trainer.n_gpus_per_node "
+            f"{t.n_gpus_per_node} (a vLLM engine spans ranks of one node)"
+        )
     sharded = [name for name, value in placed if value != "single"]
     if sharded and cfg.model.lora_rank:
         out.append(
