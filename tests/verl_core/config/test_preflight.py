@@ -56,6 +56,46 @@ from verl_core.errors import ConfigError
             "trainer.critic_warmup: 3 warm-up iterations leave none of the trainer.total_iterations (3) "
             "to update the actor; expected < 3",
         ),
+        (  # two processes each training a full copy would not share gradients
+            ["trainer.n_gpus_per_node=2"],
+            "actor.strategy: 'single' trains one copy per process, but trainer.nnodes × "
+            "trainer.n_gpus_per_node = 2 processes: use 'fsdp2' or 'deepspeed'",
+        ),
+        (
+            ["trainer.nnodes=2", "actor.strategy=fsdp2", "rollout.share_weights=false"],
+            "trainer.rdzv_endpoint: required (host:port of node 0) when trainer.nnodes is 2",
+        ),
+        (
+            [
+                "actor.tensor_parallel_size=2",
+                "trainer.n_gpus_per_node=2",
+                "actor.strategy=deepspeed",
+                "rollout.share_weights=false",
+            ],
+            "actor.tensor_parallel_size: 2 needs actor.strategy 'fsdp2', got 'deepspeed'",
+        ),
+        (  # 4 heads, 2 kv heads by default: tp 4 splits no kv head
+            [
+                "actor.tensor_parallel_size=4",
+                "trainer.n_gpus_per_node=4",
+                "actor.strategy=fsdp2",
+                "rollout.share_weights=false",
+            ],
+            "actor.tensor_parallel_size: 4 does not divide model.num_attention_heads 4 and "
+            "model.num_key_value_heads 2",
+        ),
+        (
+            ["actor.strategy=fsdp2", "model.lora_rank=8", "rollout.share_weights=false"],
+            "model.lora_rank: LoRA with actor.strategy 'fsdp2' is not supported yet",
+        ),
+        (
+            ["actor.strategy=fsdp2"],
+            "rollout.share_weights: the hf engine cannot generate from the actor's sharded weights",
+        ),
+        (
+            ["actor.strategy=deepspeed", "actor.param_offload=true", "rollout.share_weights=false"],
+            "actor.param_offload: needs actor.strategy 'fsdp2', got 'deepspeed'",
+        ),
     ],
 )
 def test_each_problem_is_one_line_naming_its_fields(overrides: list[str], line: str) -> None:
