@@ -9,8 +9,9 @@ depend on micro-batching.
 
 Data parallelism (SPMD under torchrun): every rank passes the *whole* batch; the data-parallel view
 comes from the actor engine (:func:`verl_core.training.data_parallel.dp_view`). The no-grad forwards
-run on each rank's Karmarkar–Karp shard and are gathered; rewards and advantages are computed on the
-full batch on every rank (identical, no collective); each mini-batch is split over the ranks and its
+run on each rank's Karmarkar–Karp shard and are gathered; rewards, advantages and the rollout
+correction (:mod:`verl_core.algorithms.rollout_correction`) are computed on the full batch on every rank
+(identical, no collective); each mini-batch is split over the ranks and its
 ``AggNorm`` counts the whole mini-batch; every rank runs the same number of forward/backward calls
 (padding micro-batches of weight 0, :mod:`verl_core.training.data_parallel`); the logged metrics are
 summed over the ranks, so they equal one process's.
