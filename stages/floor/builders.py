@@ -65,7 +65,7 @@ from verl_core.tools import load_tools
 from verl_core.tools.parsing import TOOL_CALL_FORMATS
 from verl_core.training.distributed import rank_shard
 from verl_core.training.engine import OptimSpec
-from verl_core.training.ppo import ActorLossSpec, PPOSpec
+from verl_core.training.ppo import ActorLossSpec, PPOSpec, RolloutCorrectionSpec
 
 # --------------------------------------------------------------------------------------------------
 # Policy and reference
@@ -357,6 +357,7 @@ def critic_spec(cfg: VerlFlowConfig, iterations: int) -> OptimSpec:
 def ppo_spec(cfg: VerlFlowConfig, iteration: int) -> PPOSpec:
     """The settings of iteration ``iteration``'s update (the actor waits out ``trainer.critic_warmup``)."""
     a, c, alg = cfg.actor, cfg.critic, cfg.algorithm
+    rc = alg.rollout_correction
     temperature = cfg.rollout.temperature or 1.0
     return PPOSpec(
         actor=ActorLossSpec(
@@ -391,6 +392,14 @@ def ppo_spec(cfg: VerlFlowConfig, iteration: int) -> PPOSpec:
         horizon=float(cfg.data.max_response_length),
         update_actor=iteration >= cfg.trainer.critic_warmup,
         use_rollout_logprobs=a.use_rollout_logprobs,
+        rollout_correction=RolloutCorrectionSpec(
+            rollout_is=rc.rollout_is,
+            rollout_is_threshold=rc.rollout_is_threshold,
+            rollout_rs=rc.rollout_rs,
+            rollout_rs_threshold=rc.rollout_rs_threshold,
+            rollout_rs_threshold_lower=rc.rollout_rs_threshold_lower,
+            log_prob_diff_threshold=rc.log_prob_diff_threshold,
+        ),
     )
 
 

@@ -36,11 +36,15 @@ name (config key)                   reference
 ``token-mean`` (loss_agg_mode)      Yu et al. 2025, "DAPO" (token-level policy gradient loss)
 ``seq-mean-token-mean``             Shao et al. 2024 (original GRPO objective)
 ``seq-mean-token-sum-norm``         Liu et al. 2025 (Dr.GRPO)
+``token``/``sequence`` (rollout_is) Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+                                    Off-Policy RL Training" (TIS)
+``geometric`` (rollout_rs, + above) Liu, Li et al. 2025, "When Speed Kills Stability" (MIS / RS)
 =================================== ==================================================================
 
 Modules: :mod:`.stats` (masked statistics, pack/pad), :mod:`.advantages`, :mod:`.policy_loss`,
 :mod:`.value_loss`, :mod:`.kl`, :mod:`.aggregation` (micro-batch-safe loss aggregation, entropy
-bonus); the registries are :class:`verl_core.registry.Registry`.
+bonus), :mod:`.rollout_correction` (rollout/trainer mismatch metrics, TIS weights, rejection);
+the registries are :class:`verl_core.registry.Registry`.
 """
 
 from verl_core.algorithms.advantages import (
@@ -96,6 +100,21 @@ from verl_core.algorithms.policy_loss import (
     PolicyLossStats,
     get_policy_loss,
 )
+from verl_core.algorithms.rollout_correction import (
+    WEIGHT_LEVEL_REGISTRY,
+    WEIGHT_LEVELS,
+    ISWeights,
+    MismatchStats,
+    Rejection,
+    RolloutCorrection,
+    RolloutISLevel,
+    RolloutRSLevel,
+    get_weight_level,
+    mismatch_stats,
+    rejection_mask,
+    rollout_correction,
+    truncated_is_weights,
+)
 from verl_core.algorithms.stats import (
     PaddedBatch,
     cu_seqlens_from_mask,
@@ -126,6 +145,8 @@ __all__ = [
     "LOSS_AGG_REGISTRY",
     "POLICY_LOSSES",
     "POLICY_LOSS_REGISTRY",
+    "WEIGHT_LEVELS",
+    "WEIGHT_LEVEL_REGISTRY",
     "AdaptiveKLController",
     "AdvEstimatorName",
     "AdvantageEstimator",
@@ -135,6 +156,7 @@ __all__ = [
     "FixedKLController",
     "GroupIndex",
     "GroupStats",
+    "ISWeights",
     "KLController",
     "KLControllerName",
     "KLEstimator",
@@ -143,12 +165,17 @@ __all__ = [
     "KLPenaltyOutput",
     "KLPenaltyStats",
     "LossAggMode",
+    "MismatchStats",
     "PaddedBatch",
     "PolicyLoss",
     "PolicyLossName",
     "PolicyLossOutput",
     "PolicyLossStats",
     "Registry",
+    "Rejection",
+    "RolloutCorrection",
+    "RolloutISLevel",
+    "RolloutRSLevel",
     "UnknownNameError",
     "ValueLossOutput",
     "ValueLossStats",
@@ -165,6 +192,7 @@ __all__ = [
     "get_kl_controller",
     "get_kl_estimator",
     "get_policy_loss",
+    "get_weight_level",
     "group_ids",
     "group_stats",
     "make_kl_controller",
@@ -172,8 +200,12 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mismatch_stats",
     "pack_padded",
     "pad_packed",
+    "rejection_mask",
+    "rollout_correction",
     "scores_to_token_rewards",
     "seq_lengths",
+    "truncated_is_weights",
 ]

@@ -50,6 +50,8 @@ class PolicyLoss(Protocol):
         clip_ratio_high: ε_high, the ratio is clipped above at 1 + ε_high (> ε_low is DAPO's clip-higher).
         clip_ratio_c: dual-clip bound c > 1 for A < 0; ``None`` disables it (``vanilla`` only).
         norm: mini-batch denominators for micro-batching (``None``: this batch is the mini-batch).
+        rollout_is_weights: ``(B, T)`` detached importance weights π_old/π_behaviour multiplying the
+            per-token loss (:mod:`~verl_core.algorithms.rollout_correction`); ``None``: no correction.
     """
 
     def __call__(
@@ -64,6 +66,7 @@ class PolicyLoss(Protocol):
         clip_ratio_high: float = 0.2,
         clip_ratio_c: float | None = 3.0,
         norm: AggNorm | None = None,
+        rollout_is_weights: Tensor | None = None,
     ) -> PolicyLossOutput: ...
 
 
@@ -104,6 +107,7 @@ def compute_ppo_policy_loss(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float | None = 3.0,
     norm: AggNorm | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> PolicyLossOutput:
     """PPO clipped surrogate with clip-higher and dual clip.
 
@@ -111,6 +115,7 @@ def compute_ppo_policy_loss(
     L_t = max(−A·ρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high))           (Schulman et al. 2017, eq. 7;
                                                                    ε_low ≠ ε_high: Yu et al. 2025, §3.1)
     where A < 0:  L_t = min(L_t, −A·c)                            (dual clip, Ye et al. 2020, eq. 5)
+    L_t ← w_t · L_t  with rollout_is_weights w (rollout correction; the ratio stays on π_old)
     """
     mask = response_mask
     log_ratio = log_prob - old_log_prob
@@ -124,6 +129,8 @@ def compute_ppo_policy_loss(
         negative = advantages < 0
         clipfrac_lower = masked_mean((negative & (losses > pg_losses3)).to(losses.dtype), mask)
         losses = torch.where(negative, torch.minimum(losses, pg_losses3), losses)
+    if rollout_is_weights is not None:
+        losses = losses * rollout_is_weights
     stats = PolicyLossStats(
         pg_clipfrac=masked_mean(clipped.to(losses.dtype), mask).detach(),
         pg_clipfrac_lower=clipfrac_lower.detach(),
@@ -144,12 +151,13 @@ def compute_gspo_policy_loss(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float | None = 3.0,
     norm: AggNorm | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> PolicyLossOutput:
     """GSPO: PPO clip on the sequence-level importance ratio (Zheng et al. 2025, eq. 5–7, GSPO-token).
 
     log s_i = (1/n_i) Σ_t m_t (log π_θ − log π_old)                (length-normalised sequence ratio)
     s_it = sg(s_i) · π_θ(y_t) / sg(π_θ(y_t))                       (value s_i, gradient s_i·∇log π_θ(y_t))
-    L_it = max(−A·s_it, −A·clip(s_it, 1 − ε_low, 1 + ε_high))
+    L_it = max(−A·s_it, −A·clip(s_it, 1 − ε_low, 1 + ε_high)),  then × rollout_is_weights if given
 
     The paper's ε are ~1e-4 (e.g. ε_low = 3e-4, ε_high = 4e-4) and the aggregation
     ``seq-mean-token-mean``. ``clip_ratio_c`` is ignored (no dual clip); ``pg_clipfrac_lower`` is 0.
@@ -161,6 +169,8 @@ def compute_gspo_policy_loss(
     token_log_ratio = seq_log_ratio.detach()[:, None] + log_prob - log_prob.detach()  # (B, T)
     ratio = torch.exp(torch.clamp(token_log_ratio, max=10.0))
     losses, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
+    if rollout_is_weights is not None:
+        losses = losses * rollout_is_weights
     stats = PolicyLossStats(
         pg_clipfrac=masked_mean(clipped.to(losses.dtype), mask).detach(),
         pg_clipfrac_lower=torch.zeros((), dtype=losses.dtype, device=losses.device),

@@ -53,6 +53,13 @@ def _required_fields(cfg: VerlFlowConfig) -> list[str]:
             f"ref.path: {cfg.ref.path!r} is set but nothing uses a reference "
             "(set actor.use_kl_loss or algorithm.use_kl_in_reward, or unset ref.path)"
         )
+    rc = cfg.algorithm.rollout_correction
+    if cfg.actor.use_rollout_logprobs and (rc.rollout_is or rc.rollout_rs):
+        out.append(
+            f"algorithm.rollout_correction: rollout_is {rc.rollout_is!r}, rollout_rs {rc.rollout_rs!r} weigh "
+            "π_old against the rollout's log-probs, but actor.use_rollout_logprobs=true makes them the same "
+            "(the weight would be 1): turn one off"
+        )
     return out
 
 

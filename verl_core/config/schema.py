@@ -24,6 +24,8 @@ from verl_core.algorithms import (
     KLEstimatorName,
     LossAggMode,
     PolicyLossName,
+    RolloutISLevel,
+    RolloutRSLevel,
 )
 
 # The config's names for them (kept: other code imports these from verl_core.config).
@@ -499,6 +501,23 @@ class KLControlConfig(Section):
     horizon: PositiveInt = _f(10000, "Horizon of the adaptive controller")
 
 
+class RolloutCorrectionConfig(Section):
+    rollout_is: RolloutISLevel | None = _f(
+        None, "Truncated importance weights π_old/π_rollout on the actor loss: token | sequence (None: off)"
+    )
+    rollout_is_threshold: PositiveFloat = _f(2.0, "Truncation C of the importance weights (w ← min(w, C))")
+    rollout_rs: RolloutRSLevel | None = _f(
+        None, "Reject tokens/sequences whose weight leaves the thresholds: token | sequence | geometric"
+    )
+    rollout_rs_threshold: PositiveFloat = _f(2.0, "Rejection sampling: upper bound of a kept weight")
+    rollout_rs_threshold_lower: PositiveFloat | None = _f(
+        None, "Rejection sampling: lower bound of a kept weight (None: 1 / rollout_rs_threshold)"
+    )
+    log_prob_diff_threshold: PositiveFloat = _f(
+        0.1, "Metric rollout_corr/log_prob_abs_diff_frac_above counts tokens with |Δ log-prob| above this"
+    )
+
+
 class AlgorithmConfig(Section):
     adv_estimator: AdvEstimator = _f("grpo", "Advantage estimator")
     gamma: Prob = _f(1.0, "Discount factor")
@@ -507,6 +526,9 @@ class AlgorithmConfig(Section):
     use_kl_in_reward: bool = _f(False, "Subtract β·KL(actor || ref) from the token rewards")
     kl_penalty: KLEstimator = _f("kl", "KL estimator used in the reward")
     kl_ctrl: KLControlConfig = _f(KLControlConfig(), "KL coefficient control")
+    rollout_correction: RolloutCorrectionConfig = _f(
+        RolloutCorrectionConfig(), "Rollout/trainer log-prob mismatch: metrics, importance weights, rejection"
+    )
 
     @property
     def greedy_baseline(self) -> bool:

@@ -9,8 +9,9 @@ depend on micro-batching.
 
 Data parallelism (SPMD under torchrun): every rank passes the *whole* batch; the data-parallel view
 comes from the actor engine (:func:`verl_core.training.data_parallel.dp_view`). The no-grad forwards
-run on each rank's Karmarkar–Karp shard and are gathered; rewards and advantages are computed on the
-full batch on every rank (identical, no collective); each mini-batch is split over the ranks and its
+run on each rank's Karmarkar–Karp shard and are gathered; rewards, advantages and the rollout
+correction (:mod:`verl_core.algorithms.rollout_correction`) are computed on the full batch on every rank
+(identical, no collective); each mini-batch is split over the ranks and its
 ``AggNorm`` counts the whole mini-batch; every rank runs the same number of forward/backward calls
 (padding micro-batches of weight 0, :mod:`verl_core.training.data_parallel`); the logged metrics are
 summed over the ranks, so they equal one process's.
@@ -31,10 +32,12 @@ from torch import Tensor
 from verl_core.algorithms import (
     AggNorm,
     KLController,
+    RolloutCorrection,
     apply_kl_penalty,
     explained_variance,
     get_adv_estimator,
     masked_mean,
+    rollout_correction,
     scores_to_token_rewards,
 )
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
@@ -69,6 +72,7 @@ __all__ = [
     "PPOModels",
     "PPOSpec",
     "RolloutBatch",
+    "RolloutCorrectionSpec",
     "micro_batches",
     "minibatches",
     "ppo_iteration",
@@ -208,6 +212,23 @@ class PPOModels:
 
 
 @dataclass(frozen=True)
+class RolloutCorrectionSpec:
+    """Rollout/trainer mismatch correction (:mod:`verl_core.algorithms.rollout_correction`); the
+    defaults are off: metrics only."""
+
+    rollout_is: str | None = None  # TIS weight level: token | sequence
+    rollout_is_threshold: float = 2.0  # truncation C of the weights
+    rollout_rs: str | None = None  # rejection level: token | sequence | geometric
+    rollout_rs_threshold: float = 2.0  # rejected above
+    rollout_rs_threshold_lower: float | None = None  # rejected below (None: 1 / rollout_rs_threshold)
+    log_prob_diff_threshold: float = 0.1  # |Δ log-prob| counted by log_prob_abs_diff_frac_above
+
+    @property
+    def enabled(self) -> bool:
+        return self.rollout_is is not None or self.rollout_rs is not None
+
+
+@dataclass(frozen=True)
 class PPOSpec:
     """Every setting of one iteration (the stage builds it from the config)."""
 
@@ -232,6 +253,7 @@ class PPOSpec:
     horizon: float = 1.0  # H of seq-mean-token-sum-norm: the maximum response length
     update_actor: bool = True  # False during critic warm-up
     use_rollout_logprobs: bool = False  # old log-probs = the engine's behaviour log-probs
+    rollout_correction: RolloutCorrectionSpec = field(default_factory=RolloutCorrectionSpec)
 
 
 class PPOIterationResult(NamedTuple):
@@ -263,7 +285,9 @@ def ppo_iteration(
 
     1. old log-probs π_old, reference log-probs π_ref, values V (no grad);
     2. token rewards r_t (outcome score on the last token, minus β·KL_t with KL in reward) and
-       advantages Â_t, returns R_t (``spec.adv_estimator``);
+       advantages Â_t, returns R_t (``spec.adv_estimator``); the rollout/trainer mismatch of π_old
+       against the batch's behaviour log-probs, and its correction (``spec.rollout_correction``:
+       importance weights and rejected tokens of the actor loss);
     3. for each epoch, for each shuffled mini-batch of whole prompt groups: one critic step, then
        (after critic warm-up) one actor step, each accumulating gradients over micro-batches.
 
@@ -298,10 +322,12 @@ def ppo_iteration(
         )
         finite = {"scores": scores, "advantages": adv.advantages, "returns": adv.returns}
         _check_finite({**finite, "old_log_probs": old_logp}, where)
+        # w = π_old/π_behaviour and the rejection mask, on the whole batch on every rank (no collective)
+        corr = _rollout_correction(batch, old_logp, mask, spec)
 
     # 3. Critic, then actor: epochs × shuffled mini-batches of whole groups × micro-batches
     log = _MetricLog()
-    metrics = dict(rewards.metrics)
+    metrics = {**rewards.metrics, **corr.metrics}
     if models.critic is not None and models.critic_engine is not None and values is not None:
         critic_loss_fn = partial(_critic_micro_loss, models.critic, batch, spec, values, adv.returns, log)
         with timed(timing, "update_critic"):
@@ -318,11 +344,12 @@ def ppo_iteration(
         metrics["critic/vf_explained_var"] = float(explained_variance(values, adv.returns, mask))
     if spec.update_actor:
         actor_loss_fn = partial(
-            _actor_micro_loss, models.actor, batch, spec, old_logp, adv.advantages, ref_logp, log
+            _actor_micro_loss, models.actor, batch, spec, old_logp, adv.advantages, ref_logp, corr, log
         )
         with timed(timing, "update_actor"):
             for rows in minibatches(batch.group_ids, spec.actor_mini_batch_groups, spec.actor_epochs, seed):
-                norm = _agg_norm(mask[rows], spec.horizon)  # the whole mini-batch, all ranks
+                # the whole mini-batch, all ranks; rejected tokens count in no denominator
+                norm = _agg_norm(corr.response_mask[rows], spec.horizon)
                 mbs = dp_micro_batches(
                     rows, batch.lengths, spec.actor_token_budget, dp, spec.micro_batch_size
                 )
@@ -393,6 +420,33 @@ def _no_grad_forwards(
     return old_logp, ref_logp, values
 
 
+def _rollout_correction(
+    batch: RolloutBatch, old_logp: Tensor, mask: Tensor, spec: PPOSpec
+) -> RolloutCorrection:
+    """The mismatch metrics and correction of π_old against the batch's behaviour log-probs; none
+    (weights None, the mask as is, no metrics) where there is nothing to compare: no behaviour
+    log-probs, or π_old *is* π_behaviour (``use_rollout_logprobs``)."""
+    c = spec.rollout_correction
+    if batch.behaviour_log_probs is None or spec.use_rollout_logprobs:
+        if c.enabled:
+            raise ValueError(
+                "rollout correction needs behaviour log-probs and recomputed old log-probs "
+                "(not use_rollout_logprobs, where the weight is 1)"
+            )
+        return RolloutCorrection(weights=None, response_mask=mask, metrics={})
+    return rollout_correction(
+        old_logp,
+        batch.behaviour_log_probs.to(mask.device) * mask,
+        mask,
+        rollout_is=c.rollout_is,
+        rollout_is_threshold=c.rollout_is_threshold,
+        rollout_rs=c.rollout_rs,
+        rollout_rs_threshold=c.rollout_rs_threshold,
+        rollout_rs_threshold_lower=c.rollout_rs_threshold_lower,
+        diff_threshold=c.log_prob_diff_threshold,
+    )
+
+
 class _TokenRewards(NamedTuple):
     token_rewards: Tensor  # (S, R)
     kl: Tensor | None  # (S, R) per-token KL of the in-reward penalty
@@ -434,18 +488,23 @@ def _actor_micro_loss(
     old_logp: Tensor,
     advantages: Tensor,
     ref_logp: Tensor | None,
+    corr: RolloutCorrection,
     log: _MetricLog,
     norm: AggNorm,
     device: torch.device,
     mb: MicroBatch,
 ) -> Tensor:
     """The actor loss share of micro-batch ``mb`` (× its weight: 0 for padding); per-token inputs
-    ``(S, R)`` of the whole batch."""
+    ``(S, R)`` of the whole batch; the loss mask is the correction's (rejected tokens removed)."""
     rows = mb.rows
     b = batch.micro(rows).to(device)
     r = b.response_mask.shape[1]
+    b = b._replace(response_mask=corr.response_mask[rows, :r])
     ref = None if ref_logp is None else ref_logp[rows, :r]
-    loss, metrics = actor_loss(actor, b, old_logp[rows, :r], advantages[rows, :r], ref, spec.actor, norm)
+    weights = None if corr.weights is None else corr.weights[rows, :r]
+    loss, metrics = actor_loss(
+        actor, b, old_logp[rows, :r], advantages[rows, :r], ref, spec.actor, norm, weights
+    )
     log.micro(metrics, float(b.response_mask.sum()), mb.weight)
     return loss * mb.weight
 

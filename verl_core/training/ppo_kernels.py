@@ -123,8 +123,10 @@ def actor_loss(
     ref_log_probs: Tensor | None,
     spec: ActorLossSpec,
     norm: AggNorm,
+    rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """L = L_pg − c_H·H̄ + β·KL(π‖π_ref) for one micro-batch; per-token inputs ``(S, R)``."""
+    """L = agg(w·L_pg) − c_H·H̄ + β·KL(π‖π_ref) for one micro-batch; per-token inputs ``(S, R)``;
+    w the rollout correction's importance weights (None: 1), the mask ``batch.response_mask``."""
     mask = batch.response_mask
     log_prob, entropy = response_log_probs(model, batch, temperature=spec.temperature, with_entropy=True)
     pg = get_policy_loss(spec.policy_loss)(
@@ -137,6 +139,7 @@ def actor_loss(
         clip_ratio_high=spec.clip_ratio_high,
         clip_ratio_c=spec.clip_ratio_c,
         norm=norm,
+        rollout_is_weights=rollout_is_weights,
     )
     loss = pg.loss
     metrics = {

@@ -96,6 +96,11 @@ from verl_core.errors import ConfigError
             ["actor.strategy=deepspeed", "actor.param_offload=true", "rollout.share_weights=false"],
             "actor.param_offload: needs actor.strategy 'fsdp2', got 'deepspeed'",
         ),
+        (
+            ["algorithm.rollout_correction.rollout_is=token", "actor.use_rollout_logprobs=true"],
+            "algorithm.rollout_correction: rollout_is 'token', rollout_rs None weigh π_old against the "
+            "rollout's log-probs, but actor.use_rollout_logprobs=true makes them the same",
+        ),
     ],
 )
 def test_each_problem_is_one_line_naming_its_fields(overrides: list[str], line: str) -> None:

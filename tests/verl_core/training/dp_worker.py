@@ -1,4 +1,5 @@
-"""SFT steps and 3 RL updates (PPO with a critic and GAE; GRPO with a KL loss to a reference),
+"""SFT steps and 3 RL updates (PPO with a critic and GAE; GRPO with a KL loss to a reference and
+the rollout correction: truncated token weights and geometric rejection against behaviour log-probs),
 replayed from one saved data file: in one process, or as one rank of a torchrun job.
 
     torchrun --standalone --nproc_per_node 2 tests/verl_core/training/dp_worker.py STRATEGY DATA.pt OUT.pt
@@ -23,7 +24,15 @@ from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
 from verl_core.training.data_parallel import MicroBatch, dp_view
 from verl_core.training.engine import OptimSpec
-from verl_core.training.ppo import ActorLossSpec, PPOModels, PPOSpec, RolloutBatch, ppo_iteration
+from verl_core.training.ppo import (
+    ActorLossSpec,
+    PPOModels,
+    PPOSpec,
+    RolloutBatch,
+    RolloutCorrectionSpec,
+    ppo_iteration,
+)
+from verl_core.training.ppo_kernels import response_log_probs
 from verl_core.training.sft import sft_loss, sft_step_plan
 from verl_core.training.strategies import build_train_engine, prepare_frozen
 
@@ -52,15 +61,23 @@ def make_data(path: Path) -> None:
     prompts = [ids(int(torch.randint(2, 7, (1,), generator=g))) for _ in range(GROUPS)]
     responses = [ids(int(torch.randint(1, 9, (1,), generator=g))) for _ in range(GROUPS * SAMPLES)]
     scores = [float((s + grp) % 2) for grp in range(GROUPS) for s in range(SAMPLES)]
+    rl_prompts = [prompts[s // SAMPLES] for s in range(GROUPS * SAMPLES)]
+    # behaviour log-probs: the start policy's, off by N(0, 0.3) per token (a rollout engine's mismatch)
+    with torch.no_grad():
+        n = len(responses)
+        packed = RolloutBatch(rl_prompts, responses, torch.zeros(n), torch.zeros(n), torch.zeros(n))
+        start = response_log_probs(PackedCausalLM(tiny_lm(0)), packed.micro(range(n)))[0]
+    behaviour = start + 0.3 * torch.randn(start.shape, generator=g)
     torch.save(
         {
             "sft": sft,
             "sft_masks": masks,
-            "prompt_ids": [prompts[s // SAMPLES] for s in range(GROUPS * SAMPLES)],
+            "prompt_ids": rl_prompts,
             "response_ids": responses,
             "group_ids": torch.arange(GROUPS).repeat_interleave(SAMPLES),
             "sample_index": torch.arange(SAMPLES).repeat(GROUPS),
             "scores": torch.tensor(scores),
+            "behaviour_log_probs": behaviour,
         },
         path,
     )
@@ -145,6 +162,11 @@ def rl_spec(estimator: str) -> PPOSpec:
         actor_mini_batch_groups=1,  # 3 rows per optimizer step: split 2 | 1 over 2 ranks
         critic_mini_batch_groups=1,
         horizon=8.0,
+        rollout_correction=RolloutCorrectionSpec(
+            rollout_is="token", rollout_is_threshold=1.2, rollout_rs="geometric", rollout_rs_threshold=1.15
+        )
+        if estimator == "grpo"
+        else RolloutCorrectionSpec(),
         **budgets,  # type: ignore[arg-type]
     )
 
@@ -165,7 +187,7 @@ def run_rl(data: dict[str, Any], strategy: str, estimator: str) -> dict[str, Any
         None if critic_engine is None else critic_engine.model,
         critic_engine,  # type: ignore[arg-type]
     )
-    keys = ("prompt_ids", "response_ids", "group_ids", "sample_index", "scores")
+    keys = ("prompt_ids", "response_ids", "group_ids", "sample_index", "scores", "behaviour_log_probs")
     batch = RolloutBatch(**{k: data[k] for k in keys})
     kl = make_kl_controller("fixed", kl_coef=0.0, target_kl=0.1, horizon=1)
     metrics = [

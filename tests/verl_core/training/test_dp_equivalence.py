@@ -1,6 +1,7 @@
 """Issue 14, acceptance (a): the same SFT data and RL batch replayed through 2 gloo ranks (FSDP2,
 DeepSpeed ZeRO-2) and through one process give the same per-step losses (1e-4 relative) and final
-weights (max|Δ| / max|w| ≤ 1e-5), for SFT steps, PPO with a critic (GAE) and GRPO (3 updates each).
+weights (max|Δ| / max|w| ≤ 1e-5), for SFT steps, PPO with a critic (GAE) and GRPO (3 updates each; with
+the rollout correction on: truncated token weights and geometric rejection, computed on every rank).
 
 The worker's token budgets make the ranks' micro-batch counts differ, so padding micro-batches
 (weight 0) run, in training steps and in the no-grad log-prob passes, and must change nothing.
