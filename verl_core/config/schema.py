@@ -499,6 +499,14 @@ class KLControlConfig(Section):
     horizon: PositiveInt = _f(10000, "Horizon of the adaptive controller")
 
 
+class FilterGroupsConfig(Section):
+    enable: bool = _f(False, "DAPO dynamic sampling: drop prompt groups whose samples all got the same metric")
+    metric: Literal["acc", "score"] = _f("acc", "What must differ within a group: acc (correct) or score")
+    max_num_gen_batches: NonNegInt = _f(
+        10, "Generation batches per iteration at most; then train on the groups found (0: no limit)"
+    )
+
+
 class AlgorithmConfig(Section):
     adv_estimator: AdvEstimator = _f("grpo", "Advantage estimator")
     gamma: Prob = _f(1.0, "Discount factor")
@@ -507,6 +515,7 @@ class AlgorithmConfig(Section):
     use_kl_in_reward: bool = _f(False, "Subtract β·KL(actor || ref) from the token rewards")
     kl_penalty: KLEstimator = _f("kl", "KL estimator used in the reward")
     kl_ctrl: KLControlConfig = _f(KLControlConfig(), "KL coefficient control")
+    filter_groups: FilterGroupsConfig = _f(FilterGroupsConfig(), "DAPO dynamic sampling (oversample, filter)")
 
     @property
     def greedy_baseline(self) -> bool:
