@@ -136,7 +136,9 @@ def read_batch(
         rollouts = store.read_table(store.read_manifest(rollout_uri), "rollouts.parquet")
         return rollouts, store.read_table(store.read_manifest(reward_uri), "rewards.parquet"), None
     if len(rollout_uri) != len(reward_uri) or not rollout_uri:
-        raise DataError(f"ppo_update: {len(rollout_uri)} rollout and {len(reward_uri)} reward generation batches")
+        raise DataError(
+            f"ppo_update: {len(rollout_uri)} rollout and {len(reward_uri)} reward generation batches"
+        )
     parts: list[tuple[pa.Table, pa.Table, pa.Table]] = []
     for r, w in zip(rollout_uri, reward_uri, strict=True):
         scored = store.read_manifest(w)

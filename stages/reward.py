@@ -14,7 +14,9 @@ manifest summary's ``seconds``).
 Dynamic sampling (``algorithm.filter_groups``): generation batch K is scored in
 ``iter-XXXX/reward/gen-K``, which also writes ``group_filter.parquet`` (kind "group_filter": the
 metric's value per row and ``kept``, :func:`verl_core.algorithms.dynamic_sampling.filter_groups` with
-the groups the iteration still wants) and puts the counts in its summary under ``filter``. The scoring itself is :func:`verl_core.reward.score_rollouts`;
+the groups the iteration still wants) and puts the counts in its summary under ``filter``.
+
+The scoring itself is :func:`verl_core.reward.score_rollouts`;
 :func:`stages.floor.builders.build_scorers` turns ``reward.*`` into scorers.
 """
 

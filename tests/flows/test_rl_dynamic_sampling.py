@@ -33,7 +33,12 @@ CFG = VerlFlowConfig.model_validate(
             "truncation": "right",
             "pack_token_budget": 512,
         },
-        "model": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2},
+        "model": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
         "actor": {"lr": 1e-3, "ppo_mini_batch_size": 1},
         "rollout": {"n": 2},
         "reward": {"scorers": [{"name": "function"}], "function": "tests.flows.rl_rewards:uniform_when_even"},

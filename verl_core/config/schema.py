@@ -500,7 +500,7 @@ class KLControlConfig(Section):
 
 
 class FilterGroupsConfig(Section):
-    enable: bool = _f(False, "DAPO dynamic sampling: drop prompt groups whose samples all got the same metric")
+    enable: bool = _f(False, "DAPO dynamic sampling: drop prompt groups whose samples agree on the metric")
     metric: Literal["acc", "score"] = _f("acc", "What must differ within a group: acc (correct) or score")
     max_num_gen_batches: NonNegInt = _f(
         10, "Generation batches per iteration at most; then train on the groups found (0: no limit)"
