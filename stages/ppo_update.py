@@ -105,11 +105,16 @@ def ppo_update(
         "update.parquet", _update_table(batch, result.advantages, result.returns, result.kl), "update"
     )
     summary = {"policy_version": state.version, **{k: result.metrics[k] for k in sorted(result.metrics)}}
-    if selected is not None:  # dynamic sampling: the generation batches and the groups kept of them
-        summary |= {"gen_batches": len(rollout_uri), "kept_groups": len(set(batch.group_ids.tolist()))}
+    sampling: dict[str, int] = {}
+    if selected is not None:  # dynamic sampling: generation batches (verl's metric name), groups kept
+        sampling = {
+            "train/num_gen_batches": len(rollout_uri),
+            "train/kept_groups": len(set(batch.group_ids.tolist())),
+        }
+    summary |= {k.removeprefix("train/"): v for k, v in sampling.items()}
     state.pending.append(stage.seal(summary))  # published by the next checkpoint
     tracker = ctx.tracker()
-    tracker.log_metrics({**result.metrics, "timing_s/weight_sync": sync_s}, step=iteration)
+    tracker.log_metrics({**result.metrics, **sampling, "timing_s/weight_sync": sync_s}, step=iteration)
     if cfg.tracking.log_samples:
         advantage = masked_mean(result.advantages, batch.response_mask, dim=-1).tolist()  # (S,) mean
         columns = sample_columns(rollouts, batch.scores.tolist(), cfg.tracking.log_samples, advantage)

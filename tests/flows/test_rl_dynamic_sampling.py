@@ -20,6 +20,7 @@ from stages.floor.locations import generation_stage
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig
+from verl_core.errors import DataError
 from verl_core.run import RunContext
 
 B = 2  # prompts per generation batch = informative groups wanted per iteration
@@ -106,34 +107,43 @@ def test_oversamples_until_the_batch_holds_enough_informative_groups(prompts: tu
                     assert kept == {False}
         update = store.committed("full", f"iter-{it:04d}/update")
         assert update is not None and update.summary["kept_groups"] == B
-        assert update.summary["gen_batches"] == len(batches)
+        assert update.summary["num_gen_batches"] == len(batches)
         trained = store.read_table(update, "update.parquet").column("group_id").to_pylist()
         marked = [r["group_id"] for b in batches for r in b["rows"] if r["kept"]]
         assert trained == marked  # the update trains on exactly the kept rows, in batch order
     assert extra > 0, "no iteration needed a second generation batch: the test reward drops too few"
     assert store.committed("full", "iter-0000/rollout") is None  # not the one-batch stage names
+    # which groups agree depends on the prompts' ground truths alone (not on the policy), so the run is
+    # fixed by the prompt stream: (cursor, kept groups) per generation batch of each iteration
+    expected = {
+        0: [(0, 1), (2, 0), (4, 1)],  # gen-1: both groups agree; gen-2: 2 informative, 1 wanted
+        1: [(6, 1), (8, 1)],
+        2: [(10, 2)],
+    }
+    for it, batches in expected.items():
+        assert [(b["cursor"], b["filter"]["kept_groups"]) for b in _batches(ctx, it)] == batches
+    surplus = _batches(ctx, 0)[2]["filter"]  # informative but over the iteration's need: dropped too
+    assert (surplus["informative_groups"], surplus["kept_groups"], surplus["wanted_groups"]) == (2, 1, 1)
 
 
-def test_cap_warns_and_trains_on_the_smaller_batch(
+def test_cap_warns_and_trains_on_the_smaller_batch_and_fails_with_none(
     prompts: tuple[Path, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     root, tp = prompts
     fg = CFG.algorithm.filter_groups.model_copy(update={"max_num_gen_batches": 1})
     cfg = CFG.model_copy(update={"algorithm": CFG.algorithm.model_copy(update={"filter_groups": fg})})
     ctx = RunContext(run_id="capped", store_url=str(root))
-    with caplog.at_level(logging.WARNING):
-        try:
-            rl_loop(ctx, cfg, tp, None)
-        except Exception as err:  # an iteration with no informative group at all fails, naming why
-            assert "no prompt group among 1 generation batches" in str(err)
-    short = [
-        it for it in range(3)
-        if (u := ctx.store().committed("capped", f"iter-{it:04d}/update")) is not None
-        and u.summary["kept_groups"] < B
-    ]  # fmt: skip
-    assert short, "no iteration hit the cap short of groups"
-    assert f"1 of {B} informative prompt groups after 1 generation batches" in caplog.text
+    # iteration 0's one batch holds 1 informative group of 2 (as in the uncapped run): a warning, and
+    # the update trains on that group; iteration 1's batch (cursor 2) holds none: the loop fails
+    with caplog.at_level(logging.WARNING), pytest.raises(DataError, match="iteration 1: no prompt group"):
+        rl_loop(ctx, cfg, tp, None)
+    assert "iteration 0: 1 of 2 informative prompt groups after 1 generation batches" in caplog.text
     assert "max_num_gen_batches=1" in caplog.text
+    assert [(b["cursor"], b["filter"]["kept_groups"]) for b in _batches(ctx, 0)] == [(0, 1)]
+    update = ctx.store().committed("capped", "iter-0000/update")
+    assert update is not None and update.summary["kept_groups"] == 1
+    assert len(ctx.store().read_table(update, "update.parquet")) == 2  # 1 group × rollout.n = 2
+    assert ctx.store().committed("capped", "iter-0001/update") is None
 
 
 def test_killed_mid_iteration_resumes_to_the_same_prompts(
