@@ -83,11 +83,11 @@ def rollout(
 
     # 2. The iteration's prompts
     prompts = store.read_table(store.read_manifest(template_pack_uri), "prompt_tokens/train.parquet")
-    b, order = data.train_batch_size, {"seed": data.seed, "shuffle": data.shuffle}
+    b = data.train_batch_size
     if gen_batch is None:
-        rows, epoch = batch_rows(prompts.num_rows, b, iteration, **order)
+        rows, epoch = batch_rows(prompts.num_rows, b, iteration, seed=data.seed, shuffle=data.shuffle)
     else:
-        rows, epoch = stream_rows(prompts.num_rows, cursor, b, **order)
+        rows, epoch = stream_rows(prompts.num_rows, cursor, b, seed=data.seed, shuffle=data.shuffle)
     batch = prompts.take(rows)
 
     # 3. Generate
@@ -95,7 +95,7 @@ def rollout(
     ids = batch.column("input_ids").to_pylist()
     sampling = sampling_params(cfg, data.max_response_length, iteration, validation=False)
     if gen_batch:  # batch K > 0 of the iteration draws apart from batch 0 (which draws as without filtering)
-        sampling = replace(sampling, seed=derive_seed("rollout_gen_batch", sampling.seed, gen_batch))
+        sampling = replace(sampling, seed=derive_seed("rollout_gen_batch", cfg.seed, iteration, gen_batch))
     gen = partial(
         sharded_rollouts, state.engine, state.tokenizer, ids,
         multi_turn=cfg.multi_turn, max_response_length=data.max_response_length, sandbox=sandbox,
