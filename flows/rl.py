@@ -57,7 +57,8 @@ def checkpoint(ctx: RunContext, config: VerlFlowConfig, iteration: int) -> str:
 
 
 class IterationArtifacts(NamedTuple):
-    """Manifest URIs of one RL iteration's stages."""
+    """Manifest URIs of one RL iteration's stages (dynamic sampling: its last generation batch's
+    rollout and reward, :func:`flows.sampling.sample_iteration`)."""
 
     rollout: str
     reward: str

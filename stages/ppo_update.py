@@ -69,7 +69,7 @@ def ppo_update(
         )
 
     # 2. Read rollouts and rewards into one typed batch (ReMax's greedy baseline rows set apart)
-    rollouts, rewards, selected = read_batch(store, rollout_uri, reward_uri)
+    rollouts, rewards, selected = _read_batch(store, rollout_uri, reward_uri)
     source = rollout_uri if isinstance(rollout_uri, str) else " + ".join(rollout_uri)
     check_policy_lag(rollouts, state.version, cfg.trainer.rollout_ahead, iteration, source)
     try:
@@ -132,7 +132,7 @@ def _inputs(rollout_uri: str | Sequence[str], reward_uri: str | Sequence[str]) -
     }
 
 
-def read_batch(
+def _read_batch(
     store: ArtifactStore, rollout_uri: str | Sequence[str], reward_uri: str | Sequence[str]
 ) -> tuple[pa.Table, pa.Table, pa.Table | None]:
     """The rollouts and rewards the update trains on, and (dynamic sampling) the group filters of
