@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from prefect import flow, task
 
+from flows.sampling import sample_iteration
 from flows.spmd import SpmdJob, needs_spmd, run_job
 from stages.floor.environment import check_environment
 from stages.floor.locations import ckpt_stage, validations
@@ -56,7 +57,8 @@ def checkpoint(ctx: RunContext, config: VerlFlowConfig, iteration: int) -> str:
 
 
 class IterationArtifacts(NamedTuple):
-    """Manifest URIs of one RL iteration's stages."""
+    """Manifest URIs of one RL iteration's stages (dynamic sampling: its last generation batch's
+    rollout and reward, :func:`flows.sampling.sample_iteration`)."""
 
     rollout: str
     reward: str
@@ -84,6 +86,12 @@ def run_iteration(
     else:
         roll, score, update = rollout.fn, reward.fn, ppo_update.fn  # type: ignore[assignment]
     stall = e.stall_timeout_s
+    if cfg.algorithm.filter_groups.enable:  # DAPO dynamic sampling: generation batches until full
+        s = sample_iteration(ctx, cfg, template_pack_uri, iteration, lineage, timings, roll, score)
+        with timed(timings, "update"), watched(ctx, "ppo_update", stall, iteration):
+            u = update(ctx, cfg, s.rollouts, s.rewards, iteration)
+        return IterationArtifacts(s.rollouts[-1], s.rewards[-1], u)
+    get_state(ctx).prompt_cursor = (iteration + 1) * cfg.data.train_batch_size  # one batch per iteration
     with timed(timings, "rollout"), watched(ctx, "rollout", stall, iteration):
         baseline = cfg.algorithm.greedy_baseline
         r = roll(

@@ -13,9 +13,15 @@ Weight sync: right after the update the rollout engine receives policy i+1
 update refuses rollouts sampled by a policy more than ``trainer.rollout_ahead`` versions behind the
 trainer's (their ``policy_version`` column is the version the engine held): a stale engine fails
 loudly instead of training silently off-policy.
+
+Dynamic sampling (``algorithm.filter_groups``): the update gets the rollout and reward URIs of every
+generation batch of the iteration and trains on their kept rows (``group_filter.parquet`` of each
+reward stage), concatenated in batch order: one combined batch.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,14 +37,20 @@ from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
 from verl_core.ranks import broadcast_from_main, is_main
 from verl_core.run import RunContext
+from verl_core.store import ArtifactStore
 from verl_core.training.ppo import RolloutBatch, ppo_iteration
 
 
 @task(name="ppo_update")
 def ppo_update(
-    ctx: RunContext, cfg: VerlFlowConfig, rollout_uri: str, reward_uri: str, iteration: int
+    ctx: RunContext,
+    cfg: VerlFlowConfig,
+    rollout_uri: str | Sequence[str],
+    reward_uri: str | Sequence[str],
+    iteration: int,
 ) -> str:
-    """One PPO/GRPO iteration's update; returns the stage's manifest URI."""
+    """One PPO/GRPO iteration's update; returns the stage's manifest URI. Lists of URIs: the
+    generation batches of a dynamically sampled iteration, trained on their kept rows."""
     store, state = ctx.store(), get_state(ctx)
     # 1. Skip only when the policy in memory already includes this update
     params = {k: cfg.section_without_placement(k) for k in ("actor", "critic", "algorithm", "model")}
@@ -46,7 +58,7 @@ def ppo_update(
         ctx.run_id,
         iteration_stage(iteration, "update"),
         params={"iteration": iteration, **params},
-        inputs={"rollout": rollout_uri, "reward": reward_uri},
+        inputs=_inputs(rollout_uri, reward_uri),
         force=state.version == iteration,
     )
     if broadcast_from_main(stage.done):  # rank 0 decides for every rank of an SPMD job
@@ -57,16 +69,16 @@ def ppo_update(
         )
 
     # 2. Read rollouts and rewards into one typed batch (ReMax's greedy baseline rows set apart)
-    rollouts = store.read_table(store.read_manifest(rollout_uri), "rollouts.parquet")
-    rewards = store.read_table(store.read_manifest(reward_uri), "rewards.parquet")
-    check_policy_lag(rollouts, state.version, cfg.trainer.rollout_ahead, iteration, rollout_uri)
+    rollouts, rewards, selected = _read_batch(store, rollout_uri, reward_uri)
+    source = rollout_uri if isinstance(rollout_uri, str) else " + ".join(rollout_uri)
+    check_policy_lag(rollouts, state.version, cfg.trainer.rollout_ahead, iteration, source)
     try:
         batch = RolloutBatch.from_tables(rollouts, rewards)
     except ValueError as err:
-        raise DataError(f"ppo_update: iteration {iteration}: {rollout_uri} + {reward_uri}: {err}") from err
+        raise DataError(f"ppo_update: iteration {iteration}: {source} + {reward_uri}: {err}") from err
     if cfg.algorithm.greedy_baseline and batch.baseline_scores is None:
         raise DataError(
-            f"ppo_update: iteration {iteration}: {rollout_uri} has no greedy baseline rows (is_baseline), "
+            f"ppo_update: iteration {iteration}: {source} has no greedy baseline rows (is_baseline), "
             "which algorithm.adv_estimator=remax needs: roll out with greedy_baseline=True"
         )
 
@@ -93,14 +105,59 @@ def ppo_update(
         "update.parquet", _update_table(batch, result.advantages, result.returns, result.kl), "update"
     )
     summary = {"policy_version": state.version, **{k: result.metrics[k] for k in sorted(result.metrics)}}
+    sampling: dict[str, int] = {}
+    if selected is not None:  # dynamic sampling: generation batches (verl's metric name), groups kept
+        sampling = {
+            "train/num_gen_batches": len(rollout_uri),
+            "train/kept_groups": len(set(batch.group_ids.tolist())),
+        }
+    summary |= {k.removeprefix("train/"): v for k, v in sampling.items()}
     state.pending.append(stage.seal(summary))  # published by the next checkpoint
     tracker = ctx.tracker()
-    tracker.log_metrics({**result.metrics, "timing_s/weight_sync": sync_s}, step=iteration)
+    tracker.log_metrics({**result.metrics, **sampling, "timing_s/weight_sync": sync_s}, step=iteration)
     if cfg.tracking.log_samples:
         advantage = masked_mean(result.advantages, batch.response_mask, dim=-1).tolist()  # (S,) mean
         columns = sample_columns(rollouts, batch.scores.tolist(), cfg.tracking.log_samples, advantage)
         log_samples(tracker, "train", iteration, columns)
     return stage.manifest_uri
+
+
+def _inputs(rollout_uri: str | Sequence[str], reward_uri: str | Sequence[str]) -> dict[str, str]:
+    if isinstance(rollout_uri, str) and isinstance(reward_uri, str):
+        return {"rollout": rollout_uri, "reward": reward_uri}
+    r, w = list(rollout_uri), list(reward_uri)
+    return {
+        **{f"rollout/gen-{k}": uri for k, uri in enumerate(r)},
+        **{f"reward/gen-{k}": uri for k, uri in enumerate(w)},
+    }
+
+
+def _read_batch(
+    store: ArtifactStore, rollout_uri: str | Sequence[str], reward_uri: str | Sequence[str]
+) -> tuple[pa.Table, pa.Table, pa.Table | None]:
+    """The rollouts and rewards the update trains on, and (dynamic sampling) the group filters of
+    every generation batch (None for one batch). Generation batches: their kept rows, in batch order."""
+    if isinstance(rollout_uri, str) and isinstance(reward_uri, str):
+        rollouts = store.read_table(store.read_manifest(rollout_uri), "rollouts.parquet")
+        return rollouts, store.read_table(store.read_manifest(reward_uri), "rewards.parquet"), None
+    if len(rollout_uri) != len(reward_uri) or not rollout_uri:
+        raise DataError(
+            f"ppo_update: {len(rollout_uri)} rollout and {len(reward_uri)} reward generation batches"
+        )
+    parts: list[tuple[pa.Table, pa.Table, pa.Table]] = []
+    for r, w in zip(rollout_uri, reward_uri, strict=True):
+        scored = store.read_manifest(w)
+        parts.append(
+            (
+                store.read_table(store.read_manifest(r), "rollouts.parquet"),
+                store.read_table(scored, "rewards.parquet"),
+                store.read_table(scored, "group_filter.parquet"),
+            )
+        )
+    filters = pa.concat_tables([f for _, _, f in parts])
+    kept = filters.column("kept")
+    rollouts = pa.concat_tables([r for r, _, _ in parts]).filter(kept)
+    return rollouts, pa.concat_tables([w for _, w, _ in parts]).filter(kept), filters
 
 
 def check_policy_lag(

@@ -9,7 +9,14 @@ Reads ``rollouts.parquet`` (kind "rollouts") of the rollout stage and writes, in
 
 and logs verl-style metrics at step i (``critic/score/*``, ``reward/accuracy``, ``reward/no_answer_frac``,
 ``reward/errors``, ``response_length/*``, ``timing_s/reward``: the seconds the scoring took, also the
-manifest summary's ``seconds``). The scoring itself is :func:`verl_core.reward.score_rollouts`;
+manifest summary's ``seconds``).
+
+Dynamic sampling (``algorithm.filter_groups``): generation batch K is scored in
+``iter-XXXX/reward/gen-K``, which also writes ``group_filter.parquet`` (kind "group_filter": the
+metric's value per row and ``kept``, :func:`verl_core.algorithms.dynamic_sampling.filter_groups` with
+the groups the iteration still wants) and puts the counts in its summary under ``filter``.
+
+The scoring itself is :func:`verl_core.reward.score_rollouts`;
 :func:`stages.floor.builders.build_scorers` turns ``reward.*`` into scorers.
 """
 
@@ -17,11 +24,13 @@ from __future__ import annotations
 
 import time
 
+import pyarrow as pa
 from prefect import task
 
 from stages.floor.builders import score_batch
-from stages.floor.locations import iteration_stage
+from stages.floor.locations import generation_stage, iteration_stage
 from stages.floor.logging import stage_logger
+from verl_core.algorithms.dynamic_sampling import FILTER_METRICS, filter_groups
 from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.errors import DataError
 from verl_core.reward import batch_from_columns, metrics_of_rows, rewards_table
@@ -29,6 +38,7 @@ from verl_core.run import RunContext
 
 ROLLOUTS_FILE = "rollouts.parquet"
 REWARDS_FILE = "rewards.parquet"
+FILTER_FILE = "group_filter.parquet"
 
 
 @task(name="reward")
@@ -40,18 +50,27 @@ def reward(
     max_response_length: int,
     *,
     sandbox: SandboxConfig,
+    gen_batch: int | None = None,
+    filter_metric: str = "acc",
+    wanted_groups: int = 0,
 ) -> str:
     """Score the rollouts at ``rollout_uri``; returns the reward stage's manifest URI. ``sandbox``: where
-    the code scorer runs code (part of the stage's inputs only when that scorer is used)."""
+    the code scorer runs code (part of the stage's inputs only when that scorer is used).
+    ``gen_batch``: generation batch K of a dynamically sampled iteration; its groups are filtered by
+    ``filter_metric`` (verl's ``acc`` | ``score``), keeping at most ``wanted_groups`` informative ones."""
     log = stage_logger(__name__)
     store = ctx.store()
     # 1. Skip when committed with the same inputs
     params = {"reward": cfg.model_dump(mode="json"), "max_response_length": max_response_length}
     if any(s.name == "code" for s in cfg.scorers):
         params["sandbox"] = sandbox.model_dump(mode="json")
-    stage = store.open_stage(
-        ctx.run_id, iteration_stage(iteration, "reward"), params=params, inputs={"rollout": rollout_uri}
-    )
+    where = iteration_stage(iteration, "reward")
+    if gen_batch is not None:
+        if filter_metric not in FILTER_METRICS:
+            raise ValueError(f"filter metric must be one of {sorted(FILTER_METRICS)}, got {filter_metric!r}")
+        params |= {"gen_batch": gen_batch, "filter_metric": filter_metric, "wanted_groups": wanted_groups}
+        where = generation_stage(iteration, "reward", gen_batch)
+    stage = store.open_stage(ctx.run_id, where, params=params, inputs={"rollout": rollout_uri})
     if stage.done:
         log.info("reward: iteration %d already committed, skipping", iteration)
         return stage.manifest_uri
@@ -74,8 +93,13 @@ def reward(
             s for s, b in zip(result.scores, baseline, strict=True) if b
         ) / sum(baseline)
 
-    # 4. Write the rewards and the report, commit
-    stage.write_table(REWARDS_FILE, rewards_table(batch, result), "rewards")
+    # 4. Write the rewards (dynamic sampling: and which groups train) and the report, commit
+    table = rewards_table(batch, result)
+    stage.write_table(REWARDS_FILE, table, "rewards")
+    kept = None
+    if gen_batch is not None:
+        kept = _filter_groups(table, filter_metric, wanted_groups)
+        stage.write_table(FILTER_FILE, kept[0], "group_filter")
     zeroed = [
         {"row": batch.row_name(i), "data_source": batch.data_source[i], "error": e}
         for i, e in enumerate(result.errors)
@@ -91,6 +115,8 @@ def reward(
     }
     stage.write_json("report.json", report)
     summary = {"iteration": iteration, "rows": batch.size, "metrics": metrics, "seconds": seconds}
+    if kept is not None:
+        report["filter"] = summary["filter"] = kept[1]
     uri = stage.commit(summary=summary)
 
     # 5. Metrics
@@ -100,3 +126,25 @@ def reward(
         iteration, batch.size, metrics["critic/score/mean"], len(zeroed),
     )  # fmt: skip
     return uri
+
+
+def _filter_groups(rewards: pa.Table, metric: str, wanted_groups: int) -> tuple[pa.Table, dict[str, int]]:
+    """The "group_filter" table of a generation batch's rewards and its counts (for the summary)."""
+    groups = rewards.column("group_id").to_pylist()
+    values = [float(v) for v in rewards.column(FILTER_METRICS[metric]).to_pylist()]  # acc: True → 1.0
+    f = filter_groups(groups, values, wanted_groups)
+    table = pa.table(
+        {
+            "group_id": rewards.column("group_id"),
+            "sample_index": rewards.column("sample_index"),
+            "value": pa.array(values, pa.float32()),
+            "kept": pa.array(f.kept, pa.bool_()),
+        }
+    )
+    counts = {
+        "wanted_groups": wanted_groups,
+        "kept_groups": f.kept_groups,
+        "informative_groups": f.informative_groups,
+        "uniform_groups": f.uniform_groups,
+    }
+    return table, counts

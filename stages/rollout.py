@@ -7,6 +7,11 @@ sees the same prompts (a resumed run included). Sampling is seeded by (rollout.s
 sample, by the prompt's index in the batch (its key) and the sample index, so a rank generating a
 shard of the batch draws the samples one process would. Each row records the policy version the
 rollout engine held (``ppo_update`` refuses a batch too far behind the trainer's).
+
+Dynamic sampling (``algorithm.filter_groups``): the iteration samples generation batches
+``iter-XXXX/rollout/gen-K``, each of ``data.train_batch_size`` prompts from the prompt stream's
+``cursor`` (:func:`stages.floor.artifacts.stream_rows`), seeded apart per K; their group ids continue
+across batches (K·B + prompt), so the batches of an iteration concatenate into one.
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ from functools import partial
 
 from prefect import task
 
-from stages.floor.artifacts import batch_rows, rollouts_table
+from stages.floor.artifacts import batch_rows, rollouts_table, stream_rows
 from stages.floor.builders import sampling_params, sharded_rollouts
-from stages.floor.locations import iteration_stage
+from stages.floor.locations import generation_stage, iteration_stage
 from stages.floor.state import get_state
 from verl_core.config import PLACEMENT_FIELDS, DataConfig, RolloutConfig, SandboxConfig
 from verl_core.ranks import broadcast_from_main, is_main
 from verl_core.run import RunContext
+from verl_core.seeding import derive_seed
 
 
 @task(name="rollout")
@@ -36,10 +42,15 @@ def rollout(
     lineage: str,
     greedy_baseline: bool = False,
     sandbox: SandboxConfig | None = None,
+    *,
+    gen_batch: int | None = None,
+    cursor: int = 0,
 ) -> str:
     """Generate iteration ``iteration``'s rollouts with the in-memory policy (version = iteration).
     ``greedy_baseline`` (ReMax): also one greedy response per prompt, a row marked ``is_baseline`` with
-    ``sample_index = rollout.n``; it is scored like the others and used only as its group's baseline."""
+    ``sample_index = rollout.n``; it is scored like the others and used only as its group's baseline.
+    ``gen_batch``: generation batch K of a dynamically sampled iteration, its prompts from the
+    stream's position ``cursor`` (None: the iteration's one batch, from iteration·B)."""
     store = ctx.store()
     # 1. Skip when committed for this iteration of this policy lineage
     params = {
@@ -52,9 +63,13 @@ def rollout(
         "shuffle": data.shuffle,
         "greedy_baseline": greedy_baseline,
     }
+    where = iteration_stage(iteration, "rollout")
+    if gen_batch is not None:
+        params |= {"gen_batch": gen_batch, "cursor": cursor}
+        where = generation_stage(iteration, "rollout", gen_batch)
     stage = store.open_stage(
         ctx.run_id,
-        iteration_stage(iteration, "rollout"),
+        where,
         params=params,
         inputs={"prompts": template_pack_uri},
     )
@@ -68,15 +83,19 @@ def rollout(
 
     # 2. The iteration's prompts
     prompts = store.read_table(store.read_manifest(template_pack_uri), "prompt_tokens/train.parquet")
-    rows, epoch = batch_rows(
-        prompts.num_rows, data.train_batch_size, iteration, seed=data.seed, shuffle=data.shuffle
-    )
+    b = data.train_batch_size
+    if gen_batch is None:
+        rows, epoch = batch_rows(prompts.num_rows, b, iteration, seed=data.seed, shuffle=data.shuffle)
+    else:
+        rows, epoch = stream_rows(prompts.num_rows, cursor, b, seed=data.seed, shuffle=data.shuffle)
     batch = prompts.take(rows)
 
     # 3. Generate
     t0 = time.perf_counter()
     ids = batch.column("input_ids").to_pylist()
     sampling = sampling_params(cfg, data.max_response_length, iteration, validation=False)
+    if gen_batch:  # batch K > 0 of the iteration draws apart from batch 0 (which draws as without filtering)
+        sampling = replace(sampling, seed=derive_seed("rollout_gen_batch", cfg.seed, iteration, gen_batch))
     gen = partial(
         sharded_rollouts, state.engine, state.tokenizer, ids,
         multi_turn=cfg.multi_turn, max_response_length=data.max_response_length, sandbox=sandbox,
@@ -101,6 +120,7 @@ def rollout(
         state.engine.policy_version,  # the weights the engine sampled from (synced after each update)
         is_baseline=marks,
         trajectories=trajectories,
+        group_offset=(gen_batch or 0) * b,
     )
     stage.write_table("rollouts.parquet", table, "rollouts")
     gen_tokens = sum(len(c.response_ids) for c in completions + baselines)
@@ -108,6 +128,7 @@ def rollout(
         "samples": len(completions),
         "baseline_samples": len(baselines),
         "epoch": epoch,
+        "prompt_cursor": cursor if gen_batch is not None else iteration * b,
         "generated_tokens": gen_tokens,
         "seconds": seconds,
         **main.metrics,  # multi-turn: turns, tool calls, tool-call rate (none for single-turn)

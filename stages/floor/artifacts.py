@@ -256,20 +256,26 @@ def dir_source(model_dir: str) -> EvalSource:
 
 
 def batch_rows(n: int, batch_size: int, iteration: int, *, seed: int, shuffle: bool) -> tuple[list[int], int]:
-    """Rows of iteration ``iteration`` and the epoch its first row is in. Row k of the whole stream
-    (k = iteration·B + j) is ``perm_e[k mod n]`` with e = k // n and perm_e a permutation seeded
-    by (seed, e) (identity without shuffle)."""
+    """Rows of iteration ``iteration`` when every iteration takes one batch: the stream's rows from
+    cursor ``iteration·B`` (:func:`stream_rows`)."""
+    return stream_rows(n, iteration * batch_size, batch_size, seed=seed, shuffle=shuffle)
+
+
+def stream_rows(n: int, cursor: int, count: int, *, seed: int, shuffle: bool) -> tuple[list[int], int]:
+    """``count`` rows of the prompt stream from position ``cursor``, and the epoch of the first.
+    Row k of the stream is ``perm_e[k mod n]`` with e = k // n and perm_e a permutation seeded by
+    (seed, e) (identity without shuffle). An iteration of one batch starts at iteration·B; dynamic
+    sampling takes further batches from where the last one ended (the cursor kept in checkpoints)."""
     if n == 0:
         raise DataError("the prompt set is empty")
     rows, perms = [], {}
-    first = iteration * batch_size
-    for k in range(first, first + batch_size):
+    for k in range(cursor, cursor + count):
         epoch, pos = divmod(k, n)
         if epoch not in perms:
             g = torch.Generator().manual_seed(derive_seed("prompt_order", seed, epoch))
             perms[epoch] = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
         rows.append(perms[epoch][pos])
-    return rows, first // n
+    return rows, cursor // n
 
 
 def rollouts_table(
@@ -279,8 +285,11 @@ def rollouts_table(
     policy_version: int,
     is_baseline: Sequence[bool] | None = None,
     trajectories: Sequence[Trajectory | None] | None = None,
+    group_offset: int = 0,
 ) -> pa.Table:
     """One row per completion (kind "rollouts"); ``prompts`` are the generate() input rows.
+    ``group_offset``: added to the prompt's row in ``prompts`` to give its group id (a generation
+    batch K > 0 of a dynamically sampled iteration: K·B, so its groups follow the earlier batches').
     ``is_baseline[i]``: completion i is a greedy baseline (ReMax), not a training sample.
     ``trajectories[i]``: completion i's multi-turn trajectory (its loss mask and turns), None: single-turn.
     ``policy_version``: the version of the weights the rollout engine held (``engine.policy_version``),
@@ -294,7 +303,7 @@ def rollouts_table(
     text = prompts.column("prompt_text").to_pylist()
     for c in completions:
         p = c.prompt_index
-        cols["group_id"].append(p)
+        cols["group_id"].append(group_offset + p)
         cols["sample_index"].append(c.sample_index)
         cols["prompt_index"].append(index[p])
         cols["data_source"].append(source[p])

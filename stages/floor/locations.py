@@ -2,6 +2,8 @@
 
     preprocess, template_pack, sft, sft-ckpt, report       one per run
     iter-XXXX/{rollout,reward,update,val}                  per RL iteration (XXXX: 4+ digits)
+    iter-XXXX/{rollout,reward}/gen-K                       generation batch K of an iteration (dynamic
+                                                           sampling, algorithm.filter_groups)
     ckpt/iter-XXXX                                         RL checkpoint after XXXX updates
     export/iter-XXXX, export/sft                           merged HF export of a policy
     eval/{label}                                           evaluation of a policy
@@ -19,6 +21,8 @@ from verl_core.store import ArtifactStore
 
 IterationKind = Literal["rollout", "reward", "update", "val"]
 ITERATION_KINDS: tuple[IterationKind, ...] = get_args(IterationKind)
+GenerationKind = Literal["rollout", "reward"]
+GENERATION_KINDS: tuple[GenerationKind, ...] = get_args(GenerationKind)
 
 PREPROCESS = "preprocess"
 TEMPLATE_PACK = "template_pack"
@@ -27,6 +31,7 @@ SFT_CKPT = "sft-ckpt"
 REPORT = "report"
 
 _ITERATION = re.compile(r"^iter-(\d{4,})/(rollout|reward|update|val)$")
+_GENERATION = re.compile(r"^iter-(\d{4,})/(rollout|reward)/gen-(\d+)$")
 _CKPT = re.compile(r"^ckpt/iter-(\d{4,})$")
 _EXPORT = re.compile(r"^export/(?:iter-(\d{4,})|(sft))$")
 
@@ -48,6 +53,22 @@ def parse_iteration_stage(name: str) -> tuple[int, IterationKind] | None:
     """``"iter-0003/reward"`` → ``(3, "reward")``; None for any other name."""
     m = _ITERATION.match(name)
     return (int(m.group(1)), cast(IterationKind, m.group(2))) if m else None
+
+
+def generation_stage(iteration: int, kind: GenerationKind, gen: int) -> str:
+    """``generation_stage(3, "reward", 1) == "iter-0003/reward/gen-1"``: generation batch ``gen`` of an
+    iteration that samples until its batch holds enough informative groups."""
+    if kind not in GENERATION_KINDS:
+        raise ValueError(f"generation stage kind must be one of {GENERATION_KINDS}, got {kind!r}")
+    if gen < 0:
+        raise ValueError(f"generation batch must be >= 0, got {gen}")
+    return f"{_iter(iteration)}/{kind}/gen-{gen}"
+
+
+def parse_generation_stage(name: str) -> tuple[int, GenerationKind, int] | None:
+    """``"iter-0003/reward/gen-1"`` → ``(3, "reward", 1)``; None for any other name."""
+    m = _GENERATION.match(name)
+    return (int(m.group(1)), cast(GenerationKind, m.group(2)), int(m.group(3))) if m else None
 
 
 def ckpt_stage(iteration: int) -> str:

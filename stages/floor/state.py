@@ -7,7 +7,9 @@ tasks look it up by run id; when it is missing (a fresh process, a resumed run) 
 the artifacts: the last committed checkpoint ``ckpt/iter-XXXX`` or the SFT policy.
 
 Checkpoints hold the policy (HF dir or LoRA adapter), the critic, optimizer/scheduler states, the KL
-controller, RNG states and the iteration; the last ``trainer.max_ckpt_to_keep`` are kept.
+controller, RNG states, the iteration and the prompt cursor (where the next generation batch takes
+its prompts: dynamic sampling takes a varying number of batches per iteration); the last
+``trainer.max_ckpt_to_keep`` are kept.
 
 Update stages commit with the next checkpoint. A ``ppo_update`` moves the in-memory weights to the
 next version, and those weights become durable only when a checkpoint is saved; so the update seals
@@ -86,6 +88,7 @@ class RLState:
     iterations: int  # the RL iterations the run plans (the loop's length, the LR schedule's)
     lineage: str  # identity of the starting weights (SFT manifest sha or the initial policy)
     device: torch.device
+    prompt_cursor: int = 0  # position in the prompt stream of the next generation batch (checkpointed)
     pending: list[Manifest] = field(default_factory=list)  # sealed updates, published with the next ckpt
 
 
@@ -161,6 +164,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
     kl = cfg.algorithm.kl_ctrl
     kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
     version = 0
+    cursor = 0
     if ckpt is not None:
         state = load_state_bytes(
             store.read_bytes(ckpt, "trainer_state.pt"), store.file_uri(ckpt, "trainer_state.pt")
@@ -171,6 +175,8 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         kl_ctrl.load_state_dict(state["kl_ctrl"])
         set_rng_state(state["rng"])
         version = int(state["iteration"])
+        # a checkpoint without a cursor is from before dynamic sampling: one batch per iteration
+        cursor = int(state.get("prompt_cursor", version * cfg.data.train_batch_size))
         on_main(lambda: publish_pending(store, ckpt))
         stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
     rl = _STATES[ctx.run_id] = RLState(
@@ -188,6 +194,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         iterations,
         lineage,
         device,
+        cursor,
     )
     seconds = sync_rollout_weights(rl)  # the engine holds the loaded policy, as version `version`
     stage_logger(__name__).info("rl: rollout engine at policy version %d (sync %.2f s)", version, seconds)
@@ -233,6 +240,7 @@ def save_checkpoint(ctx: RunContext, cfg: VerlFlowConfig, iteration: int) -> str
         "kl_ctrl": state.kl_ctrl.state_dict(),
         "rng": rng_state(),
         "iteration": iteration,
+        "prompt_cursor": state.prompt_cursor,
     }
 
     def commit() -> str:  # rank 0 writes

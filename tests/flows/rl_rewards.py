@@ -28,3 +28,9 @@ def half_credit(completion: str, *, ground_truth: str, **kwargs: Any) -> float:
     its ground truth sum to an even number, else 0.5. Below the default ``reward.correct_threshold``
     (1.0), a 0.5 is not correct: the mean score and the accuracy of a batch differ."""
     return 1.0 if sum(map(ord, completion + ground_truth)) % 2 == 0 else 0.5
+
+
+def uniform_when_even(completion: str, *, ground_truth: str, **kwargs: Any) -> float:
+    """0.0 for every sample of a prompt whose ground truth's character codes sum to an even number (a
+    group whose samples agree: dynamic sampling drops it), else :func:`text_hash` (samples differ)."""
+    return 0.0 if sum(map(ord, ground_truth)) % 2 == 0 else text_hash(completion)

@@ -12,12 +12,14 @@ from stages.floor.locations import (
     eval_label,
     eval_stage,
     export_stage,
+    generation_stage,
     iteration_stage,
     iteration_summaries,
     list_checkpoints,
     list_exports,
     parse_ckpt_stage,
     parse_export_stage,
+    parse_generation_stage,
     parse_iteration_stage,
     validations,
 )
@@ -67,6 +69,24 @@ def test_parse_ckpt_rejects_other_names(name: str) -> None:
 )
 def test_parse_export_rejects_other_names(name: str) -> None:
     assert parse_export_stage(name) is None
+
+
+def test_generation_stages_of_dynamic_sampling() -> None:
+    assert generation_stage(3, "rollout", 0) == "iter-0003/rollout/gen-0"
+    assert generation_stage(3, "reward", 12) == "iter-0003/reward/gen-12"
+    assert parse_generation_stage("iter-0003/reward/gen-12") == (3, "reward", 12)
+    for other in (
+        "iter-0003/reward",
+        "iter-0003/update/gen-1",
+        "iter-0003/reward/gen-",
+        "iter-3/rollout/gen-0",
+    ):
+        assert parse_generation_stage(other) is None
+    assert parse_iteration_stage("iter-0003/rollout/gen-0") is None  # not the one-batch stage
+    with pytest.raises(ValueError, match="kind must be one of"):
+        generation_stage(1, "update", 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="generation batch must be >= 0"):
+        generation_stage(1, "rollout", -1)
 
 
 def test_bad_arguments_raise() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from stages.floor.artifacts import batch_rows, rollouts_table
+from stages.floor.artifacts import batch_rows, rollouts_table, stream_rows
 from stages.floor.builders import sampling_params
 from verl_core.config import RolloutConfig
 from verl_core.errors import DataError
@@ -49,6 +49,17 @@ def test_batch_rows_with_shuffle_is_a_permutation_per_epoch_and_deterministic() 
     # another seed, another order
     other = [r for it in range(3) for r in batch_rows(n, b, it, seed=4, shuffle=True)[0]]
     assert other[:n] != epochs[0]
+
+
+def test_stream_rows_from_a_cursor_by_hand() -> None:
+    # n = 5, no shuffle: the stream is 0 1 2 3 4 | 0 1 2 3 4 | …; dynamic sampling takes 3 rows
+    # from cursor 4 (k = 4, 5, 6 → 4 | 0 1, first row in epoch 0),
+    # then from cursor 7 (k = 7, 8, 9 → 2 3 4, epoch 1)
+    assert stream_rows(5, 4, 3, seed=7, shuffle=False) == ([4, 0, 1], 0)
+    assert stream_rows(5, 7, 3, seed=7, shuffle=False) == ([2, 3, 4], 1)
+    # one batch per iteration is the stream from cursor iteration·B (the same definition)
+    for it in range(6):
+        assert batch_rows(10, 4, it, seed=3, shuffle=True) == stream_rows(10, 4 * it, 4, seed=3, shuffle=True)
 
 
 def test_batch_rows_empty_prompt_set() -> None:

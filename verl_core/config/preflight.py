@@ -11,6 +11,7 @@ What is checked:
 * token budgets: every micro-batch budget holds one full-length sample (prompt + response), so a budget
   set for memory is a bound, not a hint; the longest sequence fits the model's positions;
 * schedule: the actor is updated at least once (``trainer.critic_warmup``);
+* dynamic sampling (``algorithm.filter_groups``) only with a group-relative estimator;
 * placement: in deployments mode every location is reachable from every worker;
 * distribution: several ranks train with sharded engines (fsdp2/deepspeed), their prompts can be shared,
   several nodes have a rendezvous, tensor parallelism divides the node and the heads.
@@ -137,6 +138,16 @@ def _schedule(cfg: VerlFlowConfig) -> list[str]:
     return []
 
 
+def _dynamic_sampling(cfg: VerlFlowConfig) -> list[str]:
+    est = cfg.algorithm.adv_estimator
+    if cfg.algorithm.filter_groups.enable and est not in GROUP_ESTIMATORS:
+        return [
+            f"algorithm.filter_groups.enable: drops groups whose samples agree, which only a group-relative "
+            f"estimator ({', '.join(GROUP_ESTIMATORS)}) gives no gradient; algorithm.adv_estimator is '{est}'"
+        ]
+    return []
+
+
 def _shared_locations(cfg: VerlFlowConfig) -> list[str]:
     """In deployments mode stages run in other processes, possibly on other machines, and meet only
     through the store (and MLflow): refuse locations only this machine can see, unless the user says
@@ -239,6 +250,7 @@ CHECKS: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (
     _batch_sizes,
     _token_budgets,
     _schedule,
+    _dynamic_sampling,
     _shared_locations,
     _distributed,
 )

@@ -518,6 +518,14 @@ class RolloutCorrectionConfig(Section):
     )
 
 
+class FilterGroupsConfig(Section):
+    enable: bool = _f(False, "DAPO dynamic sampling: drop prompt groups whose samples agree on the metric")
+    metric: Literal["acc", "score"] = _f("acc", "What must differ within a group: acc (correct) or score")
+    max_num_gen_batches: NonNegInt = _f(
+        10, "Generation batches per iteration at most; then train on the groups found (0: no limit)"
+    )
+
+
 class AlgorithmConfig(Section):
     adv_estimator: AdvEstimator = _f("grpo", "Advantage estimator")
     gamma: Prob = _f(1.0, "Discount factor")
@@ -529,6 +537,7 @@ class AlgorithmConfig(Section):
     rollout_correction: RolloutCorrectionConfig = _f(
         RolloutCorrectionConfig(), "Rollout/trainer log-prob mismatch: metrics, importance weights, rejection"
     )
+    filter_groups: FilterGroupsConfig = _f(FilterGroupsConfig(), "DAPO dynamic sampling (oversample, filter)")
 
     @property
     def greedy_baseline(self) -> bool:

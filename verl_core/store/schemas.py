@@ -245,6 +245,21 @@ register_schema(
     ),
 )
 
+# Dynamic sampling's decision on one generation batch (reward stage iter-XXXX/reward/gen-K), row i ↔
+# row i of its rewards: the filter metric's value and whether the row trains (its group's samples
+# disagree and the iteration still wanted a group); dropped rows stay in the artifacts, marked.
+register_schema(
+    "group_filter",
+    pa.schema(
+        [
+            ("group_id", pa.int64()),
+            ("sample_index", pa.int32()),
+            ("value", pa.float32()),
+            ("kept", pa.bool_()),
+        ]
+    ),
+)
+
 # Per-sample results of one PPO update (ppo_update stage), row i ↔ row i of the rollouts table:
 # the outcome score and the per-response-token advantages, returns and KL (empty without KL).
 register_schema(

@@ -11,6 +11,12 @@ from verl_core.errors import ConfigError
 @pytest.mark.parametrize(
     ("overrides", "line"),
     [
+        (  # dynamic sampling drops groups with zero group-relative advantage: meaningless for GAE
+            ["algorithm.adv_estimator=gae", "algorithm.filter_groups.enable=true"],
+            "algorithm.filter_groups.enable: drops groups whose samples agree, which only a group-relative "
+            "estimator (grpo, rloo, reinforce_plus_plus_baseline) gives no gradient; "
+            "algorithm.adv_estimator is 'gae'",
+        ),
         (  # GRPO's baseline is the group mean: one sample per prompt has no group
             ["algorithm.adv_estimator=grpo", "rollout.n=1"],
             "rollout.n: 1 sample per prompt gives algorithm.adv_estimator 'grpo' no group baseline; "
