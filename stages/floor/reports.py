@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-from stages.floor.locations import parse_iteration_stage
+from stages.floor.locations import parse_generation_stage, parse_iteration_stage
 from verl_core.run_length import StepCount
 from verl_core.store import ArtifactStore
 
@@ -140,20 +140,32 @@ def collect_series(store: ArtifactStore, run_id: str) -> dict[str, dict[int, flo
     """``{metric: {iteration: value}}`` from the committed per-iteration manifests. ``iteration_s`` is
     the summed time of the iteration's rollout, reward and update phases."""
     series: dict[str, dict[int, float]] = defaultdict(dict)
+    # dynamic sampling: an iteration's generation batches (gen-K) combine, reward figures weighted by rows
+    weighted: dict[tuple[str, int], float] = defaultdict(float)
+    rows: dict[tuple[str, int], float] = defaultdict(float)
     for m in store.list_manifests(run_id):
         parsed = parse_iteration_stage(m.stage)
-        if parsed is None:
+        gen = parse_generation_stage(m.stage)
+        if parsed is None and gen is None:
             continue
-        it, kind = parsed
+        it, kind = parsed if parsed is not None else gen[:2]  # type: ignore[index]
         summary = m.summary
         values: Mapping[str, Any] = summary.get("metrics", summary) if kind == "reward" else summary
+        n = float(summary.get("rows", 1)) if gen is not None else 1.0
         for key, value in values.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and "/" in key:
                 if kind == "reward" and key.startswith(("critic/", "response_length/")):
                     continue  # the update stage reports the same batch figures
-                series[key][it] = float(value)
+                if gen is None:
+                    series[key][it] = float(value)
+                elif not key.startswith("timing_s/"):
+                    weighted[(key, it)] += float(value) * n
+                    rows[(key, it)] += n
         if kind == "rollout":
-            series["timing_s/rollout"][it] = float(summary.get("seconds", 0.0))
+            seconds = float(summary.get("seconds", 0.0))
+            series["timing_s/rollout"][it] = series["timing_s/rollout"].get(it, 0.0) + seconds
+    for (key, it), total in weighted.items():
+        series[key][it] = total / rows[(key, it)]
     for it in set(series.get("timing_s/rollout", {})) | set(series.get("timing_s/update_actor", {})):
         series["iteration_s"][it] = sum(
             v[it] for k, v in series.items() if k.startswith("timing_s/") and "validate" not in k and it in v
