@@ -47,7 +47,11 @@ class Decoded(NamedTuple):
 def eager_step(model: nn.Module, ids: Tensor, positions: Tensor, mask: Tensor, cache: Any) -> Tensor:
     """One forward with the cache, logits of the last position only ``(B, V)`` float32."""
     out = model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
         logits_to_keep=1,
     )
     return out.logits[:, -1].float()
@@ -125,7 +129,7 @@ class CompiledStep:
         try:
             from transformers.masking_utils import create_masks_for_generate
 
-            base = getattr(model, "get_base_model", lambda: model)()
+            base: Any = getattr(model, "get_base_model", lambda: model)()
             mask4d = create_masks_for_generate(
                 config=base.config,
                 inputs_embeds=torch.empty((ids.shape[0], 1, 0), dtype=base.dtype, device=ids.device),
@@ -134,15 +138,20 @@ class CompiledStep:
                 position_ids=positions,
             )
             if id(model) not in self._compiled:
-                self._compiled[id(model)] = torch.compile(model.__call__, mode="reduce-overhead", fullgraph=True)
+                compiled = torch.compile(model.__call__, mode="reduce-overhead", fullgraph=True)
+                self._compiled[id(model)] = compiled
             self.shapes.add((id(model), ids.shape[0], mask.shape[1]))
             torch.compiler.cudagraph_mark_step_begin()
             out = self._compiled[id(model)](
-                input_ids=ids, attention_mask=mask4d, position_ids=positions, past_key_values=cache,
-                use_cache=True, logits_to_keep=1,
+                input_ids=ids,
+                attention_mask=mask4d,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
             )
             return out.logits[:, -1].float().clone()  # the graph's output buffer is reused next replay
-        except Exception as err:  # noqa: BLE001 - any compile/graph failure: the eager step is always correct
+        except Exception as err:  # any compile/graph failure: the eager step is always correct
             self.fallback = f"{type(err).__name__}: {err}"[:500]
             log.warning("compiled decode step failed, running eager from now on: %s", self.fallback)
             return eager_step(model, ids, positions, mask, cache)

@@ -308,7 +308,8 @@ class HFEngine:
         recorder = SampleAndRecord(params, torch.tensor(keys, dtype=torch.long, device=input_ids.device))
         criteria = StoppingCriteriaList()
         if any(params.stop):
-            criteria.append(_StopStringCriterion(StopStrings(self.tokenizer, params.stop), input_ids.shape[1]))
+            stop = StopStrings(self.tokenizer, params.stop)
+            criteria.append(_StopStringCriterion(stop, input_ids.shape[1]))
         config = GenerationConfig(
             do_sample=False,  # `recorder` samples; generate takes the argmax of what it returns
             max_new_tokens=params.max_new_tokens,
