@@ -70,50 +70,71 @@ def decode_loop(
     step: StepFn = eager_step,
     cache_len: int | None = None,
     rows: int | None = None,
+    compact: bool = False,
 ) -> Decoded:
     """Decode ``input_ids (B, P)`` (left-padded, ``attention_mask (B, P)``) into an empty ``cache``:
     a static one of ``cache_len ≥ P + max_new_tokens`` positions (every step then gets the whole
     ``(B, cache_len)`` mask: one shape for a compiled step) or, with ``cache_len=None``, a dynamic one
     (the mask grows by one column per step). ``stop_strings(tokens (B, t)) → (B,) bool`` flags rows
     whose generated text holds a stop string. Only the first ``rows`` rows (default all) are real:
-    the others (batch padding for a compiled step) start done. See the module docstring."""
+    the others (batch padding for a compiled step) start done. ``compact`` (eager steps only: it
+    changes the batch shape): once a quarter of the running rows are done, drop them from the batch
+    and the cache, so finished rows cost nothing (a row's tokens do not depend on its batch).
+    See the module docstring."""
     batch, width = input_ids.shape
     device = input_ids.device
     # the whole mask at once: generated positions are always attended (causality hides the future)
     extra = max_new_tokens if cache_len is None else cache_len - width
-    mask = torch.cat([attention_mask, attention_mask.new_ones(batch, extra)], dim=1)  # (B, P+extra)
+    mask = torch.cat([attention_mask, attention_mask.new_ones(batch, extra)], dim=1)  # (b, P+extra)
     positions = (attention_mask.cumsum(-1) - 1).clamp_(min=0)  # (B, P)
-    next_position = positions[:, -1:] + 1  # (B, 1): n_real, the position of generated token 0
+    next_position = positions[:, -1:] + 1  # (b, 1): n_real, the position of generated token 0
     stops = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
     done = torch.arange(batch, device=device) >= (batch if rows is None else rows)  # (B,)
+    live = torch.arange(batch, device=device)  # (b,) the rows in the running batch
 
-    logits = eager_step(model, input_ids, positions, attention_mask, cache)  # (B, V) prefill, never compiled
+    logits = eager_step(model, input_ids, positions, attention_mask, cache)  # (b, V) prefill, never compiled
     for t in range(max_new_tokens):
-        token, lp = sampler(logits, t)  # (B, 1), (B, V)
-        token = token.masked_fill_(done.unsqueeze(-1), pad_id)  # as generate: done rows continue with pad
-        tokens[:, t : t + 1] = token
-        logprobs[:, t : t + 1] = lp.gather(-1, token)
-        done |= torch.isin(token.squeeze(-1), stops)
+        token, lp = sampler(logits, t)  # (b, 1), (b, V)
+        token = token.masked_fill_(done[live].unsqueeze(-1), pad_id)  # as generate: done rows go on with pad
+        tokens[live, t] = token.squeeze(-1)
+        logprobs[live, t] = lp.gather(-1, token).squeeze(-1)
+        done[live] |= torch.isin(token.squeeze(-1), stops)
         if stop_strings is not None:
-            done |= stop_strings(tokens[:, : t + 1])
+            done[live] |= stop_strings(tokens[live, : t + 1])
         if t + 1 == max_new_tokens or bool(done.all()):
             return Decoded(tokens[:, : t + 1], logprobs[:, : t + 1])
+        if compact and 4 * int(done[live].sum()) >= len(live):
+            keep = (~done[live]).nonzero().squeeze(-1)  # (b',) positions in the running batch
+            live, token, mask, next_position = live[keep], token[keep], mask[keep], next_position[keep]
+            sampler = sampler.rows(keep)
+            _keep_cache_rows(cache, keep)
         step_mask = mask if cache_len is not None else mask[:, : width + t + 1]
         logits = step(model, token, next_position + t, step_mask, cache)
     raise AssertionError("unreachable: the loop returns at its last step")
 
 
+def _keep_cache_rows(cache: Any, keep: Tensor) -> None:
+    """Keep batch rows ``keep (b',)`` of every layer of a transformers KV cache (static or dynamic)."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(0, keep)
+        layer.values = layer.values.index_select(0, keep)
+        if hasattr(layer, "batch_size"):
+            layer.batch_size = len(keep)
+
+
 class CompiledStep:
-    """A CUDA decode step: the model's forward compiled once per input shape with
-    ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (CUDA graphs replay the step's kernels
-    without per-kernel launch cost). Shapes are ``(batch bucket, cache-length bucket)`` (see
+    """A decode step compiled with ``torch.compile(mode=..., fullgraph=True)``, once per input shape.
+    On CUDA ``mode="reduce-overhead"``: CUDA graphs replay the step's kernels without per-kernel
+    launch cost; on CPU ``mode="default"`` (inductor fuses the small ops; compiling costs about a
+    minute per shape on a 2-core box). Shapes are ``(batch bucket, cache-length bucket)`` (see
     :func:`bucket`), so compiles stay bounded; :attr:`compiles` counts them. The 4-D attention mask
     is built outside the graph (as transformers does for its own compiled decoding). On the first
     failure it logs the reason and runs eager from then on (:attr:`fallback` holds the reason)."""
 
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "reduce-overhead") -> None:
+        self.mode = mode
         self._compiled: dict[int, Callable[..., Any]] = {}  # id(model) → compiled forward
         self.shapes: set[tuple[int, ...]] = set()
         self.fallback: str | None = None
@@ -138,10 +159,11 @@ class CompiledStep:
                 position_ids=positions,
             )
             if id(model) not in self._compiled:
-                compiled = torch.compile(model.__call__, mode="reduce-overhead", fullgraph=True)
+                compiled = torch.compile(model.__call__, mode=self.mode, fullgraph=True, dynamic=False)
                 self._compiled[id(model)] = compiled
             self.shapes.add((id(model), ids.shape[0], mask.shape[1]))
-            torch.compiler.cudagraph_mark_step_begin()
+            if self.mode == "reduce-overhead":
+                torch.compiler.cudagraph_mark_step_begin()
             out = self._compiled[id(model)](
                 input_ids=ids,
                 attention_mask=mask4d,

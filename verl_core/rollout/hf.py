@@ -131,7 +131,10 @@ class HFEngine:
         self.max_batch_tokens = max_batch_tokens
         self.decode, reason = choose_decode(decode, _device(model), _static_cache_ok(model))
         log.info("HFEngine decode path on %s: %s (%s)", _device(model), self.decode, reason)
-        self.compiled_step = CompiledStep() if self.decode == "compiled" else None
+        self.compiled_step: CompiledStep | None = None
+        if self.decode == "compiled":
+            cuda = _device(model).type == "cuda"
+            self.compiled_step = CompiledStep("reduce-overhead" if cuda else "default")
         self._caches: dict[tuple[int, int], Any] = {}  # compiled path: one static cache per bucket, reused
 
     # -- RolloutEngine ----------------------------------------------------------------------------
@@ -295,6 +298,7 @@ class HFEngine:
             step=self.compiled_step or eager_step,
             cache_len=cache_len if isinstance(cache, StaticCache) else None,
             rows=n_real,
+            compact=self.compiled_step is None,  # a compiled step keeps its batch shape
         )
         return out.tokens[:n_real], out.logprobs[:n_real]
 
@@ -443,15 +447,16 @@ class _StopStringCriterion:
 
 def choose_decode(decode: str, device: torch.device, static_cache: bool) -> tuple[str, str]:
     """The decode path for ``decode`` on ``device``, and why: ``auto`` → ``compiled`` on CUDA (with a
-    static cache), ``loop`` elsewhere; ``compiled`` off CUDA or without a static cache → ``loop``."""
+    static cache), ``loop`` elsewhere (a CPU compile costs about a minute per shape: asked for only);
+    ``compiled`` without a static cache → ``loop``, logged."""
     if decode == "generate":
         return decode, "asked for: transformers generate, the reference path"
-    if decode in ("auto", "compiled") and device.type == "cuda" and static_cache:
-        return "compiled", f"{decode}: CUDA graphs of the decode step over a static cache"
-    if decode == "compiled":
-        why = "not on CUDA" if device.type != "cuda" else "the model has no static KV cache support"
-        log.warning("rollout.decode=compiled falls back to the eager loop: %s", why)
-        return "loop", f"compiled asked for, but {why}: eager loop"
+    if decode == "compiled" and not static_cache:
+        log.warning("rollout.decode=compiled falls back to the eager loop: the model has no static KV cache")
+        return "loop", "compiled asked for, but the model has no static KV cache: eager loop"
+    if decode == "compiled" or (decode == "auto" and device.type == "cuda" and static_cache):
+        graphs = "CUDA graphs" if device.type == "cuda" else "inductor, no CUDA graphs"
+        return "compiled", f"{decode}: compiled decode step ({graphs}) over a static KV cache"
     return "loop", f"{decode}: own eager loop over a {'static' if static_cache else 'dynamic'} KV cache"
 
 

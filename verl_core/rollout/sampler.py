@@ -8,6 +8,7 @@ any batch, call or rank. ``check_prompt_keys`` is the contract's key rule, share
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,6 +57,12 @@ class TokenSampler:
         if not params.greedy and params.top_p < 1.0:
             self.warpers.append(TopPLogitsWarper(top_p=params.top_p))
         self.keys = keys  # (B,)
+
+    def rows(self, index: Tensor) -> TokenSampler:
+        """This sampler for the rows ``index (b,)`` of its batch (their keys)."""
+        other = copy.copy(self)
+        other.keys = self.keys[index]
+        return other
 
     def __call__(self, logits: Tensor, step: int) -> tuple[Tensor, Tensor]:
         scaled = logits.float() / self.temperature  # (B, V)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from verl_core.errors import ConfigError
-from verl_core.rollout import Completion, HFEngine, SamplingParams
+from verl_core.rollout import Completion, HFEngine, SamplingParams, decode
 from verl_core.rollout.decode import CompiledStep, bucket
 from verl_core.rollout.hf import choose_decode
 
@@ -62,7 +62,14 @@ def test_loop_draws_the_tokens_of_generate(
         assert {c.finish_reason for c in ref} >= {"length"}
 
 
-def test_stop_tokens_and_stop_strings_as_generate(tok: Any, prompts: list[str]) -> None:
+def test_stop_tokens_and_stop_strings_as_generate(
+    tok: Any, prompts: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compactions: list[int] = []
+    keep_rows = decode._keep_cache_rows
+    monkeypatch.setattr(
+        decode, "_keep_cache_rows", lambda c, k: compactions.append(len(k)) or keep_rows(c, k)
+    )
     model = tiny_model(tok, seed=1)
     free = HFEngine(model, tok, decode="generate").generate(prompts, SAMPLED)
     # stop tokens: each prompt's first sample's third token; stop strings: the text of a fifth token
@@ -79,9 +86,13 @@ def test_stop_tokens_and_stop_strings_as_generate(tok: Any, prompts: list[str]) 
     ):
         ref = HFEngine(model, tok, max_batch_size=5, decode="generate").generate(prompts, params)
         assert sum(c.finish_reason == "stop" for c in ref) >= 3  # the stops do fire
+        compactions.clear()
         assert_same(HFEngine(model, tok, max_batch_size=5, decode="loop").generate(prompts, params), ref)
+        assert compactions  # the loop dropped finished rows from its batch, and drew the same tokens
+        compactions.clear()
         engine = bucketed(HFEngine(model, tok, max_batch_size=5, decode="loop"))
         assert_same(engine.generate(prompts, params), ref)
+        assert not compactions  # a compiled step keeps its batch shape
 
 
 def test_bucketed_path_reuses_one_cache_per_bucket(tok: Any, prompts: list[str]) -> None:
@@ -113,14 +124,15 @@ def test_bucket_sizes_by_hand() -> None:
 
 
 def test_choose_decode_per_device(caplog: pytest.LogCaptureFixture) -> None:
-    assert choose_decode("auto", CPU, True)[0] == "loop"
+    assert choose_decode("auto", CPU, True)[0] == "loop"  # a CPU compile costs ~1 min: only when asked
     assert choose_decode("auto", CUDA, True)[0] == "compiled"
     assert choose_decode("auto", CUDA, False)[0] == "loop"  # no static cache: eager loop, dynamic cache
     assert choose_decode("generate", CUDA, True)[0] == "generate"
+    assert choose_decode("compiled", CPU, True)[0] == "compiled"  # inductor without CUDA graphs
     with caplog.at_level(logging.WARNING, logger="verl_core.rollout.hf"):
-        path, reason = choose_decode("compiled", CPU, True)
-    assert path == "loop" and "not on CUDA" in reason
-    assert "falls back to the eager loop: not on CUDA" in caplog.text
+        path, reason = choose_decode("compiled", CUDA, False)
+    assert path == "loop" and "no static KV cache" in reason
+    assert "falls back to the eager loop: the model has no static KV cache" in caplog.text
 
 
 def test_unknown_decode_path_is_a_config_error(model: Any, tok: Any) -> None:
