@@ -286,7 +286,11 @@ ENGINE_KWARGS: Registry[EngineKwargs] = Registry("rollout engine")  # one entry 
 
 @ENGINE_KWARGS.register("hf")
 def _hf_engine_kwargs(rollout: RolloutConfig) -> dict[str, Any]:
-    return {"max_batch_size": rollout.max_batch_size, "share_weights": rollout.share_weights}
+    return {
+        "max_batch_size": rollout.max_batch_size,
+        "share_weights": rollout.share_weights,
+        "decode": rollout.decode,
+    }
 
 
 @ENGINE_KWARGS.register("vllm")

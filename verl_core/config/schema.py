@@ -306,6 +306,11 @@ class RolloutConfig(Section):
     gpu_memory_utilization: float = _f(0.5, "vLLM share of GPU memory", gt=0, le=1)
     log_prob_max_token_len_per_gpu: PositiveInt = _f(8192, "Token budget of one log-prob forward")
     max_batch_size: PositiveInt = _f(256, "HF engine: most sequences generated in one batch")
+    decode: Literal["auto", "loop", "compiled", "generate"] = _f(
+        "auto",
+        "HF engine decoding: own eager loop, compiled CUDA-graph step, or transformers generate (the "
+        "reference); auto: compiled on CUDA, loop elsewhere",
+    )
     val_temperature: NonNegFloat = _f(0.0, "Temperature for validation (0: greedy)")
     val_n: PositiveInt = _f(1, "Samples per prompt in validation")
     multi_turn: MultiTurnConfig = _f(

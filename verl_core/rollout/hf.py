@@ -6,13 +6,22 @@ How a ``generate(prompts, params)`` call runs:
 2. each prompt repeated ``n`` times → requests ``(prompt_index, sample_index, ids)``;
 3. requests sorted by prompt length and cut into batches of at most ``max_batch_size`` sequences and
    ``max_batch_tokens`` padded tokens (bucketing: little left padding inside a batch);
-4. each batch left-padded and run through ``model.generate(use_cache=True)`` in greedy mode with one
-   logits processor that is the sampler: it records the behaviour log-probs, applies temperature /
-   top-k / top-p and draws the token (see :class:`SampleAndRecord`) with the row's own uniform at
-   each step, a hash of (row key, step) where row key = ``derive_seed("sample", seed, prompt_key,
-   sample_index)`` (:func:`verl_core.seeding.counter_uniforms`): a row draws the same tokens whatever
-   batch, call or rank it is generated in, so a rollout split over ranks (each passing its prompts'
-   ``prompt_keys``) samples exactly what one process does;
+4. each batch left-padded and decoded by one of three paths (``decode``), all drawing through the
+   one sampler (:class:`~verl_core.rollout.sampler.TokenSampler`: records the behaviour log-probs,
+   applies temperature / top-k / top-p, draws the token with the row's own uniform at each step, a
+   hash of (row key, step) where row key = ``derive_seed("sample", seed, prompt_key, sample_index)``,
+   :func:`verl_core.seeding.counter_uniforms`): a row draws the same tokens whatever batch, call or
+   rank it is generated in, so a rollout split over ranks (each passing its prompts' ``prompt_keys``)
+   samples exactly what one process does. The paths:
+   - ``loop``: the engine's own loop over a static KV cache (:func:`verl_core.rollout.decode.decode_loop`),
+     eager; the CPU default (the fastest measured there, see ``benchmarks/rollout.py``);
+   - ``compiled``: the same loop with the decode step compiled into CUDA graphs, batch and cache
+     length bucketed to powers of two (:class:`~verl_core.rollout.decode.CompiledStep`); the CUDA
+     default; elsewhere, or when compiling fails, it runs eager and logs why;
+   - ``generate``: transformers ``model.generate`` in greedy mode with the sampler as its only
+     logits processor (:class:`~verl_core.rollout.sampler.SampleAndRecord`): the reference the
+     other two are tested against (same tokens);
+   ``auto`` picks ``compiled`` on CUDA, ``loop`` elsewhere; the choice is logged once per engine;
 5. responses cut at the first stop token or stop string, results put back in
    ``(prompt_index, sample_index)`` order.
 
@@ -29,6 +38,7 @@ they were.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -41,9 +51,14 @@ from verl_core.data.tokenizer import IM_END
 from verl_core.errors import ConfigError
 from verl_core.models.loading import load_causal_lm, resolve_device, unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
-from verl_core.rollout.sampler import SampleAndRecord, check_prompt_keys
+from verl_core.rollout.decode import CompiledStep, StopStrings, bucket, decode_loop, eager_step
+from verl_core.rollout.sampler import SampleAndRecord, TokenSampler, check_prompt_keys
 from verl_core.seeding import sample_keys
 from verl_core.watchdog import beat
+
+log = logging.getLogger(__name__)
+
+DECODE_PATHS = ("auto", "loop", "compiled", "generate")
 
 
 class _Request(NamedTuple):
@@ -65,7 +80,8 @@ class HFEngine:
     single-device: ``tensor_parallel_size`` must be 1. ``max_batch_tokens`` bounds the padded size
     ``rows × (prompt + max_new_tokens)`` of one ``generate`` batch (default: no bound).
     ``share_weights``: sample from the live module (True) or from an own copy synced explicitly
-    (False; see the module docstring); ``policy_version``: the version of the weights it starts with."""
+    (False; see the module docstring); ``policy_version``: the version of the weights it starts with;
+    ``decode``: ``auto | loop | compiled | generate`` (see the module docstring)."""
 
     def __init__(
         self,
@@ -80,6 +96,7 @@ class HFEngine:
         trust_remote_code: bool = False,
         share_weights: bool = True,
         policy_version: int = 0,
+        decode: str = "auto",
     ) -> None:
         if tensor_parallel_size != 1:
             raise ConfigError(
@@ -88,6 +105,8 @@ class HFEngine:
             )
         if max_batch_size < 1:
             raise ConfigError(f"rollout.max_batch_size: expected ≥ 1, got {max_batch_size}")
+        if decode not in DECODE_PATHS:
+            raise ConfigError(f"rollout.decode: expected one of {', '.join(DECODE_PATHS)}, got {decode!r}")
         if isinstance(model, str):
             target = resolve_device("auto" if device is None else str(device))
             if tokenizer is None:
@@ -110,6 +129,13 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
+        self.decode, reason = choose_decode(decode, _device(model), _static_cache_ok(model))
+        log.info("HFEngine decode path on %s: %s (%s)", _device(model), self.decode, reason)
+        self.compiled_step: CompiledStep | None = None
+        if self.decode == "compiled":
+            cuda = _device(model).type == "cuda"
+            self.compiled_step = CompiledStep("reduce-overhead" if cuda else "default")
+        self._caches: dict[tuple[int, int], Any] = {}  # compiled path: one static cache per bucket, reused
 
     # -- RolloutEngine ----------------------------------------------------------------------------
 
@@ -195,7 +221,8 @@ class HFEngine:
         self._version = version
 
     def sleep(self) -> None:
-        """Nothing to free: the weights are the trainer's."""
+        """Frees the compiled path's KV caches; the weights are the trainer's (or kept, own copy)."""
+        self._caches.clear()
 
     def wake_up(self) -> None:
         """Nothing to restore (see :meth:`sleep`)."""
@@ -223,25 +250,76 @@ class HFEngine:
     def _generate_batch(
         self, rows: list[list[int]], keys: list[int], params: SamplingParams, stop_ids: list[int]
     ) -> list[_Sample]:
-        """Sample one left-padded batch, row b with the uniforms of ``keys[b]``; returns each row's
-        generated tokens (pad included, uncut) and their behaviour log-probs."""
-        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-
+        """Sample one batch, row b with the uniforms of ``keys[b]``; returns each row's generated
+        tokens (pad included, uncut) and their behaviour log-probs."""
         pad_id = self.tokenizer.pad_token_id
         pad_id = stop_ids[0] if pad_id is None else int(pad_id)
+        if self.decode == "generate":
+            tokens, logprobs = self._decode_generate(rows, keys, params, stop_ids, pad_id)
+        else:
+            tokens, logprobs = self._decode_loop(rows, keys, params, stop_ids, pad_id)
+        return [_Sample(t, lp) for t, lp in zip(tokens.tolist(), logprobs.tolist(), strict=True)]
+
+    def _decode_loop(
+        self, rows: list[list[int]], keys: list[int], params: SamplingParams, stop_ids: list[int], pad_id: int
+    ) -> tuple[Tensor, Tensor]:
+        """The own loop (:func:`decode_loop`); compiled: batch and cache length padded to their buckets
+        (extra rows: one pad token, done from the start) and the bucket's cache reused."""
+        from transformers import DynamicCache, StaticCache
+
+        n_real, width = len(rows), max(len(r) for r in rows)
+        batch, cache_len = n_real, width + params.max_new_tokens
+        if self.compiled_step is not None:
+            batch = bucket(n_real, 8, self.max_batch_size)
+            cache_len = bucket(cache_len, 64, _max_positions(self.model))
+            rows = rows + [[pad_id]] * (batch - n_real)
+            keys = keys + [0] * (batch - n_real)
+        input_ids, attention_mask = left_pad(rows, pad_id, _device(self.model))  # (B, P)
+        config = unwrap(self.model).config
+        if not _static_cache_ok(self.model):
+            cache: Any = DynamicCache(config=config)
+        elif self.compiled_step is None:
+            cache = StaticCache(config=config, max_cache_len=cache_len)
+        else:
+            cache = self._caches.get((batch, cache_len))
+            if cache is None:
+                cache = self._caches[batch, cache_len] = StaticCache(config=config, max_cache_len=cache_len)
+            cache.reset()
+        out = decode_loop(
+            self.model,
+            input_ids,
+            attention_mask,
+            cache,
+            TokenSampler(params, torch.tensor(keys, dtype=torch.long, device=input_ids.device)),
+            params.max_new_tokens,
+            stop_ids,
+            pad_id,
+            stop_strings=StopStrings(self.tokenizer, params.stop) if any(params.stop) else None,
+            step=self.compiled_step or eager_step,
+            cache_len=cache_len if isinstance(cache, StaticCache) else None,
+            rows=n_real,
+            compact=self.compiled_step is None,  # a compiled step keeps its batch shape
+        )
+        return out.tokens[:n_real], out.logprobs[:n_real]
+
+    def _decode_generate(
+        self, rows: list[list[int]], keys: list[int], params: SamplingParams, stop_ids: list[int], pad_id: int
+    ) -> tuple[Tensor, Tensor]:
+        """The reference path: ``model.generate`` in greedy mode, the sampler as its logits processor."""
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
         input_ids, attention_mask = left_pad(rows, pad_id, _device(self.model))  # (B, P)
         recorder = SampleAndRecord(params, torch.tensor(keys, dtype=torch.long, device=input_ids.device))
         criteria = StoppingCriteriaList()
-        if params.stop:
-            criteria.append(_StopStrings(self.tokenizer, params.stop, input_ids.shape[1]))
+        if any(params.stop):
+            stop = StopStrings(self.tokenizer, params.stop)
+            criteria.append(_StopStringCriterion(stop, input_ids.shape[1]))
         config = GenerationConfig(
             do_sample=False,  # `recorder` samples; generate takes the argmax of what it returns
             max_new_tokens=params.max_new_tokens,
             eos_token_id=stop_ids,
             pad_token_id=pad_id,
             use_cache=True,
-            # a preallocated KV cache (no torch.cat per step: ~15% faster on CPU) where the model supports
-            # one; never auto-compiled (a compile per new batch shape would cost more than it saves)
             cache_implementation="static" if _static_cache_ok(self.model) else None,
             disable_compile=True,
             return_dict_in_generate=True,
@@ -255,8 +333,7 @@ class HFEngine:
             stopping_criteria=criteria,
         )
         tokens = out.sequences[:, input_ids.shape[1] :]  # (B, T_new)
-        logprobs = recorder.finish(tokens)  # (B, T_new)
-        return [_Sample(t, lp) for t, lp in zip(tokens.tolist(), logprobs.tolist(), strict=True)]
+        return tokens, recorder.finish(tokens)  # (B, T_new) each
 
     def _completion(
         self, request: _Request, sample: _Sample, params: SamplingParams, stop_ids: list[int]
@@ -268,7 +345,7 @@ class HFEngine:
         if end is not None:
             ids, finish = ids[:end], "stop"
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        cut = cut_at_stop_string(self.tokenizer, ids, params.stop) if params.stop else None
+        cut = cut_at_stop_string(self.tokenizer, ids, params.stop) if any(params.stop) else None
         if cut is not None:
             ids, text, finish = ids[: cut[0]], cut[1], "stop"
         return Completion(
@@ -358,21 +435,29 @@ def cut_at_stop_string(tokenizer: Any, ids: Sequence[int], stop: Sequence[str]) 
     return lo, text[: min(ends)]
 
 
-class _StopStrings:
-    """Stopping criterion: a row is done once the text of its last few generated tokens contains a
-    stop string (the exact cut is made afterwards by :func:`cut_at_stop_string`)."""
+class _StopStringCriterion:
+    """:class:`StopStrings` as a ``generate`` stopping criterion (the reference path)."""
 
-    def __init__(self, tokenizer: Any, stop: Sequence[str], prompt_width: int) -> None:
-        self.tokenizer = tokenizer
-        self.stop = [s for s in stop if s]
-        self.prompt_width = prompt_width
-        self.window = max(len(s) for s in self.stop) + 2  # every token decodes to ≥ 1 char, or a byte part
+    def __init__(self, stop: StopStrings, prompt_width: int) -> None:
+        self.stop, self.prompt_width = stop, prompt_width
 
     def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: Any) -> Tensor:
-        tail = input_ids[:, self.prompt_width :][:, -self.window :]
-        texts = self.tokenizer.batch_decode(tail.tolist(), skip_special_tokens=True)
-        done = [any(s in t for s in self.stop) for t in texts]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+        return self.stop(input_ids[:, self.prompt_width :])
+
+
+def choose_decode(decode: str, device: torch.device, static_cache: bool) -> tuple[str, str]:
+    """The decode path for ``decode`` on ``device``, and why: ``auto`` → ``compiled`` on CUDA (with a
+    static cache), ``loop`` elsewhere (a CPU compile costs about a minute per shape: asked for only);
+    ``compiled`` without a static cache → ``loop``, logged."""
+    if decode == "generate":
+        return decode, "asked for: transformers generate, the reference path"
+    if decode == "compiled" and not static_cache:
+        log.warning("rollout.decode=compiled falls back to the eager loop: the model has no static KV cache")
+        return "loop", "compiled asked for, but the model has no static KV cache: eager loop"
+    if decode == "compiled" or (decode == "auto" and device.type == "cuda" and static_cache):
+        graphs = "CUDA graphs" if device.type == "cuda" else "inductor, no CUDA graphs"
+        return "compiled", f"{decode}: compiled decode step ({graphs}) over a static KV cache"
+    return "loop", f"{decode}: own eager loop over a {'static' if static_cache else 'dynamic'} KV cache"
 
 
 # -- context managers and checks ------------------------------------------------------------------------

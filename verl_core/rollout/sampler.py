@@ -1,4 +1,4 @@
-"""The HF engine's sampler: per-row seeded token draws inside ``generate`` (a logits processor).
+"""The HF engine's sampler: per-row seeded token draws, for its own decode loop and inside ``generate``.
 
 A row's token at generation step t is drawn by inverse CDF with the uniform
 ``counter_uniforms(row_key, t)`` (:mod:`verl_core.seeding`), a pure function of the row's key and the
@@ -8,6 +8,7 @@ any batch, call or rank. ``check_prompt_keys`` is the contract's key rule, share
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ from torch import Tensor
 from verl_core.rollout.base import SamplingParams
 from verl_core.seeding import counter_uniforms
 
-__all__ = ["SampleAndRecord", "check_prompt_keys", "sample_inverse_cdf"]
+__all__ = ["SampleAndRecord", "TokenSampler", "check_prompt_keys", "sample_inverse_cdf"]
 
 
 def check_prompt_keys(prompt_keys: Sequence[int] | None, n_prompts: int) -> list[int]:
@@ -33,17 +34,16 @@ def check_prompt_keys(prompt_keys: Sequence[int] | None, n_prompts: int) -> list
     return keys
 
 
-class SampleAndRecord:
-    """The sampler, run as a logits processor: records behaviour log-probs and draws the next token.
+class TokenSampler:
+    """One decoding step of the HF engine: ``(logits (B, V), step) → (tokens (B, 1), log-probs (B, V))``.
 
-    ``generate`` runs in greedy mode with this as its only processor. At every step it receives the
-    raw logits ``(B, V)``, keeps ``log_softmax(logits / T)`` and, one step later, gathers it at the
-    token that was chosen (by then the last column of ``input_ids``): memory stays ``(B, V)`` instead
-    of ``(T_new, B, V)`` with ``output_logits=True``. When sampling, it applies top-k / top-p to the
-    scaled logits, draws a token by inverse CDF (``searchsorted`` of a uniform in the cumulative
+    The log-probs are ``log_softmax(logits / T)`` (the behaviour policy at temperature T, before any
+    top-k / top-p truncation, as the trainer computes them). Sampling applies top-k / top-p to the
+    scaled logits and draws by inverse CDF (``searchsorted`` of a uniform in the cumulative
     probabilities: ~40× cheaper than ``torch.multinomial`` on CPU, the same distribution) with row
-    b's uniform ``counter_uniforms(keys, step)[b]`` and returns scores whose argmax is that token.
-    Greedy (T = 0) returns the raw logits: log-probs at T = 1. ``keys (B,)`` int64 row keys.
+    b's uniform ``counter_uniforms(keys, step)[b]``. Greedy (T = 0) takes the argmax and reports
+    log-probs at T = 1. ``keys (B,)`` int64 row keys. Both decode paths (the engine's own loop and
+    :class:`SampleAndRecord` inside ``generate``) draw through this, so they draw the same tokens.
     """
 
     def __init__(self, params: SamplingParams, keys: Tensor) -> None:
@@ -57,6 +57,38 @@ class SampleAndRecord:
         if not params.greedy and params.top_p < 1.0:
             self.warpers.append(TopPLogitsWarper(top_p=params.top_p))
         self.keys = keys  # (B,)
+
+    def rows(self, index: Tensor) -> TokenSampler:
+        """This sampler for the rows ``index (b,)`` of its batch (their keys)."""
+        other = copy.copy(self)
+        other.keys = self.keys[index]
+        return other
+
+    def __call__(self, logits: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        scaled = logits.float() / self.temperature  # (B, V)
+        logprobs = torch.log_softmax(scaled, dim=-1)  # (B, V)
+        if self.greedy:
+            return logits.argmax(-1, keepdim=True), logprobs
+        if self.warpers:
+            for warp in self.warpers:
+                scaled = warp(None, scaled)  # the warpers ignore input_ids
+            probs = torch.softmax(scaled, dim=-1)
+        else:
+            probs = logprobs.exp()
+        return sample_inverse_cdf(probs, counter_uniforms(self.keys, step)), logprobs  # (B, 1), (B, V)
+
+
+class SampleAndRecord:
+    """:class:`TokenSampler` as a logits processor, for ``generate`` run in greedy mode (the reference
+    decode path): records behaviour log-probs and returns scores whose argmax is the drawn token.
+
+    At every step it receives the raw logits ``(B, V)``, keeps their log-probs and, one step later,
+    gathers them at the token that was chosen (by then the last column of ``input_ids``): memory
+    stays ``(B, V)`` instead of ``(T_new, B, V)`` with ``output_logits=True``.
+    """
+
+    def __init__(self, params: SamplingParams, keys: Tensor) -> None:
+        self.sampler = TokenSampler(params, keys)
         self.step = 0  # generation steps sampled so far
         self.last: Tensor | None = None  # (B, V) log-probs of the latest step
         self.recorded: list[Tensor] = []  # per step (B,)
@@ -64,17 +96,7 @@ class SampleAndRecord:
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         if self.last is not None:
             self.recorded.append(self.last.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        scaled = scores.float() / self.temperature  # (B, V)
-        self.last = torch.log_softmax(scaled, dim=-1)
-        if self.greedy:
-            return scores
-        if self.warpers:
-            for warp in self.warpers:
-                scaled = warp(input_ids, scaled)
-            probs = torch.softmax(scaled, dim=-1)
-        else:
-            probs = self.last.exp()
-        token = sample_inverse_cdf(probs, counter_uniforms(self.keys, self.step))  # (B, 1)
+        token, self.last = self.sampler(scores, self.step)  # (B, 1), (B, V)
         self.step += 1
         return torch.full_like(scores, float("-inf")).scatter_(-1, token, 0.0)
 
