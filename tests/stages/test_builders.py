@@ -26,7 +26,7 @@ from verl_core.seeding import derive_seed
 def test_every_rollout_engine_has_its_kwargs_builder() -> None:
     assert set(ENGINE_KWARGS.names()) == set(ENGINES.names())
     cfg = load_config(None, ["rollout.max_batch_size=17", "rollout.gpu_memory_utilization=0.3"])
-    assert engine_kwargs(cfg.rollout) == {"max_batch_size": 17, "share_weights": True}
+    assert engine_kwargs(cfg.rollout) == {"max_batch_size": 17, "share_weights": True, "decode": "auto"}
     vllm = cfg.rollout.model_copy(update={"name": "vllm", "tensor_parallel_size": 2})
     assert engine_kwargs(vllm) == {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.3}
 
