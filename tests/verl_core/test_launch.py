@@ -17,12 +17,12 @@ def test_one_node_uses_a_standalone_rendezvous() -> None:
 
 def test_several_nodes_meet_at_the_c10d_endpoint() -> None:
     spec = LaunchSpec(4, 8, rdzv_id="r-rl-loop", rdzv_endpoint="node0:29400")
-    argv = torchrun_command(spec, "rendezvous", python="py")
-    assert argv[3:13] == [
-        "--nnodes", "4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400",
-        "--rdzv-id", "r-rl-loop", "--nproc-per-node", "8",
+    # a follower node: the rendezvous store is hosted by node 0 (is_host=0 here), its job comes from there
+    assert torchrun_command(spec, "rendezvous", python="py") == [
+        "py", "-m", "torch.distributed.run", "--nnodes", "4", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", "node0:29400", "--rdzv-id", "r-rl-loop", "--rdzv-conf", "is_host=0",
+        "--nproc-per-node", "8", "--max-restarts", "0", "-m", "flows.spmd", "--job", "rendezvous",
     ]  # fmt: skip
-    assert argv[-2:] == ["--job", "rendezvous"]
     assert spec.world_size == 32  # 4 nodes × 8 processes
 
 
