@@ -20,7 +20,7 @@ from prefect import task
 from stages.floor.artifacts import batch_rows, rollouts_table
 from stages.floor.builders import sampling_params, sharded_rollouts
 from stages.floor.locations import iteration_stage
-from stages.floor.state import get_state
+from stages.floor.state import get_state, rollout_version
 from verl_core.config import PLACEMENT_FIELDS, DataConfig, RolloutConfig, SandboxConfig
 from verl_core.ranks import broadcast_from_main, is_main
 from verl_core.run import RunContext
@@ -37,7 +37,8 @@ def rollout(
     greedy_baseline: bool = False,
     sandbox: SandboxConfig | None = None,
 ) -> str:
-    """Generate iteration ``iteration``'s rollouts with the in-memory policy (version = iteration).
+    """Generate iteration ``iteration``'s rollouts with the in-memory policy (version = iteration, or
+    iteration − 1 when ``trainer.rollout_ahead=1`` generates it alongside the previous update).
     ``greedy_baseline`` (ReMax): also one greedy response per prompt, a row marked ``is_baseline`` with
     ``sample_index = rollout.n``; it is scored like the others and used only as its group's baseline."""
     store = ctx.store()
@@ -61,10 +62,9 @@ def rollout(
     if broadcast_from_main(stage.done):  # rank 0 decides for every rank of an SPMD job
         return stage.manifest_uri
     state = get_state(ctx)
-    if state.version != iteration:
-        raise RuntimeError(
-            f"rollout of iteration {iteration} needs policy version {iteration}, have {state.version}"
-        )
+    wanted, held = rollout_version(state, iteration), state.engine.policy_version  # ahead: one behind
+    if held != wanted:
+        raise RuntimeError(f"rollout of iteration {iteration} needs policy version {wanted}, have {held}")
 
     # 2. The iteration's prompts
     prompts = store.read_table(store.read_manifest(template_pack_uri), "prompt_tokens/train.parquet")

@@ -227,6 +227,19 @@ def _distributed(cfg: VerlFlowConfig) -> list[str]:
     return out
 
 
+def _overlap(cfg: VerlFlowConfig) -> list[str]:
+    """An ahead rollout (``trainer.rollout_ahead=1``) samples an engine holding its own weights, in one
+    process."""
+    out, t = [], cfg.trainer
+    if t.rollout_ahead and cfg.rollout.name == "hf" and cfg.rollout.share_weights:
+        out.append(
+            "trainer.rollout_ahead: 1 needs an engine with its own weights: rollout.share_weights=false"
+        )
+    if t.rollout_ahead and cfg.world_size > 1:
+        out.append(f"trainer.rollout_ahead: 1 runs in one process for now, not {cfg.world_size}: set it to 0")
+    return out
+
+
 CHECKS: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (
     _required_fields,
     _batch_sizes,
@@ -234,4 +247,5 @@ CHECKS: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (
     _schedule,
     _shared_locations,
     _distributed,
+    _overlap,
 )

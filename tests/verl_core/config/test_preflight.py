@@ -96,6 +96,19 @@ from verl_core.errors import ConfigError
             ["actor.strategy=deepspeed", "actor.param_offload=true", "rollout.share_weights=false"],
             "actor.param_offload: needs actor.strategy 'fsdp2', got 'deepspeed'",
         ),
+        (  # the ahead rollout samples version i while the update moves the live module to i+1
+            ["trainer.rollout_ahead=1"],
+            "trainer.rollout_ahead: 1 needs an engine with its own weights: rollout.share_weights=false",
+        ),
+        (
+            [
+                "trainer.rollout_ahead=1",
+                "trainer.n_gpus_per_node=2",
+                "actor.strategy=fsdp2",
+                "rollout.share_weights=false",
+            ],
+            "trainer.rollout_ahead: 1 runs in one process for now, not 2: set it to 0",
+        ),
     ],
 )
 def test_each_problem_is_one_line_naming_its_fields(overrides: list[str], line: str) -> None:
