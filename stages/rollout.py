@@ -62,9 +62,12 @@ def rollout(
     if broadcast_from_main(stage.done):  # rank 0 decides for every rank of an SPMD job
         return stage.manifest_uri
     state = get_state(ctx)
-    wanted, held = rollout_version(state, iteration), state.engine.policy_version  # ahead: one behind
-    if held != wanted:
-        raise RuntimeError(f"rollout of iteration {iteration} needs policy version {wanted}, have {held}")
+    lowest = rollout_version(state, iteration)  # rollout_ahead=1: the trainer may still be one behind
+    if not lowest <= state.version <= iteration:
+        wanted = f"{iteration}" if lowest == iteration else f"{lowest} or {iteration}"
+        raise RuntimeError(
+            f"rollout of iteration {iteration} needs policy version {wanted}, have {state.version}"
+        )
 
     # 2. The iteration's prompts
     prompts = store.read_table(store.read_manifest(template_pack_uri), "prompt_tokens/train.parquet")
