@@ -124,3 +124,47 @@ def test_the_loop_without_tasks_overlaps_in_a_plain_thread_to_the_same_artifacts
         for stage, name in STAGE_FILE.items():
             a, b = _files(straight, f"iter-{it:04d}/{stage}"), _files(ctx, f"iter-{it:04d}/{stage}")
             assert a[name] == b[name], f"iteration {it} {stage}"
+
+
+def test_the_ahead_rollout_generates_while_the_update_runs(
+    prompts: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the update of iteration 0 waits until rollout 1 is generating: a loop running them one after
+    # the other would time out here. Each side runs on its share of the torch threads.
+    import threading
+
+    import torch
+
+    import stages.rollout as rollout_module
+
+    root, tp = prompts
+    cfg = AHEAD.model_copy(
+        update={"trainer": AHEAD.trainer.model_copy(update={"total_iterations": 2, "save_freq": 0})}
+    )
+    threads = torch.get_num_threads()
+    generating = threading.Event()
+    seen: dict[str, Any] = {}
+    real_generate, real_update = rollout_module.sharded_rollouts, rl_flow.ppo_update
+
+    calls: list[int] = []
+
+    def generate(engine: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(engine.policy_version)
+        if len(calls) == 2:  # iteration 0's rollout comes first, alone; this is iteration 1's, ahead
+            seen["rollout"] = (engine.policy_version, torch.get_num_threads())
+            generating.set()
+        return real_generate(engine, *args, **kwargs)
+
+    def update(ctx: RunContext, c: VerlFlowConfig, r: str, w: str, it: int) -> Any:
+        if it == 0:
+            assert generating.wait(timeout=60), "rollout 1 did not start beside update 0"
+            seen["update"] = torch.get_num_threads()
+        return real_update(ctx, c, r, w, it)
+
+    monkeypatch.setattr(rollout_module, "sharded_rollouts", generate)
+    monkeypatch.setattr(rl_flow, "ppo_update", update)
+    rl_loop(RunContext(run_id="beside", store_url=str(root)), cfg, tp, None)
+    # rollout 1 sampled policy 0 (the engine held it while the trainer moved to 1); threads split
+    assert seen == {"rollout": (0, max(1, threads // 2)), "update": max(1, threads - threads // 2)}
+    assert torch.get_num_threads() == threads  # restored
+    assert calls == [0, 0]  # iteration 1 was not sampled again by run_iteration (a committed skip)
