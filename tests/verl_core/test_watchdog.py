@@ -81,3 +81,31 @@ def test_a_disabled_watchdog_never_trips() -> None:
         time.sleep(0.3)
     assert hb.message is None and not hb.enabled
     assert not any(t.name.startswith("watchdog-") for t in threading.enumerate())
+
+
+def test_two_stages_side_by_side_each_get_their_own_beats() -> None:
+    # an ahead rollout (worker thread) beside an update (this thread): each thread's beats go to the
+    # heartbeat it entered, whichever was entered last; a helper thread with none goes to the innermost
+    entered, done = threading.Event(), threading.Event()
+    rollout: list[Heartbeat] = []
+
+    def ahead() -> None:
+        with Heartbeat("rollout", 0) as hb:  # disabled: no monitor, beats still recorded
+            rollout.append(hb)
+            entered.set()
+            done.wait(5)
+            beat(sequences=8)
+
+    worker = threading.Thread(target=ahead)
+    with Heartbeat("ppo_update", 0) as update:
+        worker.start()
+        assert entered.wait(5)  # the rollout's heartbeat is now the innermost one
+        beat(optimizer_steps=1)
+        assert update._last[2] == {"optimizer_steps": 1} and rollout[0]._last[2] == {}
+        helper = threading.Thread(target=lambda: beat(scored=4))  # entered none: the innermost
+        helper.start()
+        helper.join(5)
+        assert rollout[0]._last[2] == {"scored": 4} and update._last[2] == {"optimizer_steps": 1}
+        done.set()
+        worker.join(5)
+    assert rollout[0]._last[2] == {"sequences": 8} and update._last[2] == {"optimizer_steps": 1}
