@@ -7,6 +7,7 @@ back in this process (e.g. ``0 1 0``: A/B/A to see the machine's drift), each in
     .venv/bin/python benchmarks/overlap.py                      # seed 1, order 0 1
     .venv/bin/python benchmarks/overlap.py --seeds 1 2 3 --order 0 1 0
     .venv/bin/python benchmarks/overlap.py trainer.total_iterations=5   # overrides for every run
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/overlap.py   # one torch thread per side (a busy box)
 
 Iteration time = (RL loop wall − validation seconds) / iterations: the loop's own work, the state's
 build (init) included. Accuracy: greedy exact match on the held-out split after the last iteration
@@ -38,6 +39,7 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[1])
     p.add_argument("--order", nargs="+", type=int, default=[0, 1], help="rollout_ahead per RL run")
     p.add_argument("--store", default=None, help="artifact store (default: a temporary directory)")
+    p.add_argument("--tag", default="", help="suffix of the RL run ids (new runs beside older ones)")
     p.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     args = p.parse_args()
 
@@ -64,7 +66,7 @@ def main() -> None:
         sft = sft_flow(data, base, tp)
         for k, ahead in enumerate(args.order):
             cfg = load_config(str(REPO / args.config), [*common, f"trainer.rollout_ahead={ahead}"])
-            ctx = RunContext(run_id=f"overlap-seed{seed}-ahead{ahead}-{k}", store_url=root)
+            ctx = RunContext(run_id=f"overlap-seed{seed}-ahead{ahead}-{k}{args.tag}", store_url=root)
             t0 = time.perf_counter()
             out = rl_loop(ctx, cfg, tp, sft)
             wall = time.perf_counter() - t0
