@@ -10,6 +10,12 @@ The loop ends with the policy holding every planned update or fails (:mod:`verl_
 a policy short of the plan never gets the final checkpoint. Each stage runs under the hang watchdog
 (``execution.stall_timeout_s``, :func:`stages.floor.logging.watched`).
 
+One-step off-policy overlap (``trainer.rollout_ahead=1``, one process, an engine with its own weights):
+iteration i+1's rollout is sampled from policy i in a worker thread while iteration i is scored and
+updated (:func:`_overlapped`); the engine is synced at the iteration boundary, after that rollout, and
+a checkpoint is taken only after it is committed, so a resume samples nothing committed again.
+Iteration 0 (and a resumed run's first iteration, committed already) is rolled out first, alone.
+
 More than one process (``trainer.nnodes × trainer.n_gpus_per_node``) or a sharded strategy: the flow
 runs :func:`rl_iterations` as an SPMD job under torchrun (:mod:`flows.spmd`); every rank runs the same
 loop, the main rank runs the stages as tasks of this flow run and scores the rollouts, the others follow.
@@ -17,8 +23,12 @@ loop, the main rank runs the stages as tasks of this flow run and scores the rol
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from functools import partial
+from typing import Any, NamedTuple
 
+import torch
 from prefect import flow, task
 
 from flows.sampling import sample_iteration
@@ -30,9 +40,11 @@ from stages.floor.state import (
     RLResult,
     completed_iterations,
     drop_state,
+    engine_held,
     get_state,
     init_state,
     save_checkpoint,
+    sync_rollout_weights,
 )
 from stages.ppo_update import ppo_update
 from stages.reward import reward
@@ -142,8 +154,13 @@ def rl_iterations(
             with timed(timings, "validate"), watched(ctx, "validate", stall, 0):
                 val[0] = val_task(ctx, cfg, template_pack_uri, 0)
         last_ckpt = None
+        if t.rollout_ahead and start < total:  # iteration `start`'s rollout first (committed on a resume)
+            _rollout_call(ctx, cfg, template_pack_uri, start, lineage, timings, as_tasks=as_tasks)
         for it in range(start, total):
-            run_iteration(ctx, cfg, template_pack_uri, it, lineage, timings, as_tasks=as_tasks)
+            if t.rollout_ahead and it + 1 < total:  # rollout i+1 (policy i) ∥ reward i + update i
+                _overlapped(ctx, cfg, template_pack_uri, it, lineage, timings, as_tasks=as_tasks)
+            else:
+                run_iteration(ctx, cfg, template_pack_uri, it, lineage, timings, as_tasks=as_tasks)
             done = it + 1
             if t.test_freq and (done % t.test_freq == 0 or done == total):
                 with timed(timings, "validate"), watched(ctx, "validate", stall, done):
@@ -162,3 +179,102 @@ def rl_iterations(
     finally:
         drop_state(ctx.run_id)
     return RLResult(last_ckpt, val, timings, iterations)
+
+
+def _rollout_call(
+    ctx: RunContext,
+    config: VerlFlowConfig,
+    template_pack_uri: str,
+    iteration: int,
+    lineage: str,
+    timings: dict[str, float],
+    *,
+    as_tasks: bool,
+) -> str:
+    """Iteration ``iteration``'s rollout stage, called as :func:`run_iteration` calls it (same
+    arguments: the same stage, so run_iteration's own call finds it committed and skips it)."""
+    cfg, roll = config, rollout if as_tasks else rollout.fn
+    with timed(timings, "rollout"), watched(ctx, "rollout", cfg.execution.stall_timeout_s, iteration):
+        return roll(  # type: ignore[no-any-return]
+            ctx, cfg.data, cfg.rollout, template_pack_uri, iteration, lineage,
+            cfg.algorithm.greedy_baseline, sandbox=cfg.sandbox,
+        )  # fmt: skip
+
+
+def _ahead_rollout_body(
+    ctx: RunContext,
+    config: VerlFlowConfig,
+    template_pack_uri: str,
+    iteration: int,
+    lineage: str,
+    threads: int | None,
+    as_tasks: bool,
+) -> tuple[str, float]:
+    """The ahead rollout in its worker thread: its own torch thread count (OpenMP's is per thread),
+    its own watchdog; returns (URI, seconds)."""
+    if threads is not None:
+        torch.get_num_threads()  # this thread's lazy OpenMP init first, so the next call sticks
+        torch.set_num_threads(threads)
+    seconds: dict[str, float] = {"rollout": 0.0}
+    uri = _rollout_call(ctx, config, template_pack_uri, iteration, lineage, seconds, as_tasks=as_tasks)
+    return uri, seconds["rollout"]
+
+
+ahead_rollout = task(name="rollout_ahead")(_ahead_rollout_body)
+
+
+def _overlapped(
+    ctx: RunContext,
+    config: VerlFlowConfig,
+    template_pack_uri: str,
+    iteration: int,
+    lineage: str,
+    timings: dict[str, float],
+    *,
+    as_tasks: bool,
+) -> None:
+    """Iteration ``iteration`` with ``trainer.rollout_ahead=1``: iteration i+1's rollout is generated
+    from policy i in a worker thread (a Prefect task submitted to the flow's thread-pool task runner,
+    or a plain thread without tasks) while :func:`run_iteration` scores and updates iteration i (its
+    rollout is already committed: a skip). The engine holds version i until the ahead rollout is done
+    (:func:`stages.floor.state.engine_held`), then receives i+1: the iteration boundary. On CPU the
+    torch threads are split, half to the rollout, the rest to the update (restored after).
+
+    Runs every stage of the iteration to its end or raises; the ahead rollout is waited for either
+    way (its failure is raised when the update succeeded), so the caller's checkpoint comes after it
+    is committed: a resume from that checkpoint finds it and generates nothing again."""
+    state = get_state(ctx)
+    cpu = state.device.type == "cpu"
+    total_threads = torch.get_num_threads()
+    rollout_threads = max(1, total_threads // 2) if cpu else None
+    submit: Any
+    if as_tasks:
+        submit = ahead_rollout.submit
+    else:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
+        submit = partial(pool.submit, _ahead_rollout_body)
+    args = (ctx, config, template_pack_uri, iteration + 1, lineage, rollout_threads, as_tasks)
+    with engine_held(state):
+        future = submit(*args)
+        if cpu:
+            torch.set_num_threads(max(1, total_threads - total_threads // 2))
+        try:
+            run_iteration(ctx, config, template_pack_uri, iteration, lineage, timings, as_tasks=as_tasks)
+        except BaseException:
+            _wait(future)  # no thread left sampling a state the caller is about to drop
+            raise
+        finally:
+            if cpu:
+                torch.set_num_threads(total_threads)
+            if not as_tasks:
+                pool.shutdown(wait=False)
+        _uri, seconds = future.result()
+    timings["rollout"] += seconds
+    with timed(timings, "weight_sync"):  # the boundary: the engine moves to the trainer's version
+        sync_rollout_weights(state)
+
+
+def _wait(future: Any) -> None:
+    """Wait for a future, ignoring its outcome (the caller is already failing)."""
+    with suppress(BaseException):  # the caller's error is the one to report
+        future.result()

@@ -25,7 +25,7 @@ from prefect import task
 from stages.floor.artifacts import batch_rows, rollouts_table, stream_rows
 from stages.floor.builders import sampling_params, sharded_rollouts
 from stages.floor.locations import generation_stage, iteration_stage
-from stages.floor.state import get_state
+from stages.floor.state import get_state, rollout_version
 from verl_core.config import PLACEMENT_FIELDS, DataConfig, RolloutConfig, SandboxConfig
 from verl_core.ranks import broadcast_from_main, is_main
 from verl_core.run import RunContext
@@ -46,7 +46,8 @@ def rollout(
     gen_batch: int | None = None,
     cursor: int = 0,
 ) -> str:
-    """Generate iteration ``iteration``'s rollouts with the in-memory policy (version = iteration).
+    """Generate iteration ``iteration``'s rollouts with the in-memory policy (version = iteration, or
+    iteration − 1 when ``trainer.rollout_ahead=1`` generates it alongside the previous update).
     ``greedy_baseline`` (ReMax): also one greedy response per prompt, a row marked ``is_baseline`` with
     ``sample_index = rollout.n``; it is scored like the others and used only as its group's baseline.
     ``gen_batch``: generation batch K of a dynamically sampled iteration, its prompts from the
@@ -76,9 +77,11 @@ def rollout(
     if broadcast_from_main(stage.done):  # rank 0 decides for every rank of an SPMD job
         return stage.manifest_uri
     state = get_state(ctx)
-    if state.version != iteration:
+    lowest = rollout_version(state, iteration)  # rollout_ahead=1: the trainer may still be one behind
+    if not lowest <= state.version <= iteration:
+        wanted = f"{iteration}" if lowest == iteration else f"{lowest} or {iteration}"
         raise RuntimeError(
-            f"rollout of iteration {iteration} needs policy version {iteration}, have {state.version}"
+            f"rollout of iteration {iteration} needs policy version {wanted}, have {state.version}"
         )
 
     # 2. The iteration's prompts

@@ -59,9 +59,12 @@ _handler_installed = False
 
 
 def beat(**progress: Any) -> None:
-    """Record progress (``steps=12, tokens=4096``) on the innermost active heartbeat; no-op without one."""
-    if _ACTIVE:
-        _ACTIVE[-1].beat(**progress)
+    """Record progress (``steps=12, tokens=4096``) on the innermost active heartbeat entered by the
+    calling thread (two stages running side by side each keep their own), else on the innermost one
+    (a stage's helper threads); no-op without any."""
+    active, me = list(_ACTIVE), threading.get_ident()
+    if active:
+        next((h for h in reversed(active) if h._thread_id == me), active[-1]).beat(**progress)
 
 
 class Heartbeat:

@@ -21,12 +21,19 @@ again. The price is visibility, not disk: ``iter-XXXX/update`` of an iteration a
 checkpoint (``trainer.save_freq``), while rollouts, rewards and validations appear at once. Storing
 the new weights in every update instead would cost a full policy + critic + optimizer state per
 iteration.
+
+With ``trainer.rollout_ahead=1`` the loop saves a checkpoint after iteration i only once iteration
+i+1's rollout (sampled from policy i beside update i) is committed, so the checkpoint never depends on
+a rollout still to come; the engine keeps its version meanwhile (:func:`engine_held`,
+:func:`rollout_version`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +97,8 @@ class RLState:
     device: torch.device
     prompt_cursor: int = 0  # position in the prompt stream of the next generation batch (checkpointed)
     pending: list[Manifest] = field(default_factory=list)  # sealed updates, published with the next ckpt
+    rollout_ahead: int = 0  # trainer.rollout_ahead: iteration i's rollout samples policy max(0, i - this)
+    sync_held: bool = False  # an ahead rollout samples the engine: syncs wait for the iteration boundary
 
 
 _STATES: dict[str, RLState] = {}
@@ -195,6 +204,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         lineage,
         device,
         cursor,
+        rollout_ahead=cfg.trainer.rollout_ahead,
     )
     seconds = sync_rollout_weights(rl)  # the engine holds the loaded policy, as version `version`
     stage_logger(__name__).info("rl: rollout engine at policy version %d (sync %.2f s)", version, seconds)
@@ -220,6 +230,8 @@ def policy_lineage(cfg: VerlFlowConfig, start_sha: str | None) -> str:
         "total_iterations": cfg.trainer.total_iterations,
         "total_epochs": cfg.trainer.total_epochs,  # caps the iterations, sets the LR schedule
     }
+    if cfg.trainer.rollout_ahead:  # which policy samples each batch (absent when 0: older lineages hold)
+        shaping["trainer"]["rollout_ahead"] = cfg.trainer.rollout_ahead
     shaping["start"] = start_sha or "initial-model"
     return hashlib.sha256(canonical_json(shaping).encode()).hexdigest()
 
@@ -379,7 +391,12 @@ def sync_rollout_weights(state: RLState) -> float:
 
     An engine sharing the live module only records the version. Otherwise it receives the full
     weights (:func:`policy_weights`) or, for a LoRA policy, the adapter's weights. Under SPMD every
-    rank must call this: gathering an FSDP2-sharded policy is a collective."""
+    rank must call this: gathering an FSDP2-sharded policy is a collective.
+
+    While ``state.sync_held`` (an ahead rollout is sampling the engine's version, :func:`engine_held`)
+    nothing happens and 0.0 is returned: the sync waits for the iteration boundary."""
+    if state.sync_held:
+        return 0.0
     t0 = time.perf_counter()
     engine, lm = state.engine, state.lm
     if engine.shares_weights:
@@ -391,6 +408,25 @@ def sync_rollout_weights(state: RLState) -> float:
     else:
         engine.load_weights(policy_weights(lm).items(), state.version)
     return time.perf_counter() - t0
+
+
+def rollout_version(state: RLState, iteration: int) -> int:
+    """The policy version iteration ``iteration``'s rollout samples: ``iteration`` on-policy, one
+    behind with ``trainer.rollout_ahead=1`` (generated while update ``iteration - 1`` runs); iteration 0
+    has no ahead rollout (version 0)."""
+    return max(0, iteration - state.rollout_ahead)
+
+
+@contextmanager
+def engine_held(state: RLState) -> Iterator[None]:
+    """``with engine_held(state): <ahead rollout ∥ update>``: the rollout engine keeps its weights and
+    version while the trainer moves on (:func:`sync_rollout_weights` does nothing inside); the caller
+    syncs after the block, at the iteration boundary, once the ahead rollout has finished."""
+    state.sync_held = True
+    try:
+        yield
+    finally:
+        state.sync_held = False
 
 
 def policy_weights(lm: nn.Module) -> dict[str, Tensor]:

@@ -245,6 +245,24 @@ def _distributed(cfg: VerlFlowConfig) -> list[str]:
     return out
 
 
+def _overlap(cfg: VerlFlowConfig) -> list[str]:
+    """An ahead rollout (``trainer.rollout_ahead=1``) samples an engine holding its own weights, in one
+    process."""
+    out, t = [], cfg.trainer
+    if t.rollout_ahead and cfg.rollout.name == "hf" and cfg.rollout.share_weights:
+        out.append(
+            "trainer.rollout_ahead: 1 needs an engine with its own weights: rollout.share_weights=false"
+        )
+    if t.rollout_ahead and cfg.world_size > 1:
+        out.append(f"trainer.rollout_ahead: 1 runs in one process for now, not {cfg.world_size}: set it to 0")
+    if t.rollout_ahead and cfg.algorithm.filter_groups.enable:
+        out.append(
+            "trainer.rollout_ahead: 1 does not sample ahead in generation batches yet: set it to 0 with "
+            "algorithm.filter_groups.enable=true"
+        )
+    return out
+
+
 CHECKS: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (
     _required_fields,
     _batch_sizes,
@@ -253,4 +271,5 @@ CHECKS: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (
     _dynamic_sampling,
     _shared_locations,
     _distributed,
+    _overlap,
 )

@@ -575,7 +575,8 @@ class TrainerConfig(Section):
     )
     rollout_ahead: int = _f(
         0,
-        "Policy versions a rollout may lag the trainer: ppo_update refuses an older batch (0: on-policy)",
+        "Policy versions a rollout lags the trainer (0: on-policy; 1: rollout i+1 is sampled from policy i "
+        "beside update i, an engine with its own weights, one process); ppo_update refuses an older batch",
         ge=0,
         le=1,
     )

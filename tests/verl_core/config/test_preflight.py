@@ -107,6 +107,23 @@ from verl_core.errors import ConfigError
             "algorithm.rollout_correction: rollout_is 'token', rollout_rs None weigh π_old against the "
             "rollout's log-probs, but actor.use_rollout_logprobs=true makes them the same",
         ),
+        (  # the ahead rollout samples version i while the update moves the live module to i+1
+            ["trainer.rollout_ahead=1"],
+            "trainer.rollout_ahead: 1 needs an engine with its own weights: rollout.share_weights=false",
+        ),
+        (
+            [
+                "trainer.rollout_ahead=1",
+                "trainer.n_gpus_per_node=2",
+                "actor.strategy=fsdp2",
+                "rollout.share_weights=false",
+            ],
+            "trainer.rollout_ahead: 1 runs in one process for now, not 2: set it to 0",
+        ),
+        (
+            ["trainer.rollout_ahead=1", "rollout.share_weights=false", "algorithm.filter_groups.enable=true"],
+            "trainer.rollout_ahead: 1 does not sample ahead in generation batches yet",
+        ),
     ],
 )
 def test_each_problem_is_one_line_naming_its_fields(overrides: list[str], line: str) -> None:
