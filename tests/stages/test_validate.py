@@ -29,6 +29,8 @@ PARTIAL_CREDIT = validate_config(
     }
 )
 
+PASS_AT_K = PARTIAL_CREDIT.model_copy(update={"eval": PARTIAL_CREDIT.eval.model_copy(update={"k": 4})})
+
 
 @pytest.fixture
 def ctx(tiny_rl: tuple[Path, str]) -> Iterator[RunContext]:
@@ -88,6 +90,8 @@ def test_partial_credit_accuracy_counts_scores_at_the_threshold(tiny_rl: tuple[P
     assert accuracy == m.summary["val/accuracy"] == full / len(scores)
     assert m.summary["val/reward_mean"] == sum(scores) / len(scores)
     assert m.summary["val/reward_mean"] > accuracy
+    # eval.k = 1: no sampled pass, no pass@k
+    assert "val/pass_at_1" not in m.summary and all(not f.name.startswith("sampled/") for f in m.files)
 
     # the eval stage on the same policy: the same greedy samples, the same verdicts, the same accuracy
     uri = evaluate.fn(ctx, cfg, tiny_rl[1], in_run_source(store, ctx.run_id, 0))
@@ -100,3 +104,39 @@ def test_partial_credit_accuracy_counts_scores_at_the_threshold(tiny_rl: tuple[P
         rewards.column("correct").to_pylist()
     )
     assert read_eval_report(store, uri).accuracy == accuracy
+
+
+def test_validation_pass_at_k_is_the_eval_stages(tiny_rl: tuple[Path, str]) -> None:
+    # besides the greedy pass, eval.k = 4 samples per held-out prompt at eval.temperature, scored with
+    # half credit (correct about half the time, so pass@1 and pass@4 are neither 0 nor equal)
+    cfg = PASS_AT_K
+    k = cfg.eval.k
+    ctx = RunContext(run_id="validate-pass-at-k", store_url=str(tiny_rl[0]))
+    store = ctx.store()
+    init_state(ctx, cfg, tiny_rl[1], None)
+    try:
+        validate.fn(ctx, cfg, tiny_rl[1], 0)
+        save_checkpoint(ctx, cfg, 0)  # the same policy, for the eval stage
+    finally:
+        drop_state(ctx.run_id)
+    m = store.committed(ctx.run_id, iteration_stage(0, "val"))
+    assert m is not None
+    rewards = store.read_table(m, "sampled/rewards.parquet")
+    assert rewards.num_rows == 8 * k  # 8 held-out prompts × 4 samples
+    correct = rewards.column("correct").to_pylist()
+    groups = rewards.column("group_id").to_pylist()
+    # with n = k samples per prompt the unbiased estimator reduces to counting:
+    # pass@1 = the mean of correct over all 32 samples; pass@4 = the share of prompts with a correct sample
+    assert m.summary["val/pass_at_1"] == pytest.approx(sum(correct) / len(correct))
+    solved = {g for g, ok in zip(groups, correct, strict=True) if ok}
+    assert m.summary["val/pass_at_4"] == pytest.approx(len(solved) / 8)
+    # as of writing 15 of the 32 samples are correct (pass@1 15/32 = 0.46875) and 7 of the 8 prompts
+    # have a correct sample (pass@4 7/8 = 0.875)
+    assert 0 < m.summary["val/pass_at_1"] < m.summary["val/pass_at_4"] < 1
+
+    # one definition: the eval stage on the same policy draws the same samples and reports the same pass@k
+    uri = evaluate.fn(ctx, cfg, tiny_rl[1], in_run_source(store, ctx.run_id, 0))
+    ev = store.read_manifest(uri)
+    assert store.read_table(ev, "sampled/rewards.parquet").column("correct").to_pylist() == correct
+    report = read_eval_report(store, uri)
+    assert (report.pass_at_1, report.pass_at_k) == (m.summary["val/pass_at_1"], m.summary["val/pass_at_4"])

@@ -3,7 +3,8 @@
 :func:`load_config` reads a YAML file, applies dotted overrides (``actor.lr=1e-6``) with type
 coercion, and validates against :mod:`verl_core.config.schema`. Any problem raises
 :class:`ConfigError` whose message names the field path, the value given and what was expected,
-before any work starts.
+before any work starts; a config that runs but probably does not do what its author wants
+(:func:`verl_core.config.preflight.advice`) is logged as one warning line per finding.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import logging
 import re
 import types
 import typing
@@ -21,8 +23,11 @@ from typing import Any, Union
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from verl_core.config.preflight import advice
 from verl_core.config.schema import VerlFlowConfig
 from verl_core.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def canonical_json(obj: Any) -> str:
@@ -59,7 +64,10 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
         raw = loaded
     for item in overrides:
         apply_override(raw, item)
-    return validate_config(raw)
+    cfg = validate_config(raw)
+    for line in advice(cfg):
+        log.warning(line)
+    return cfg
 
 
 def validate_config(raw: Mapping[str, Any]) -> VerlFlowConfig:

@@ -16,6 +16,11 @@ What is checked:
 * distribution: several ranks train with sharded engines (fsdp2/deepspeed), their prompts can be shared,
   several nodes have a rendezvous, tensor parallelism divides the node and the heads.
 
+:func:`advice` holds the lines of configs that run but probably do not do what their author wants; the
+loader logs them as warnings (a config may do it on purpose):
+
+* a model trained from scratch with a pretrained model's actor learning rate (the schema default).
+
 Micro-batch sizes need not divide mini-batches: loss denominators are summed over the whole mini-batch
 (:mod:`verl_core.training.ppo`), so an uneven last micro-batch weighs its tokens exactly like the others.
 """
@@ -30,6 +35,13 @@ if TYPE_CHECKING:
 
 # Estimators whose baseline is the other samples of the same prompt (a group of one has none).
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+# Below this, an actor learning rate is a pretrained model's: verl's 1e-6 (the schema default, for a
+# pretrained ~0.5B model) or a fine-tune's few 1e-6. The CPU quickstarts' from-scratch models (~0.3M
+# parameters) learn under RL at 6e-5 (1e-4 with tools); at 1e-6 they barely move (issue 19).
+SCRATCH_MIN_ACTOR_LR = 1e-5
+QUICKSTART_ACTOR_LR = 6e-5
 
 
 def problems(cfg: VerlFlowConfig) -> list[str]:
@@ -261,6 +273,28 @@ def _overlap(cfg: VerlFlowConfig) -> list[str]:
             "algorithm.filter_groups.enable=true"
         )
     return out
+
+
+def advice(cfg: VerlFlowConfig) -> list[str]:
+    """Lines for a config that can run but probably does not do what its author wants (empty: none)."""
+    found: list[str] = []
+    for check in ADVICE:
+        found.extend(check(cfg))
+    return found
+
+
+def _scratch_learning_rate(cfg: VerlFlowConfig) -> list[str]:
+    lr = cfg.actor.lr
+    if cfg.model.init != "scratch" or lr >= SCRATCH_MIN_ACTOR_LR:
+        return []
+    return [
+        f"actor.lr: {lr:g} with model.init 'scratch' is a pretrained model's learning rate (the default "
+        f"1e-06 is verl's for a pretrained 0.5B model) and barely moves a model trained from scratch; "
+        f"the CPU quickstarts use actor.lr {QUICKSTART_ACTOR_LR:g} (warned below {SCRATCH_MIN_ACTOR_LR:g})"
+    ]
+
+
+ADVICE: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (_scratch_learning_rate,)
 
 
 CHECKS: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (

@@ -359,7 +359,11 @@ def ppo_iteration(
                 log.step({"actor/grad_norm": stats.grad_norm, "actor/lr": stats.lr})
 
     metrics.update(log.means(dp))
-    metrics.update(_batch_metrics(scores, rewards.token_rewards, adv.advantages, adv.returns, values, mask))
+    metrics.update(
+        _batch_metrics(
+            scores, rewards.token_rewards, adv.advantages, adv.returns, values, mask, batch.group_ids
+        )
+    )
     metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
     metrics["perf/throughput"] = sum(batch.lengths) * spec.actor_epochs / max(sum(timing.values()), 1e-9)
     return PPOIterationResult(adv.advantages, adv.returns, rewards.kl, metrics)
@@ -633,17 +637,48 @@ def _check_finite(tensors: dict[str, Tensor], where: str) -> None:
 
 
 def _batch_metrics(
-    scores: Tensor, token_scores: Tensor, adv: Tensor, returns: Tensor, values: Tensor | None, mask: Tensor
+    scores: Tensor,
+    token_scores: Tensor,
+    adv: Tensor,
+    returns: Tensor,
+    values: Tensor | None,
+    mask: Tensor,
+    group_ids: Tensor,
 ) -> dict[str, float]:
+    """verl's data metrics (``critic/...``) of the whole batch, plus two that say why a run is flat:
+    ``critic/advantages/abs_mean`` (mean |Â_t| over response tokens: how hard the batch pushes) and
+    ``batch/zero_variance_groups`` (share of the prompt groups of two or more samples whose outcome
+    scores are all equal: a group-relative estimator gives them zero advantage; absent without such
+    groups). ``scores`` (S,), ``token_scores``/``adv``/``returns``/``values``/``mask`` (S, R),
+    ``group_ids`` (S,)."""
     seq_rewards = (token_scores * mask).sum(-1)  # (S,)
     out = {
         "critic/score/mean": float(scores.mean()),
         "critic/rewards/mean": float(seq_rewards.mean()),
         "critic/advantages/mean": float(masked_mean(adv, mask)),
+        "critic/advantages/abs_mean": float(masked_mean(adv.abs(), mask)),
         "critic/advantages/max": float(adv[mask.bool()].max()) if mask.any() else 0.0,
         "critic/returns/mean": float(masked_mean(returns, mask)),
         "response_length/mean": float(mask.sum(-1).mean()),
     }
     if values is not None:
         out["critic/values/mean"] = float(masked_mean(values, mask))
+    zero_variance = _zero_variance_share(scores, group_ids.to(scores.device))
+    if zero_variance is not None:
+        out["batch/zero_variance_groups"] = zero_variance
     return out
+
+
+def _zero_variance_share(scores: Tensor, group_ids: Tensor) -> float | None:
+    """Share of the groups of ≥ 2 samples whose ``scores`` (S,) are all equal (max = min), groups by
+    ``group_ids`` (S,); None when no group has two samples."""
+    _, group = torch.unique(group_ids, return_inverse=True)  # (S,) in 0..G-1
+    size = torch.bincount(group)  # (G,)
+    hi = torch.full(size.shape, -torch.inf, dtype=scores.dtype, device=scores.device)
+    lo = torch.full(size.shape, torch.inf, dtype=scores.dtype, device=scores.device)
+    hi = hi.scatter_reduce(0, group, scores, reduce="amax")  # (G,) max score of each group
+    lo = lo.scatter_reduce(0, group, scores, reduce="amin")  # (G,) min score of each group
+    several = size >= 2
+    if not several.any():
+        return None
+    return float(((hi == lo) & several).sum() / several.sum())

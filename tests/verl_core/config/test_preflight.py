@@ -162,3 +162,36 @@ def test_every_problem_is_reported_at_once() -> None:
         "rollout.n",
         "actor.ppo_max_token_len_per_gpu",
     ]
+
+
+SCRATCH_LR_WARNING = (
+    "actor.lr: 1e-06 with model.init 'scratch' is a pretrained model's learning rate (the default 1e-06 is "
+    "verl's for a pretrained 0.5B model) and barely moves a model trained from scratch; the CPU quickstarts "
+    "use actor.lr 6e-05 (warned below 1e-05)"
+)
+
+
+def test_a_scratch_model_with_a_pretrained_learning_rate_is_warned_not_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the defaults: model.init 'scratch' meets verl's actor.lr 1e-6 for a pretrained 0.5B model
+    cfg = load_config(None)
+    assert (cfg.model.init, cfg.actor.lr) == ("scratch", 1e-6)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [SCRATCH_LR_WARNING]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warned"),
+    [
+        (["actor.lr=9e-6"], True),  # just below the bound
+        (["actor.lr=1e-5"], False),  # at the bound
+        (["actor.lr=6e-5"], False),  # the quickstarts'
+        (["model.init=pretrained", "model.path=Qwen/Qwen2.5-0.5B-Instruct"], False),  # verl's own case
+    ],
+)
+def test_scratch_learning_rate_bound(
+    caplog: pytest.LogCaptureFixture, overrides: list[str], warned: bool
+) -> None:
+    load_config(None, overrides)
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert [line.split(":")[0] for line in lines] == (["actor.lr"] if warned else [])
