@@ -87,16 +87,24 @@ def run_job(job: SpmdJob) -> dict[str, Any]:
 
 
 def _prefect_env(tmp: Path) -> dict[str, str]:
-    """The parent flow run's context for the main rank, and the API it runs against (the temporary server of
-    a serverless run included), so the main rank reports into the same flow run."""
-    import cloudpickle
+    """The parent flow run's context for the main rank, and the API it runs against (the temporary
+    server of a serverless run included), so the main rank reports into the same flow run. Written as
+    JSON (no pickle): the flow run, its settings, result store and tags (the flow is the job's stage's)."""
     from prefect.client.orchestration import get_client
-    from prefect.context import FlowRunContext, serialize_context
+    from prefect.context import FlowRunContext, TagsContext
 
-    if FlowRunContext.get() is None:
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow is None:
         return {}
-    path = tmp / "prefect-context.pkl"
-    path.write_bytes(cloudpickle.dumps(serialize_context()))
+    fields = {"flow_run", "log_prints", "start_time", "persist_result"}  # what Prefect serialises too
+    run_context = ctx.model_dump(mode="json", include=fields, exclude_unset=True)
+    if ctx.result_store is not None:
+        run_context["result_store"] = ctx.result_store.model_dump(
+            mode="json", serialize_as_any=True, exclude_unset=True
+        )
+    spec = {"flow_run_context": run_context, "tags": sorted(TagsContext.get().current_tags)}
+    path = tmp / "prefect-context.json"
+    path.write_text(json.dumps(spec))
     with get_client(sync_client=True) as client:
         api_url = str(client.api_url)
     return {PREFECT_CONTEXT_ENV: str(path), "PREFECT_API_URL": api_url}
@@ -191,32 +199,37 @@ def _receive_job(job_arg: str) -> SpmdJob:
     return SpmdJob.model_validate_json(spec)
 
 
-def _prefect_context() -> AbstractContextManager[Any]:
-    """Rank 0 inside the parent flow run's context (when the launcher passed one)."""
+def _prefect_context(flow: Any) -> AbstractContextManager[Any]:
+    """The main rank inside the parent flow run's context (when the launcher passed one): ``flow`` (the
+    flow that launched the job), the flow run and its fields validated back from JSON."""
     path = os.environ.get(PREFECT_CONTEXT_ENV)
     if not path:
         return nullcontext()
-    import cloudpickle
     from prefect.context import hydrated_context
 
-    return hydrated_context(cloudpickle.loads(Path(path).read_bytes()))
+    spec = json.loads(Path(path).read_text())
+    serialized = {
+        "flow_run_context": {**spec["flow_run_context"], "flow": flow},
+        "tags_context": {"current_tags": set(spec["tags"])},
+    }
+    return hydrated_context(serialized)
 
 
 def run_rank(job: SpmdJob) -> dict[str, Any] | None:
     """This rank's part of ``job``; the main rank returns the stage's result (JSON-ready)."""
+    from flows.gpu import sft_flow
+    from flows.rl import rl_iterations, rl_loop
+    from stages.sft import sft_warmup
     from verl_core.ranks import is_main
 
     main = is_main()
     prefect = main and bool(os.environ.get(PREFECT_CONTEXT_ENV))
     ctx = job.ctx if main else job.ctx.model_copy(update={"mlflow_run_id": None, "wandb_run_id": None})
-    with _prefect_context() if prefect else nullcontext():
+    launcher = rl_loop if job.stage == "rl-loop" else sft_flow  # the flow whose run the main rank joins
+    with _prefect_context(launcher) if prefect else nullcontext():
         if job.stage == "rl-loop":
-            from flows.rl import rl_iterations
-
             rl = rl_iterations(ctx, job.config, job.template_pack_uri, job.sft_uri, as_tasks=prefect)
             return rl.to_json() if main else None
-        from stages.sft import sft_warmup
-
         fn = sft_warmup if prefect else sft_warmup.fn
         c = job.config
         uri = fn(ctx, c.model, c.sft, c.trainer, job.template_pack_uri, c.actor)
