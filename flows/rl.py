@@ -104,11 +104,7 @@ def run_iteration(
             u = update(ctx, cfg, s.rollouts, s.rewards, iteration)
         return IterationArtifacts(s.rollouts[-1], s.rewards[-1], u)
     get_state(ctx).prompt_cursor = (iteration + 1) * cfg.data.train_batch_size  # one batch per iteration
-    with timed(timings, "rollout"), watched(ctx, "rollout", stall, iteration):
-        baseline = cfg.algorithm.greedy_baseline
-        r = roll(
-            ctx, cfg.data, cfg.rollout, template_pack_uri, iteration, lineage, baseline, sandbox=cfg.sandbox
-        )
+    r = _rollout_call(ctx, cfg, template_pack_uri, iteration, lineage, timings, as_tasks=as_tasks)
     with timed(timings, "reward"), watched(ctx, "reward", stall, iteration):
         w = on_main(
             lambda: score(ctx, cfg.reward, r, iteration, cfg.data.max_response_length, sandbox=cfg.sandbox)
@@ -191,8 +187,8 @@ def _rollout_call(
     *,
     as_tasks: bool,
 ) -> str:
-    """Iteration ``iteration``'s rollout stage, called as :func:`run_iteration` calls it (same
-    arguments: the same stage, so run_iteration's own call finds it committed and skips it)."""
+    """Iteration ``iteration``'s rollout stage (timed, watched), the one call of it: run_iteration and
+    the ahead rollout make the same call, so run_iteration finds an ahead rollout committed and skips it."""
     cfg, roll = config, rollout if as_tasks else rollout.fn
     with timed(timings, "rollout"), watched(ctx, "rollout", cfg.execution.stall_timeout_s, iteration):
         return roll(  # type: ignore[no-any-return]

@@ -248,8 +248,3 @@ def load_full_optimizer_state(
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=_full())
-
-
-def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """Alias of :func:`full_model_state` (its earlier name)."""
-    return full_model_state(model)

@@ -112,9 +112,9 @@ def engine_for(model: nn.Module, strategy: str) -> Recorder:
 def full_weights(engine: Recorder, strategy: str) -> dict[str, Tensor]:
     """The unsharded weights (every rank must call this under FSDP2)."""
     if strategy == "fsdp2":
-        from verl_core.training.distributed import full_state_dict
+        from verl_core.training.distributed import full_model_state
 
-        return full_state_dict(engine.model)
+        return full_model_state(engine.model)
     module = getattr(engine.model, "module", engine.model)  # DeepSpeed wraps the model
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 

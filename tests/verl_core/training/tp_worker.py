@@ -37,33 +37,13 @@ def sft(architecture: str, strategy: Strategy) -> tuple[list[float], dict[str, t
     return losses, full_model_state(engine.model)
 
 
-class DataParallelView:
-    """The engine with ``world_size`` reading ``dp_size``: for a ``ppo_iteration`` whose group check
-    still compares the engine's world size (not its data-parallel size) with the group's. Remove when
-    ppo.py compares ``dp_size``."""
-
-    def __init__(self, engine: TrainEngine) -> None:
-        self._engine = engine
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, "dp_size" if name == "world_size" else name)
-
-
-def grpo(strategy: Strategy) -> tuple[dict[str, float], dict[str, torch.Tensor], bool]:
-    """One GRPO iteration, ``group=None`` (data-parallel size 1); the metrics, the final weights and
-    whether ppo_iteration needed :class:`DataParallelView`."""
+def grpo(strategy: Strategy) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """One GRPO iteration (data-parallel size 1: ppo_iteration reads it from the engine's strategy);
+    the metrics and the final weights."""
     actor = PackedCausalLM(rl.tiny_lm())
     engine = TrainEngine(actor, rl.plain_optim(), strategy)
-    try:
-        result = rl.run(PPOModels(engine.model, engine), rl.make_spec())  # type: ignore[arg-type]
-        needed_view = False
-    except ValueError as e:
-        if "averages gradients over" not in str(e):
-            raise
-        view: Any = DataParallelView(engine)
-        result = rl.run(PPOModels(engine.model, view), rl.make_spec())  # type: ignore[arg-type]
-        needed_view = True
-    return result.metrics, full_model_state(engine.model), needed_view
+    result = rl.run(PPOModels(engine.model, engine), rl.make_spec())
+    return result.metrics, full_model_state(engine.model)
 
 
 def tp_strategy() -> FSDP2Strategy:
@@ -86,7 +66,7 @@ def main() -> None:
     q = probe.decoder_layers()[0].self_attn.q_proj.weight
     result["q_proj_placements"] = str(q.placements)
     result["q_proj_local_shape"] = list(q.to_local().shape)
-    result["grpo"], weights["grpo"], result["grpo_needed_dp_view"] = grpo(tp_strategy())
+    result["grpo"], weights["grpo"] = grpo(tp_strategy())
     finish(rank, out, result, weights)
 
 
