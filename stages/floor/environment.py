@@ -1,5 +1,7 @@
 """What a config needs of the environment: the checks of ``verl-flow doctor --config`` and the fast
-check (:func:`check_environment`) the GPU stage flows run before any work.
+check (:func:`check_environment`) the GPU stage flows run before any work (with it, a config that runs
+code, the ``code`` scorer or a tool such as ``python``, is refused at the start of SFT / the RL loop
+when bubblewrap cannot run on that machine, not when the first reward is scored).
 
 The config is unpacked here into plain values (:class:`Needs`); the checks themselves are the plain
 functions of :mod:`verl_core.doctor` and :mod:`verl_core.reachability`.
@@ -10,8 +12,18 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from verl_core.config import VerlFlowConfig
-from verl_core.doctor import Check, cuda_checks, environment_checks, package_checks, require, sandbox_checks
+from verl_core.doctor import (
+    Check,
+    cuda_checks,
+    environment_checks,
+    package_checks,
+    problems,
+    require,
+    sandbox_checks,
+)
+from verl_core.errors import ConfigError
 from verl_core.reachability import store_check, tracking_check
+from verl_core.tools import load_tools
 
 
 class Needs(NamedTuple):
@@ -47,11 +59,29 @@ def config_needs(cfg: VerlFlowConfig) -> Needs:
     return Needs(packages, ", ".join(cuda) or None)
 
 
+def code_execution(cfg: VerlFlowConfig) -> str | None:
+    """The config field asking to run untrusted code in the sandbox (None: nothing runs code)."""
+    if any(s.name == "code" for s in cfg.reward.scorers):
+        return "reward.scorers: 'code'"
+    mt = cfg.rollout.multi_turn
+    if mt.enable:
+        runs_code = [name for name, t in load_tools(mt.tools).items() if t.needs_sandbox]
+        if runs_code:
+            return "rollout.multi_turn.tools: " + ", ".join(repr(n) for n in runs_code)
+    return None
+
+
 def check_environment(cfg: VerlFlowConfig) -> None:
     """Fail fast (a :class:`~verl_core.errors.ConfigError`, one line per problem) when this process's
-    packages or torch build cannot run ``cfg``: metadata reads only, no network."""
+    packages or torch build cannot run ``cfg``: metadata reads only, no network; and, only when the
+    config runs code, whether bubblewrap runs here (one probe per process, a few ms)."""
     needs = config_needs(cfg)
     require(needs.packages, cuda_needed_by=needs.cuda)
+    code = code_execution(cfg)
+    if code:
+        errors = problems(sandbox_checks(code, allow_weak=cfg.sandbox.allow_weak_sandbox))
+        if errors:
+            raise ConfigError("\n".join(c.line() for c in errors))
 
 
 def doctor_checks(cfg: VerlFlowConfig | None, *, timeout_s: float = 5.0) -> list[Check]:
@@ -73,8 +103,9 @@ def doctor_checks(cfg: VerlFlowConfig | None, *, timeout_s: float = 5.0) -> list
         found = f"{what} needed on the gpu workers ({'; '.join(asked)})"
         fix = "run `verl-flow doctor --config ...` on a gpu worker (the stage flows check it at start)"
         checks.append(Check("gpu pool", "warn", found, "", fix))
-    if cfg is not None and any(s.name == "code" for s in cfg.reward.scorers):
-        checks += sandbox_checks("reward.scorers: 'code'", allow_weak=cfg.sandbox.allow_weak_sandbox)
+    code = code_execution(cfg) if cfg is not None else None
+    if cfg is not None and code:
+        checks += sandbox_checks(code, allow_weak=cfg.sandbox.allow_weak_sandbox)
     if cfg is not None:
         checks.append(store_check(cfg.store.url, timeout_s=timeout_s))
         checks.append(

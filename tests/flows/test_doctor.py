@@ -146,3 +146,38 @@ def test_gpu_paths_fail_fast_with_the_doctor_lines() -> None:
     with pytest.raises(ConfigError, match=r"^torch CUDA build: "):
         check_environment(load_config(None, ["trainer.device=cuda"]))
     check_environment(load_config(None, []))  # the quickstart defaults need nothing more
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["reward.scorers=[code]"], "reward.scorers: 'code'"),
+        (
+            ["rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[calculator,python]"],
+            "rollout.multi_turn.tools: 'python'",
+        ),
+    ],
+)
+def test_code_execution_without_a_sandbox_fails_at_the_flows_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, overrides: list[str], field: str
+) -> None:
+    # issue 17: a missing sandbox is refused before any work (sft/rl flows start with this check),
+    # in the doctor's one line naming the field and the fix; the weak fallback only when allowed
+    from verl_core import sandbox
+    from verl_core.errors import ConfigError
+
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
+    cfg = load_config(None, overrides)
+    with pytest.raises(ConfigError) as e:
+        check_environment(cfg)
+    assert str(e.value) == (
+        f"sandbox (bwrap): bwrap (bubblewrap) is not installed (expected bwrap for {field}); fix: as root: "
+        "apt-get install -y bubblewrap (`make install` does it), or set sandbox.allow_weak_sandbox=true"
+    )
+    check_environment(load_config(None, [*overrides, "sandbox.allow_weak_sandbox=true"]))
+    doctor_run = runner.invoke(app, ["doctor", "--config", QUICKSTART, *overrides, f"store.url={tmp_path}"])
+    assert doctor_run.exit_code == 1 and f"bwrap for {field}" in doctor_run.stdout, doctor_run.output
+    # tools that run no code need no sandbox
+    check_environment(
+        load_config(None, ["rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[calculator]"])
+    )
