@@ -175,3 +175,23 @@ def test_server_helper_keeps_profiles_and_a_dead_api_url_fails_in_one_line(
     )
     assert not (tmp_path / "dead").exists()  # stopped before any work
     assert time.perf_counter() - t0 < 60
+
+
+def test_a_dead_api_url_left_in_a_profile_names_the_profile_and_how_to_unset_it(tmp_path: Path) -> None:
+    # issue 18's trap: an older helper wrote PREFECT_API_URL into the user's profile; once that server
+    # stopped, every run failed in Prefect's traceback. Now: one line naming the profile and its fix.
+    home = tmp_path / "prefect-home"
+    home.mkdir()
+    dead = f"http://127.0.0.1:{_free_port()}/api"  # nothing listens there
+    profiles = home / "profiles.toml"
+    profiles.write_text(f'active = "mine"\n\n[profiles.mine]\nPREFECT_API_URL = "{dead}"\n')
+    r = _verl_flow(["run", TINY, f"store.url={tmp_path / 'store'}"], _env(home), tmp_path)
+    console = (r.stdout + r.stderr).strip()
+    assert r.returncode == 1, console
+    assert console == (
+        f"error: the Prefect API {dead} (from profile 'mine' in {profiles}) is not reachable "
+        f"([Errno 111] Connection refused): start the server (`infra/local/prefect_server.sh "
+        f"{dead.split(':')[2].split('/')[0]}`), or run `prefect --profile mine config unset "
+        "PREFECT_API_URL` to use a temporary server started for the run"
+    )
+    assert not (tmp_path / "store").exists()  # stopped before any work
