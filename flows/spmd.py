@@ -219,6 +219,7 @@ def run_rank(job: SpmdJob) -> dict[str, Any] | None:
     """This rank's part of ``job``; the main rank returns the stage's result (JSON-ready)."""
     from flows.gpu import sft_flow
     from flows.rl import rl_iterations, rl_loop
+    from stages.floor.logging import watched
     from stages.sft import sft_warmup
     from verl_core.ranks import is_main
 
@@ -232,7 +233,9 @@ def run_rank(job: SpmdJob) -> dict[str, Any] | None:
             return rl.to_json() if main else None
         fn = sft_warmup if prefect else sft_warmup.fn
         c = job.config
-        uri = fn(ctx, c.model, c.sft, c.trainer, job.template_pack_uri, c.actor)
+        # every rank watched, as rl_iterations' stages are: a rank stuck (in a collective too) is failed
+        with watched(ctx, "sft", c.execution.stall_timeout_s):
+            uri = fn(ctx, c.model, c.sft, c.trainer, job.template_pack_uri, c.actor)
         return {"sft_uri": uri} if main else None
 
 

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from flows.spmd import failure_summary, needs_spmd
-from verl_core.config import VerlFlowConfig
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows.spmd import PREFECT_CONTEXT_ENV, SpmdJob, failure_summary, needs_spmd, run_rank
+from verl_core.config import VerlFlowConfig, load_config
+from verl_core.run import RunContext
+from verl_core.watchdog import StallError
 
 # torchrun's report when rank 1 was killed with SIGKILL and rank 0 was then stopped by torchrun
 KILLED = """
@@ -76,3 +84,27 @@ def test_a_config_runs_as_an_spmd_job_with_several_processes_or_a_sharded_engine
     # a critic's strategy counts only when there is a critic (grpo by default: none)
     critic = cfg.critic.model_copy(update={"strategy": "fsdp2"})
     assert not needs_spmd(cfg.model_copy(update={"critic": critic}))
+
+
+def test_every_rank_runs_sft_under_the_stall_watchdog(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # issue 18: a rank stuck in the SFT stage (a collective that never returns, here a sleep) is failed
+    # after execution.stall_timeout_s, naming the stage, as the RL loop's stages are on every rank
+    import stages.sft
+
+    class Stuck:
+        @staticmethod
+        def fn(*args: Any) -> str:
+            time.sleep(60)
+            return "never"
+
+    monkeypatch.setattr(stages.sft, "sft_warmup", Stuck)
+    monkeypatch.delenv(PREFECT_CONTEXT_ENV, raising=False)
+    cfg = load_config(None, ["execution.stall_timeout_s=1"])
+    job = SpmdJob(stage="sft", ctx=RunContext(run_id="stuck", store_url=str(tmp_path)), config=cfg,
+                  template_pack_uri="unused", final=True)  # fmt: skip
+    t0 = time.monotonic()
+    with pytest.raises(StallError, match=r"^sft: no progress for 1 s \(execution.stall_timeout_s\)"):
+        run_rank(job)  # one process: this is the main rank
+    assert time.monotonic() - t0 < 5  # the timeout + a poll, not the sleep
