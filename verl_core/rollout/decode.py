@@ -6,8 +6,9 @@ what a step needs, and drops finished rows from the batch (measured on the quick
 batch 256: ~8% less CPU time than ``generate`` with the same sampler before any row finishes; the
 rest is the model's forward):
 
-1. prefill: one forward of the left-padded prompts ``(B, P)`` into the KV cache, position ids
-   ``cumsum(mask) - 1`` (pads at 0, masked anyway), logits of the last position only;
+1. prefill (:func:`prefill`): one forward of the distinct left-padded prompts into the KV cache
+   (the ``n`` samples of a prompt share it), position ids ``cumsum(mask) - 1`` (pads at 0, masked
+   anyway), logits of the last position only;
 2. per step t: draw token t with the :class:`~verl_core.rollout.sampler.TokenSampler` (row keys,
    step t), record its behaviour log-prob, mark rows that produced a stop token or whose text tail
    holds a stop string as done (later tokens of a done row are ``pad_id``), stop when every row is
@@ -30,6 +31,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from verl_core.models.loading import unwrap
 from verl_core.rollout.sampler import TokenSampler
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,63 @@ log = logging.getLogger(__name__)
 # one cached forward: (model, input_ids (B, q), position_ids (B, q), attention_mask (B, L≥past+q), cache)
 # → logits (B, V) of the last position, float32
 StepFn = Callable[[nn.Module, Tensor, Tensor, Tensor, Any], Tensor]
+
+
+def decode_attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scaling: float | None
+) -> Tensor:
+    """Attention of one new token per row over its cached keys: ``softmax(q·kᵀ·scale + mask)·v``.
+
+    query ``(B, H, 1, D)``, key/value ``(B, H_kv, L, D)``, mask ``(B, 1, 1, L)`` (bool, True = attend,
+    or additive float) → output ``(B, 1, H, D)``. The query heads of a GQA group (heads ``g·G … g·G+G−1``
+    read key head ``g``, ``G = H / H_kv``, as transformers' ``repeat_kv``) become the rows of one
+    ``(G, D) × (D, L)`` product per (row, key head), so keys are never repeated."""
+    b, h, _, d = query.shape
+    h_kv = key.shape[1]
+    scale = d**-0.5 if scaling is None else scaling
+    scores = torch.matmul(query.view(b, h_kv, h // h_kv, d), key.transpose(-1, -2)) * scale  # (B, H_kv, G, L)
+    if mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask.view(b, 1, 1, -1), float("-inf"))
+    else:
+        scores = scores + mask.view(b, 1, 1, -1)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, value).view(b, h, 1, d).transpose(1, 2)  # (B, 1, H, D)
+
+
+def decode_sdpa_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' ``sdpa`` attention, except a decode step on CPU (one query per row, with a mask):
+    :func:`decode_attention`, the same formula as two small batched matmuls, which cost less than
+    sdpa's CPU kernel there (quickstart model, batch 256, 1 thread: ~15% less process CPU time per
+    rollout, ``benchmarks/rollout.py``). Registered with transformers as :data:`DECODE_ATTENTION`;
+    the HF engine switches its model to it for the duration of a rollout."""
+    if query.shape[2] == 1 and query.device.type == "cpu" and attention_mask is not None:
+        return decode_attention(query, key, value, attention_mask, scaling), None
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
+DECODE_ATTENTION = "verl_decode_sdpa"
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(DECODE_ATTENTION, decode_sdpa_attention)
+    AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
+
+
+_register()
 
 
 class Decoded(NamedTuple):
@@ -58,6 +117,30 @@ def eager_step(model: nn.Module, ids: Tensor, positions: Tensor, mask: Tensor, c
         logits_to_keep=1,
     )
     return out.logits[:, -1].float()
+
+
+def prefill(model: nn.Module, ids: Tensor, positions: Tensor, mask: Tensor, cache: Any) -> Tensor:
+    """The prompts' forward into the empty ``cache``: logits ``(B, V)`` of each row's last position.
+
+    Rows holding the same prompt (the ``n`` samples of a prompt, identical ``ids`` and ``mask``) share
+    one forward: the ``U`` distinct rows run into a dynamic cache, whose keys/values (post-RoPE, per
+    layer ``(U, H_kv, P, D)``) are then repeated to all ``B`` rows and written into ``cache`` through
+    its own ``update`` (static or dynamic alike). With ``n`` samples per prompt this divides the
+    prefill's compute by ``n``; a row's values are those of its own forward (rows never interact)."""
+    rows = torch.cat([ids, mask], dim=1)  # (B, 2P): a prompt is its ids *and* its padding
+    distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)  # (U, 2P), (B,)
+    if distinct.shape[0] == rows.shape[0]:
+        return eager_step(model, ids, positions, mask, cache)
+    # the first row of each distinct prompt: min over the rows b with inverse[b] == u
+    first = torch.full((distinct.shape[0],), rows.shape[0], device=ids.device, dtype=torch.long)
+    first = first.scatter_reduce(0, inverse, torch.arange(rows.shape[0], device=ids.device), "amin")
+    from transformers import DynamicCache
+
+    shared = DynamicCache(config=unwrap(model).config)
+    logits = eager_step(model, ids[first], positions[first], mask[first], shared)  # (U, V)
+    for i, layer in enumerate(shared.layers):
+        cache.update(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse), i)
+    return logits.index_select(0, inverse)  # (B, V)
 
 
 def decode_loop(
@@ -97,7 +180,7 @@ def decode_loop(
     done = torch.arange(batch, device=device) >= (batch if rows is None else rows)  # (B,)
     live = torch.arange(batch, device=device)  # (b,) the rows in the running batch
 
-    logits = eager_step(model, input_ids, positions, attention_mask, cache)  # (b, V) prefill, never compiled
+    logits = prefill(model, input_ids, positions, attention_mask, cache)  # (b, V), never compiled
     for t in range(max_new_tokens):
         token, lp = sampler(logits, t)  # (b, 1), (b, V)
         token = token.masked_fill_(done[live].unsqueeze(-1), pad_id)  # as generate: done rows go on with pad

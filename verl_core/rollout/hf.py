@@ -49,9 +49,17 @@ from torch import Tensor, nn
 
 from verl_core.data.tokenizer import IM_END
 from verl_core.errors import ConfigError
+from verl_core.models import attention
 from verl_core.models.loading import load_causal_lm, resolve_device, unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
-from verl_core.rollout.decode import CompiledStep, StopStrings, bucket, decode_loop, eager_step
+from verl_core.rollout.decode import (
+    DECODE_ATTENTION,
+    CompiledStep,
+    StopStrings,
+    bucket,
+    decode_loop,
+    eager_step,
+)
 from verl_core.rollout.sampler import SampleAndRecord, TokenSampler, check_prompt_keys
 from verl_core.seeding import sample_keys
 from verl_core.watchdog import beat
@@ -471,14 +479,19 @@ def _generation_mode(model: nn.Module) -> Iterator[None]:
 
     base = unwrap(model)
     training, saved_config = model.training, getattr(base, "generation_config", None)
+    saved_attention = base.config._attn_implementation
     model.eval()
     base.generation_config = GenerationConfig()
+    if saved_attention in ("sdpa", attention.NAME):  # outside packed calls both are transformers' sdpa
+        base.set_attn_implementation(DECODE_ATTENTION)  # the same, with a cheaper CPU decode step
     try:
         with torch.no_grad():
             yield
     finally:
         _forget_static_cache_length(model)
         base.generation_config = saved_config
+        if base.config._attn_implementation != saved_attention:
+            base.set_attn_implementation(saved_attention)
         model.train(training)
 
 

@@ -157,3 +157,59 @@ def test_compiled_step_on_cuda_matches_the_eager_loop_and_compiles_per_bucket(
         torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(r.logprobs), atol=1e-4, rtol=0)
     engine.generate(prompts, params)  # same buckets: no new graph
     assert engine.compiled_step.compiles == 1
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
+def test_decode_attention_matches_sdpa(groups: int, mask_kind: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    b, h_kv, length, d = 3, 2, 7, 8
+    q = torch.randn(b, h_kv * groups, 1, d, generator=g)
+    k, v = torch.randn(b, h_kv, length, d, generator=g), torch.randn(b, h_kv, length, d, generator=g)
+    keep = torch.ones(b, 1, 1, length, dtype=torch.bool)
+    keep[0, ..., :3] = False  # row 0: three left pads
+    keep[2, ..., 5:] = False  # row 2: two unfilled static-cache slots
+    mask = keep if mask_kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    # reference: key heads repeated per query head (transformers' repeat_kv), torch's sdpa, (B, 1, H, D)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=keep, scale=0.3
+    ).transpose(1, 2)
+    torch.testing.assert_close(decode.decode_attention(q, k, v, mask, 0.3), ref, atol=1e-6, rtol=0)
+
+
+def test_rollout_with_decode_attention_equals_eager_attention(tok: Any, prompts: list[str]) -> None:
+    """transformers' ``eager`` attention (its readable reference, left as it is by the engine) and an
+    ``sdpa`` model, which the engine switches to the decode attention for the rollout only."""
+    eager = tiny_model(tok, seed=1)
+    eager.set_attn_implementation("eager")
+    model = tiny_model(tok, seed=1)
+    assert model.config._attn_implementation == "sdpa"
+    seen: list[str] = []
+    attn = model.model.layers[0].self_attn
+    attn.register_forward_hook(lambda m, *_: seen.append(m.config._attn_implementation))
+    ref = HFEngine(eager, tok, max_batch_size=4, decode="loop").generate(prompts, SAMPLED)
+    assert_same(HFEngine(model, tok, max_batch_size=4, decode="loop").generate(prompts, SAMPLED), ref)
+    assert set(seen) == {decode.DECODE_ATTENTION}
+    assert (model.config._attn_implementation, eager.config._attn_implementation) == ("sdpa", "eager")
+
+
+def test_prefill_runs_each_distinct_prompt_once(tok: Any) -> None:
+    """4 rows, 2 distinct prompts (a prompt's n samples): the shared prefill's logits and cached
+    keys/values equal one forward of every row."""
+    from transformers import DynamicCache
+
+    model = tiny_model(tok, seed=1).eval()
+    ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 5, 6], [7, 8, 9]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1], [1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    batches: list[int] = []
+    model.model.embed_tokens.register_forward_hook(lambda m, args, out: batches.append(args[0].shape[0]))
+    with torch.no_grad():
+        full, shared = DynamicCache(config=model.config), DynamicCache(config=model.config)
+        ref = decode.eager_step(model, ids, positions, mask, full)
+        out = decode.prefill(model, ids, positions, mask, shared)
+    assert batches == [4, 2]  # the reference ran 4 rows, the shared prefill 2
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+    for a, r in zip(shared.layers, full.layers, strict=True):
+        torch.testing.assert_close(a.keys, r.keys, atol=1e-6, rtol=0)
+        torch.testing.assert_close(a.values, r.values, atol=1e-6, rtol=0)
