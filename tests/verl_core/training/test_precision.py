@@ -145,3 +145,9 @@ def test_liger_matches_unpatched_log_probs() -> None:
         a, _ = plain(ids, cu.to(torch.int32))
         b, _ = patched(ids, cu.to(torch.int32))
     torch.testing.assert_close(b.log_probs, a.log_probs, rtol=1e-4, atol=1e-4)
+
+
+def test_config_names_map_to_dtypes() -> None:
+    assert MixedPrecision.from_names(None, "float32", "float32") is None  # param_dtype unset: off
+    assert MixedPrecision.from_names("bfloat16", "float32", "float32") == BF16
+    assert MixedPrecision.from_names("bfloat16", "bfloat16", "float32").reduce_dtype == torch.bfloat16
