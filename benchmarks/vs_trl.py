@@ -80,6 +80,16 @@ Per iteration at 32×8: generate 1.10 s vs 1.41 s, old + ref log-probs 0.65 s vs
 (fwd+bwd+optim) 1.00 s vs 1.83 s, our artifacts 0.04 s. The 2× goal is not met: both sides generate
 with HF ``generate`` (ours buckets by prompt length; 39–53% of our time), where we are only ~1.3×
 faster; the packed training passes are ~1.7–1.8× faster than TRL's padded ones.
+
+With the device/dtype/shape flags (23 Nov 2026, the 2-core machine *loaded*, load average ~12, the
+job got 35–47% of a core: noisy; rerun on a quiet machine), ``--batch 32 --n 8 --mini 8``, defaults
+cpu/float32/quickstart: training phases ours 2.37 s vs TRL 3.83 s per iteration (1.62×; the base
+commit's script back to back: 1.90 vs 3.38 s, 1.78×), achieved 20 vs 12 GFLOP/s; ``--dtype bfloat16
+--iterations 5``: 2.02 vs 3.53 s (1.75×; bf16 matmul 0.24 TFLOP/s vs fp32 0.03–0.04 here, but this
+338k-parameter model is bound by per-op overhead, not matmuls). ``--shape 0.5b --iterations 2
+--repeats 1 --no-warmup --sft-steps 0 --batch 4 --n 2 --mini 2 --max-new-tokens 32`` (358M params,
+vocab 327): training phases ours 58.6 s vs TRL 48.0 s (0.82×: our actor update 41.6 s vs TRL's
+loss+backward+optimizer 28.9 s, old+ref log-probs 16.9 s vs 19.2 s), peak RSS 9.0 / 9.6 GiB.
 """
 
 from __future__ import annotations
