@@ -3,6 +3,22 @@
     .venv/bin/pip install -c constraints.txt -e ".[bench]"      # trl 1.16 (the `bench` extra)
     .venv/bin/python benchmarks/vs_trl.py                        # 10 iterations × 2 repeats, ~1 min
     .venv/bin/python benchmarks/vs_trl.py --iterations 5 --repeats 1 --beta 0   # quick, no KL
+    .venv/bin/python benchmarks/vs_trl.py --device cuda --dtype bfloat16 --shape 0.5b   # on a GPU
+
+Device, precision, model shape (``--device``, ``--dtype``, ``--shape``): ``--device cpu`` (default),
+``cuda`` or ``auto``; ours runs there through ``trainer.device``, TRL through ``use_cpu``.
+``--dtype bfloat16`` is bf16 mixed precision on both sides, fp32 master weights and optimizer state:
+ours ``actor.mixed_precision.param_dtype`` and ``ref.mixed_precision.param_dtype`` = bfloat16
+(:mod:`verl_core.training.precision`; our generation stays in ``model.dtype`` fp32: the rollout issue
+owns it), TRL ``bf16=True`` (accelerate's autocast, its generation included). ``--shape quickstart``:
+the config's ~0.3M-parameter Qwen2; ``0.5b``: Qwen2.5-0.5B's geometry built from scratch (hidden 896,
+24 layers, 14 query / 2 key-value heads, MLP 4864), its vocabulary the tokenizer trained on the run's
+arithmetic text (``model.vocab_size=32000`` asks for up to 32,000; that small corpus yields fewer, the
+count is printed), no download. Printed too: the device's name, a plain ``torch.matmul``'s FLOP/s
+in ``--dtype`` measured in the same run, achieved FLOP/s of the training phases (old + reference
+log-probs and the actor update, FLOPs of :mod:`_hw`: ``6·N·T`` + attention for forward+backward,
+``2·N·T`` + attention for a no-grad pass, on real tokens) and peak memory (CUDA: per side; CPU: the
+process's peak RSS, which only grows).
 
 Set-up (once, not timed): ``configs/quickstart_grpo.yaml`` with its batch geometry overridden (default
 8 prompts × 4 samples, 2 optimizer steps per iteration: the geometry of the TRL figure in the stack
@@ -64,6 +80,16 @@ Per iteration at 32×8: generate 1.10 s vs 1.41 s, old + ref log-probs 0.65 s vs
 (fwd+bwd+optim) 1.00 s vs 1.83 s, our artifacts 0.04 s. The 2× goal is not met: both sides generate
 with HF ``generate`` (ours buckets by prompt length; 39–53% of our time), where we are only ~1.3×
 faster; the packed training passes are ~1.7–1.8× faster than TRL's padded ones.
+
+With the device/dtype/shape flags (23 Nov 2026, the 2-core machine *loaded*, load average ~12, the
+job got 35–47% of a core: noisy; rerun on a quiet machine), ``--batch 32 --n 8 --mini 8``, defaults
+cpu/float32/quickstart: training phases ours 2.37 s vs TRL 3.83 s per iteration (1.62×; the base
+commit's script back to back: 1.90 vs 3.38 s, 1.78×), achieved 20 vs 12 GFLOP/s; ``--dtype bfloat16
+--iterations 5``: 2.02 vs 3.53 s (1.75×; bf16 matmul 0.24 TFLOP/s vs fp32 0.03–0.04 here, but this
+338k-parameter model is bound by per-op overhead, not matmuls). ``--shape 0.5b --iterations 2
+--repeats 1 --no-warmup --sft-steps 0 --batch 4 --n 2 --mini 2 --max-new-tokens 32`` (358M params,
+vocab 327): training phases ours 58.6 s vs TRL 48.0 s (0.82×: our actor update 41.6 s vs TRL's
+loss+backward+optimizer 28.9 s, old+ref log-probs 16.9 s vs 19.2 s), peak RSS 9.0 / 9.6 GiB.
 """
 
 from __future__ import annotations
@@ -90,7 +116,32 @@ set_quiet_env(offline=True)
 warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' gradient_checkpointing rename
 
 import torch  # noqa: E402
+from _hw import (  # noqa: E402
+    attention_width,
+    device_name,
+    forward_flops,
+    matmul_flops,
+    matmul_params,
+    peak_memory_bytes,
+    peak_memory_label,
+    reset_peak_memory,
+    resolve_device,
+    train_flops,
+)
 from _setup import base_overrides, build_inputs  # noqa: E402
+
+# Qwen2.5-0.5B's geometry (its config.json), built from scratch
+SHAPES: dict[str, list[str]] = {
+    "quickstart": [],
+    "0.5b": [
+        "model.hidden_size=896",
+        "model.num_hidden_layers=24",
+        "model.num_attention_heads=14",
+        "model.num_key_value_heads=2",
+        "model.intermediate_size=4864",
+        "model.vocab_size=32000",
+    ],
+}
 
 
 def parse_args() -> argparse.Namespace:
@@ -111,6 +162,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None, help="actor learning rate (default: the config's)")
     p.add_argument("--train-size", type=int, default=2000, help="synthetic arithmetic training problems")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each side")
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu", help="both sides' device")
+    p.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype of both sides"
+    )
+    p.add_argument("--shape", choices=tuple(SHAPES), default="quickstart", help="model geometry")
     return p.parse_args()
 
 
@@ -142,6 +198,13 @@ def setup(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "algorithm.adv_estimator=grpo",
         "algorithm.norm_adv_by_std_in_grpo=true",
         "algorithm.use_kl_in_reward=false",
+        f"trainer.device={args.device}",
+        *SHAPES[args.shape],
+        *(
+            ["actor.mixed_precision.param_dtype=bfloat16", "ref.mixed_precision.param_dtype=bfloat16"]
+            if args.dtype == "bfloat16"
+            else []
+        ),
     ]
     cfg = load_config(REPO / "configs" / "quickstart_grpo.yaml", overrides)
     t0 = time.perf_counter()
@@ -157,9 +220,11 @@ def setup(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     tokenizer.save_pretrained(hf_dir)
     prompts = store.read_table(store.read_manifest(tp), "prompt_tokens/train.parquet")
     n_params = sum(p.numel() for p in lm.parameters())
+    n_layers, width = attention_width(lm.config)
     print(
         f"set-up: preprocess + template_pack{f' + sft ({args.sft_steps} steps)' if sft else ''} "
-        f"{time.perf_counter() - t0:.1f} s; Qwen2 {n_params / 1e3:.0f}k params, vocab {len(tokenizer)}, "
+        f"{time.perf_counter() - t0:.1f} s; Qwen2 {n_params / 1e6:.3f}M params ({args.shape}: hidden "
+        f"{lm.config.hidden_size}, {n_layers} layers), vocab {len(tokenizer)}, "
         f"{prompts.num_rows} training prompts"
     )
     return {
@@ -171,6 +236,9 @@ def setup(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "prompts": prompts,
         "weights_sum": _weights_sum(lm),
         "store_url": ctx.store_url,
+        "geometry": (matmul_params(lm), n_layers, width),  # N, n_layers, d of the FLOP formulas
+        "device": resolve_device(args.device),
+        "dtype": args.dtype,
     }
 
 
@@ -226,6 +294,9 @@ def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
     times: dict[str, float] = defaultdict(float)  # the kernels, from the stages' manifest summaries
     samples = tokens = 0
     scores: list[float] = []
+    flops: dict[str, float] = defaultdict(float)  # the training phases' model FLOPs (see _hw)
+    geometry = s["geometry"]
+    reset_peak_memory(s["device"])
     try:
         loop0 = time.perf_counter()
         for it in range(iterations):
@@ -240,6 +311,19 @@ def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
             for k in UPDATE_PHASES:
                 times[f"update: {k}"] += us.get(f"timing_s/{k}", 0.0)
             scores.append(us["critic/score/mean"])
+            table = store.read_table(store.read_manifest(done.rollout), "rollouts.parquet")
+            lengths = [
+                len(p) + len(r)
+                for p, r in zip(
+                    table.column("prompt_ids").to_pylist(),
+                    table.column("response_ids").to_pylist(),
+                    strict=True,
+                )
+            ]
+            flops["old log-probs"] += forward_flops(geometry[0], lengths, *geometry[1:])
+            if cfg.actor.use_kl_loss:
+                flops["ref log-probs"] += forward_flops(geometry[0], lengths, *geometry[1:])
+            flops["actor update"] += cfg.actor.ppo_epochs * train_flops(geometry[0], lengths, *geometry[1:])
         loop_s = time.perf_counter() - loop0
     finally:
         drop_state(run_id)
@@ -258,6 +342,11 @@ def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
         "artifacts I/O + stage bookkeeping": sum(io.values()),
     }
     parts["loop, not in the stages"] = loop_s - sum(parts.values())
+    phase_s = {
+        "old log-probs": times["update: old_log_prob"],
+        "ref log-probs": times["update: ref"],
+        "actor update": times["update: update_actor"],
+    }
     return {
         "loop_s": loop_s,
         "init_s": init_s,
@@ -266,6 +355,9 @@ def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
         "parts": parts,
         "detail": io,
         "score": scores,
+        "phase_s": phase_s,
+        "train_flops": dict(flops),
+        "peak_bytes": peak_memory_bytes(s["device"]),
     }
 
 
@@ -301,6 +393,7 @@ def run_trl(s: dict[str, Any], iterations: int, out: Path) -> dict[str, Any]:
         rewards.append(sum(out) / len(out))
         return out
 
+    # fp32 master weights on both sides; bf16=True below makes TRL compute in bf16 (accelerate autocast)
     model = AutoModelForCausalLM.from_pretrained(s["hf_dir"], dtype=torch.float32, attn_implementation="sdpa")
     assert abs(_weights_sum(model) - s["weights_sum"]) < 1e-6 * s["weights_sum"], "different start weights"
     # our scratch config says use_cache=False (packed training forwards need it); a pretrained model
@@ -313,8 +406,8 @@ def run_trl(s: dict[str, Any], iterations: int, out: Path) -> dict[str, Any]:
     steps_per_gen = d.train_batch_size // a.ppo_mini_batch_size
     targs = GRPOConfig(
         output_dir=str(out),
-        use_cpu=True,
-        bf16=False,
+        use_cpu=s["device"].type == "cpu",
+        bf16=s["dtype"] == "bfloat16",
         fp16=False,
         gradient_checkpointing=False,
         seed=cfg.trainer.seed,
@@ -365,16 +458,24 @@ def run_trl(s: dict[str, Any], iterations: int, out: Path) -> dict[str, Any]:
     torch.set_num_threads(_THREADS)
 
     times: dict[str, float] = defaultdict(float)
+    flops: dict[str, float] = defaultdict(float)  # model FLOPs of the log-prob passes, on real tokens
+    geometry = s["geometry"]
 
-    def wrap(name: str, key: Callable[[], str] | None = None) -> None:
+    def wrap(name: str, key: Callable[[], str] | None = None, count: bool = False) -> None:
         real = getattr(trainer, name)
 
         def timed(*a: Any, **k: Any) -> Any:
             t = time.perf_counter()
+            label = key() if key else name
+            if count:  # (model, input_ids, attention_mask, ...): the mask's row sums are the real lengths
+                mask = k["attention_mask"] if "attention_mask" in k else a[2]
+                lengths = mask.sum(-1).tolist()
+                grad = torch.is_grad_enabled()
+                flops[label] += (train_flops if grad else forward_flops)(geometry[0], lengths, *geometry[1:])
             try:
                 return real(*a, **k)
             finally:
-                times[key() if key else name] += time.perf_counter() - t
+                times[label] += time.perf_counter() - t
 
         setattr(trainer, name, timed)
 
@@ -383,6 +484,7 @@ def run_trl(s: dict[str, Any], iterations: int, out: Path) -> dict[str, Any]:
     wrap(
         "_get_per_token_logps_and_entropies",
         lambda: "logps no-grad" if not torch.is_grad_enabled() else "logps with grad",
+        count=True,
     )
     wrap("_generate_and_score_completions")
     wrap("_prepare_inputs")
@@ -402,6 +504,7 @@ def run_trl(s: dict[str, Any], iterations: int, out: Path) -> dict[str, Any]:
 
     trainer.add_callback(Clock())
     trainer.remove_callback(PrinterCallback)  # the end-of-training metrics dict
+    reset_peak_memory(s["device"])
     t0 = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - t0
@@ -421,7 +524,18 @@ def run_trl(s: dict[str, Any], iterations: int, out: Path) -> dict[str, Any]:
         "input buffering": times["_prepare_inputs"] - gen_score,
     }
     parts["loop, between steps"] = loop_s - times["steps"]
+    phase_s = {
+        "old + ref log-probs": times["logps no-grad"],
+        "loss fwd + backward + optimizer": times["steps"] - times["_prepare_inputs"],
+    }
+    train_flop = {
+        "old + ref log-probs": flops["logps no-grad"],
+        "loss fwd + backward + optimizer": flops["logps with grad"],
+    }
     return {
+        "phase_s": phase_s,
+        "train_flops": train_flop,
+        "peak_bytes": peak_memory_bytes(s["device"]),
         "loop_s": loop_s,
         "init_s": build_s,
         "train_s": train_s,
@@ -445,10 +559,14 @@ def main() -> None:
     import transformers
     import trl
 
+    device = resolve_device(args.device)
+    dtype = getattr(torch, args.dtype)
     print(
         f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}; "
-        f"CPU, fp32, {args.threads} thread(s)"
+        f"{device_name(device)}, {args.dtype}"
     )
+    rate = matmul_flops(device, dtype)
+    print(f"same-run matmul rate ({args.dtype}, 2048²): {rate / 1e12:.3f} TFLOP/s")
     with tempfile.TemporaryDirectory(prefix="vs_trl-") as tmp:
         root = Path(tmp)
         s = setup(args, root)
@@ -477,6 +595,7 @@ def main() -> None:
                     f"mean reward first/last iteration {r['score'][0]:.3f}/{r['score'][-1]:.3f}"
                 )
         report(results, args)
+        report_training(results, args, rate, device)
 
 
 def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> None:
@@ -511,6 +630,36 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
             for key in runs[0]["detail"]:
                 v = statistics.mean(r["detail"][key] for r in runs)
                 print(f"    of which {key:<30} {v / args.iterations:7.3f} s")
+
+
+def report_training(
+    results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, rate: float, device: torch.device
+) -> None:
+    """The training phases (this issue's part): old + reference log-probs and the actor update, their
+    time, model FLOPs (:mod:`_hw`) and achieved FLOP/s against the same-run matmul rate."""
+    print("\ntraining phases (mean per iteration; FLOPs on real tokens, see benchmarks/_hw.py):")
+    secs = {}
+    for side, name in (("ours", "verl-flow"), ("trl", "TRL")):
+        runs = results[side]
+        for phase in runs[0]["phase_s"]:
+            t = statistics.mean(r["phase_s"][phase] for r in runs) / args.iterations
+            f = statistics.mean(r["train_flops"][phase] for r in runs) / args.iterations
+            print(
+                f"  {name:<10} {phase:<32} {t:7.3f} s  {f / 1e12:8.4f} TFLOP  "
+                f"{f / max(t, 1e-9) / 1e12:8.4f} TFLOP/s  {100 * f / max(t, 1e-9) / rate:5.1f}% of matmul"
+            )
+        total_t = statistics.mean(sum(r["phase_s"].values()) for r in runs) / args.iterations
+        total_f = statistics.mean(sum(r["train_flops"].values()) for r in runs) / args.iterations
+        secs[side] = total_t
+        achieved = total_f / max(total_t, 1e-9)
+        peak = max(r["peak_bytes"] for r in runs)
+        print(
+            f"  {name:<10} {'all training phases':<32} {total_t:7.3f} s  {total_f / 1e12:8.4f} TFLOP  "
+            f"{achieved / 1e12:8.4f} TFLOP/s  {100 * achieved / rate:5.1f}% of matmul"
+        )
+        print(f"  {name:<10} peak memory {peak / 2**30:.2f} GiB ({peak_memory_label(device)})")
+    ratio = secs["trl"] / max(secs["ours"], 1e-9)
+    print(f"  training phases, ours vs TRL: {ratio:.2f}× faster (TRL's seconds / ours)")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from prefect import task
 
 from stages.floor.artifacts import load_tokenizer, read_policy, write_policy
-from stages.floor.builders import build_policy
+from stages.floor.builders import build_policy, mixed_precision
 from stages.floor.locations import SFT, SFT_CKPT
 from stages.floor.logging import progress, stage_logger
 from verl_core.config import ActorConfig, ModelConfig, SFTConfig, TrainerConfig
@@ -100,6 +100,7 @@ def sft_warmup(
     engine = build_train_engine(
         PackedCausalLM(lm), spec, strategy=a.strategy, device=device, zero_stage=a.zero_stage,
         param_offload=a.param_offload, tp_size=a.tensor_parallel_size,
+        mixed_precision=mixed_precision(a.mixed_precision),
     )  # fmt: skip
     start = 0
     history: list[tuple[int, str, float]] = []

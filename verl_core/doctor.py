@@ -81,7 +81,7 @@ SHOWN_CORE: tuple[str, ...] = (
 )
 SHOWN_OPTIONAL = ("vllm", "flash-attn", "deepspeed", "bitsandbytes", "liger-kernel", "wandb")
 # verl-flow's extras that add runtime features (dev and bench are tooling: not checked).
-RUNTIME_EXTRAS = ("gpu", "deepspeed", "qlora", "wandb")
+RUNTIME_EXTRAS = ("gpu", "deepspeed", "qlora", "wandb", "liger")
 
 
 class PinSource(NamedTuple):

@@ -37,7 +37,7 @@ from verl_core.data import load_tokenizer_from_bytes
 from verl_core.errors import ArtifactNotFoundError, ConfigError, DataError
 from verl_core.files import write_files
 from verl_core.models.checkpoint import model_files
-from verl_core.models.loading import enable_gradient_checkpointing, load_causal_lm, unwrap
+from verl_core.models.loading import apply_liger, enable_gradient_checkpointing, load_causal_lm, unwrap
 from verl_core.rollout import Completion
 from verl_core.rollout.multi_turn import Trajectory, turns_to_rows
 from verl_core.seeding import derive_seed
@@ -117,6 +117,8 @@ def read_policy(
             if quant is not None:
                 base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
             lm = PeftModel.from_pretrained(base, str(policy_dir), is_trainable=True)
+    if for_training and model.use_liger:
+        apply_liger(lm)
     if for_training and model.gradient_checkpointing:
         enable_gradient_checkpointing(lm)
     return lm

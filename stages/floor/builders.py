@@ -12,6 +12,7 @@ from torch import nn
 
 from verl_core.config import (
     JudgeConfig,
+    MixedPrecisionConfig,
     ModelConfig,
     MultiTurnConfig,
     RemoteRewardConfig,
@@ -25,6 +26,7 @@ from verl_core.errors import ConfigError
 from verl_core.models.loading import (
     QuantSpec,
     ScratchSpec,
+    apply_liger,
     apply_lora,
     enable_gradient_checkpointing,
     init_causal_lm,
@@ -66,6 +68,7 @@ from verl_core.tools.parsing import TOOL_CALL_FORMATS
 from verl_core.training.distributed import rank_shard
 from verl_core.training.engine import OptimSpec
 from verl_core.training.ppo import ActorLossSpec, PPOSpec, RolloutCorrectionSpec
+from verl_core.training.precision import MixedPrecision
 
 # --------------------------------------------------------------------------------------------------
 # Policy and reference
@@ -123,9 +126,16 @@ def build_policy(model: ModelConfig, tokenizer: Any, *, seed: int) -> nn.Module:
             target_modules=model.target_modules,
             quantized=quant is not None,
         )
+    if model.use_liger:
+        apply_liger(lm)
     if model.gradient_checkpointing:
         enable_gradient_checkpointing(lm)
     return lm
+
+
+def mixed_precision(section: MixedPrecisionConfig) -> MixedPrecision | None:
+    """The ``mixed_precision`` of an actor/critic/ref section; None when ``param_dtype`` is unset."""
+    return MixedPrecision.from_names(section.param_dtype, section.reduce_dtype, section.buffer_dtype)
 
 
 def load_reference(cfg: VerlFlowConfig, policy: nn.Module) -> nn.Module:

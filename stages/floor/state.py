@@ -48,6 +48,7 @@ from stages.floor.builders import (
     engine_kwargs,
     iteration_count,
     load_reference,
+    mixed_precision,
     planned_iterations,
 )
 from stages.floor.locations import ckpt_stage, list_checkpoints, validations
@@ -156,19 +157,24 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
     if cfg.use_critic:  # before the actor is sharded: a new critic copies the policy's backbone
         critic = PackedScoreModel(_critic(cfg, store, ckpt, lm))
     if isinstance(ref, PackedCausalLM):
-        ref = prepare_frozen(ref, cfg.ref.strategy, device, param_offload=cfg.ref.param_offload)
+        ref = prepare_frozen(
+            ref, cfg.ref.strategy, device, param_offload=cfg.ref.param_offload,
+            mixed_precision=mixed_precision(cfg.ref.mixed_precision),
+        )  # fmt: skip
     # the rollout engine before the actor is sharded: an own-copy engine copies the whole policy
     engine = make_engine(cfg.rollout.name, lm.to(device), tokenizer, **engine_kwargs(cfg.rollout))
     a = cfg.actor
     actor_engine = build_train_engine(
         actor, actor_spec(cfg, iterations), strategy=a.strategy, device=device, zero_stage=a.zero_stage,
         param_offload=a.param_offload, tp_size=a.tensor_parallel_size,
+        mixed_precision=mixed_precision(a.mixed_precision),
     )  # fmt: skip
     if critic is not None:
         c = cfg.critic
         critic_engine = build_train_engine(
             critic, critic_spec(cfg, iterations), strategy=c.strategy, device=device,
-            zero_stage=c.zero_stage, param_offload=c.param_offload, role="critic",
+            zero_stage=c.zero_stage, param_offload=c.param_offload,
+            mixed_precision=mixed_precision(c.mixed_precision), role="critic",
         )  # fmt: skip
     kl = cfg.algorithm.kl_ctrl
     kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)

@@ -14,7 +14,8 @@ What is checked:
 * dynamic sampling (``algorithm.filter_groups``) only with a group-relative estimator;
 * placement: in deployments mode every location is reachable from every worker;
 * distribution: several ranks train with sharded engines (fsdp2/deepspeed), their prompts can be shared,
-  several nodes have a rendezvous, tensor parallelism divides the node and the heads.
+  several nodes have a rendezvous, tensor parallelism divides the node and the heads;
+* precision: mixed precision never computes above the master weights' dtype; liger only on CUDA.
 
 :func:`advice` holds the lines of configs that run but probably do not do what their author wants; the
 loader logs them as warnings (a config may do it on purpose):
@@ -275,6 +276,34 @@ def _overlap(cfg: VerlFlowConfig) -> list[str]:
     return out
 
 
+def _precision(cfg: VerlFlowConfig) -> list[str]:
+    """``model.dtype`` is the dtype of the stored (master) weights and the optimizer state;
+    ``<role>.mixed_precision.param_dtype`` the dtype the forward/backward compute in. Neither overrides
+    the other; fp32 compute from bf16 master weights is refused (it buys no precision: the update is
+    rounded to bf16 when stored). Liger's kernels are Triton: CUDA only."""
+    out = []
+    roles = {"actor": cfg.actor.mixed_precision, "critic": cfg.critic.mixed_precision}
+    roles["ref"] = cfg.ref.mixed_precision
+    for role, mp in roles.items():
+        if mp.param_dtype == "float32" and cfg.model.dtype == "bfloat16":
+            out.append(
+                f"{role}.mixed_precision.param_dtype: float32 with model.dtype bfloat16 computes in fp32 "
+                "from bf16 master weights; for fp32 master weights and bf16 compute set model.dtype=float32 "
+                f"and {role}.mixed_precision.param_dtype=bfloat16"
+            )
+    lora_ref = cfg.model.lora_rank > 0 and cfg.ref.path is None
+    if lora_ref and cfg.ref.mixed_precision.param_dtype is not None:
+        out.append(
+            "ref.mixed_precision.param_dtype: the reference of a LoRA actor without ref.path is the actor "
+            "with its adapters off and computes as actor.mixed_precision says; unset it"
+        )
+    if cfg.model.use_liger and cfg.trainer.device == "cpu":
+        out.append(
+            "model.use_liger: true needs a CUDA device (liger's kernels are Triton), not trainer.device=cpu"
+        )
+    return out
+
+
 def advice(cfg: VerlFlowConfig) -> list[str]:
     """Lines for a config that can run but probably does not do what its author wants (empty: none)."""
     found: list[str] = []
@@ -306,4 +335,5 @@ CHECKS: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (
     _shared_locations,
     _distributed,
     _overlap,
+    _precision,
 )

@@ -149,6 +149,21 @@ class QuantizationConfig(Section):
     compute_dtype: Literal["float32", "bfloat16", "float16"] = _f("bfloat16", "Dtype of the matmuls")
 
 
+class MixedPrecisionConfig(Section):
+    """verl's ``fsdp_config.mixed_precision``: compute in ``param_dtype`` from master weights kept in
+    ``model.dtype`` (:mod:`verl_core.training.precision`)."""
+
+    param_dtype: Literal["float32", "bfloat16"] | None = _f(
+        None, "Forward/backward compute dtype; master weights and optimizer stay model.dtype (None: off)"
+    )
+    reduce_dtype: Literal["float32", "bfloat16"] = _f(
+        "float32", "Dtype of the cross-rank gradient reduction (fsdp2, deepspeed)"
+    )
+    buffer_dtype: Literal["float32", "bfloat16"] = _f(
+        "float32", "Floating buffers (e.g. RoPE inv_freq) are cast to this when param_dtype is set"
+    )
+
+
 class ModelConfig(Section):
     path: str | None = _f(None, "HF hub id or local directory of the base model (None: build from scratch)")
     init: Literal["pretrained", "scratch"] = _f(
@@ -170,6 +185,10 @@ class ModelConfig(Section):
         "sdpa", "Attention kernel (flash_attention_2 needs flash-attn on a GPU)"
     )
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory")
+    use_liger: bool = _f(
+        False,
+        "Liger's fused RMSNorm/RoPE/SwiGLU kernels (qwen2, llama; CUDA; pip install 'verl-flow[liger]')",
+    )
     lora_rank: NonNegInt = _f(0, "LoRA rank (0: full fine-tuning)")
     lora_alpha: PositiveInt = _f(16, "LoRA scaling numerator")
     lora_dropout: Prob = _f(0.0, "Dropout on the LoRA branch")
@@ -202,6 +221,10 @@ class ActorConfig(Section):
     param_offload: bool = _f(False, "fsdp2: keep sharded parameters, grads and optimizer state on the CPU")
     tensor_parallel_size: PositiveInt = _f(
         1, "fsdp2: tensor-parallel degree of the attention/MLP projections (a 2-D data × tensor mesh)"
+    )
+    mixed_precision: MixedPrecisionConfig = _f(
+        MixedPrecisionConfig(),
+        "bf16 compute with fp32 master weights (the actor's update, old log-probs, SFT)",
     )
     lr: PositiveFloat = _f(1e-6, "Actor learning rate")
     weight_decay: NonNegFloat = _f(0.01, "AdamW weight decay")
@@ -244,6 +267,7 @@ class CriticConfig(Section):
     strategy: Strategy = _f("single", "Training engine of the critic (see actor.strategy)")
     zero_stage: Literal[1, 2, 3] = _f(2, "DeepSpeed ZeRO stage (strategy=deepspeed)")
     param_offload: bool = _f(False, "fsdp2: keep sharded parameters, grads and optimizer state on the CPU")
+    mixed_precision: MixedPrecisionConfig = _f(MixedPrecisionConfig(), "bf16 compute of the critic")
     path: str | None = _f(None, "Critic init: None to start from the policy's backbone, or a model path")
     lr: PositiveFloat = _f(1e-5, "Critic learning rate")
     weight_decay: NonNegFloat = _f(0.01, "AdamW weight decay")
@@ -266,6 +290,9 @@ class RefConfig(Section):
         "single", "How the frozen reference is placed: single (a full copy per rank) or fsdp2 (sharded)"
     )
     param_offload: bool = _f(False, "fsdp2: keep the sharded reference parameters on the CPU")
+    mixed_precision: MixedPrecisionConfig = _f(
+        MixedPrecisionConfig(), "bf16 compute of the reference's forwards (a LoRA ref follows the actor)"
+    )
 
 
 class MultiTurnConfig(Section):

@@ -213,6 +213,32 @@ def apply_lora(
     return get_peft_model(model, config)
 
 
+# model_type → liger-kernel's patch function for it (``liger_kernel.transformers``)
+LIGER_PATCHES = {"qwen2": "apply_liger_kernel_to_qwen2", "llama": "apply_liger_kernel_to_llama"}
+
+
+def apply_liger(model: nn.Module, *, field: str = "model.use_liger") -> None:
+    """Swap ``model``'s RMSNorm, rotary embedding and SwiGLU MLP for liger-kernel's fused Triton
+    kernels, in place (liger also patches the transformers classes, so models of the same type built
+    afterwards in this process get them too). Liger's (fused linear) cross-entropy is left off: it
+    returns a loss, not per-token log-probs and entropies; the chunked log-prob
+    (:mod:`verl_core.models.packed`) keeps computing those.
+
+    Needs liger-kernel (``pip install 'verl-flow[liger]'``) and a CUDA device: a :class:`ConfigError`
+    naming ``field`` and the fix otherwise (Triton has no CPU backend)."""
+    require({"liger-kernel": field}, cuda_needed_by=field)
+    base = unwrap(model)
+    model_type = getattr(base.config, "model_type", None)
+    if model_type not in LIGER_PATCHES:
+        valid = ", ".join(LIGER_PATCHES)
+        raise ConfigError(f"{field}: no liger patch for model type {model_type!r}; valid: {valid}")
+    import liger_kernel.transformers as liger
+
+    patch = getattr(liger, LIGER_PATCHES[model_type])
+    kernels = {"rope": True, "rms_norm": True, "swiglu": True}
+    patch(**kernels, cross_entropy=False, fused_linear_cross_entropy=False, model=base)
+
+
 def enable_gradient_checkpointing(model: nn.Module) -> None:
     """Recompute activations during backward (identical loss and gradients, less memory)."""
     base = unwrap(model)

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from verl_core.doctor import require
 from verl_core.errors import ArtifactCorruptError, ConfigError
 from verl_core.training.engine import NonFiniteError, OptimSpec, StepStats, lr_multiplier, param_groups
+from verl_core.training.precision import MixedPrecision
 from verl_core.watchdog import beat
 
 T = TypeVar("T")
@@ -56,11 +57,36 @@ def _skip_shm_comm_op() -> None:
         deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
+def deepspeed_config(grad_clip: float, zero_stage: int, mp: MixedPrecision | None) -> dict[str, Any]:
+    """DeepSpeed's JSON config. ``mp`` with ``param_dtype`` bf16: its ``bf16`` block (the module
+    computes in bf16, the ZeRO optimizer keeps fp32 master partitions) and ``communication_data_type``
+    from ``reduce_dtype``; fp16 (loss scaling) is not offered."""
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": {"stage": zero_stage},
+        "bf16": {"enabled": mp is not None and mp.param_dtype == torch.bfloat16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**62,
+    }
+    if mp is not None:
+        config["communication_data_type"] = {torch.float32: "fp32", torch.bfloat16: "bf16"}[mp.reduce_dtype]
+    return config
+
+
 class DeepSpeedTrainEngine:
     """ZeRO-``zero_stage`` over every rank of the default process group (data parallel only: the
     data-parallel group is the world)."""
 
-    def __init__(self, model: nn.Module, spec: OptimSpec, *, zero_stage: int = 2, bf16: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: OptimSpec,
+        *,
+        zero_stage: int = 2,
+        mixed_precision: MixedPrecision | None = None,
+    ) -> None:
         require({"deepspeed": "actor.strategy: 'deepspeed'"})  # installed, its torch pin met
         if zero_stage not in (1, 2, 3):
             raise ConfigError(f"zero_stage: {zero_stage}; DeepSpeed ZeRO stages are 1, 2 and 3")
@@ -85,15 +111,7 @@ class DeepSpeedTrainEngine:
                 scheduler=spec.scheduler, min_ratio=spec.min_lr_ratio,
             ),
         )  # fmt: skip
-        config = {
-            "train_micro_batch_size_per_gpu": 1,
-            "gradient_accumulation_steps": 1,
-            "gradient_clipping": spec.grad_clip,
-            "zero_optimization": {"stage": zero_stage},
-            "bf16": {"enabled": bf16},
-            "zero_allow_untested_optimizer": True,
-            "steps_per_print": 2**62,
-        }
+        config = deepspeed_config(spec.grad_clip, zero_stage, mixed_precision)
         if zero_stage == 3:
             _register_output_head(model)
         self.engine, _, _, self.scheduler = deepspeed.initialize(

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from verl_core.data.packing import karmarkar_karp
 from verl_core.errors import ConfigError
 from verl_core.models.loading import unwrap
+from verl_core.training.precision import MixedPrecision
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -69,6 +70,12 @@ class FSDP2Strategy:
     the chunked log-prob reads the head's weight as a plain tensor. Gradients are averaged over the
     ``dp`` ranks only: the engine scales each rank's loss by ``dp_size``.
 
+    ``mixed_precision``: FSDP2's ``MixedPrecisionPolicy``: each unit's parameters are all-gathered in
+    ``param_dtype`` for compute while the sharded master parameters (and so the optimizer state) keep
+    their own dtype; gradients are reduce-scattered in ``reduce_dtype`` and land in the master dtype.
+    Outputs are left in the compute dtype (``output_dtype`` None): the chunked log-prob and the value
+    head upcast to fp32 themselves (:mod:`verl_core.training.precision`).
+
     ``param_offload``: FSDP2's ``CPUOffloadPolicy``: sharded parameters, gradients and the optimizer
     state live on the CPU and each layer's parameters are copied to the device for its compute (on a
     CPU-only run nothing moves; only the code path differs)."""
@@ -78,7 +85,7 @@ class FSDP2Strategy:
         device_type: str = "cpu",
         tp_size: int = 1,
         param_offload: bool = False,
-        param_dtype: torch.dtype | None = None,
+        mixed_precision: MixedPrecision | None = None,
     ) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -97,15 +104,16 @@ class FSDP2Strategy:
         self.dp_rank = self.dp_mesh.get_local_rank()
         self.dp_group: dist.ProcessGroup | None = self.dp_mesh.get_group()
         self.param_offload = param_offload
-        self.param_dtype = param_dtype
+        self.mixed_precision = mixed_precision
 
     def prepare(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         kwargs: dict[str, Any] = {"mesh": self.dp_mesh}
-        if self.param_dtype is not None:
+        mp = self.mixed_precision
+        if mp is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(
-                param_dtype=self.param_dtype, reduce_dtype=torch.float32
+                param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype
             )
         if self.param_offload:  # pin_memory needs an accelerator
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.device_type != "cpu")

@@ -4,6 +4,10 @@
 root; tensor parallelism and CPU offload optional) and ``deepspeed`` (ZeRO stage 1/2/3). The
 distributed strategies need the default process group (a torchrun launch); the stage unpacks the
 config into the arguments and names its section in ``role`` so that errors point at the field.
+
+``mixed_precision`` (:class:`~verl_core.training.precision.MixedPrecision`, None: compute in the
+parameters' own dtype) is applied the way each strategy does it: autocast around the root forward
+(``single``), FSDP2's ``MixedPrecisionPolicy``, DeepSpeed's ``bf16`` block.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from torch import nn
 
 from verl_core.errors import ConfigError
 from verl_core.training.engine import OptimSpec, SingleStrategy, TrainEngine
+from verl_core.training.precision import MixedPrecision, autocast_forward, cast_buffers
 
 __all__ = ["FROZEN_STRATEGIES", "TRAIN_STRATEGIES", "build_train_engine", "full_weights", "prepare_frozen"]
 
@@ -32,7 +37,7 @@ def build_train_engine(
     zero_stage: int = 2,
     param_offload: bool = False,
     tp_size: int = 1,
-    param_dtype: torch.dtype | None = None,
+    mixed_precision: MixedPrecision | None = None,
     role: str = "actor",
 ) -> Any:
     """A :class:`TrainEngine` (``single``, ``fsdp2``) or a ``DeepSpeedTrainEngine`` (``deepspeed``)
@@ -46,14 +51,17 @@ def build_train_engine(
     if strategy == "single":
         if param_offload:
             raise ConfigError(f"{role}.param_offload: true needs {role}.strategy fsdp2 or deepspeed")
+        _single_precision(model, device, mixed_precision)
         return TrainEngine(model, spec, SingleStrategy(device))
+    if mixed_precision is not None:
+        cast_buffers(model, mixed_precision.buffer_dtype)
     if strategy == "fsdp2":
-        return TrainEngine(model, spec, _fsdp2(device, param_dtype, tp_size, param_offload))
+        return TrainEngine(model, spec, _fsdp2(device, mixed_precision, tp_size, param_offload))
     from verl_core.training.deepspeed_engine import DeepSpeedTrainEngine
 
     if param_offload:
         raise ConfigError(f"{role}.param_offload: not supported with {role}.strategy deepspeed (use fsdp2)")
-    return DeepSpeedTrainEngine(model, spec, zero_stage=zero_stage, bf16=param_dtype == torch.bfloat16)
+    return DeepSpeedTrainEngine(model, spec, zero_stage=zero_stage, mixed_precision=mixed_precision)
 
 
 def prepare_frozen(
@@ -62,19 +70,34 @@ def prepare_frozen(
     device: torch.device | str,
     param_offload: bool = False,
     *,
+    mixed_precision: MixedPrecision | None = None,
     role: str = "ref",
 ) -> nn.Module:
     """``model`` frozen (no gradients, eval mode) and placed for no-grad forwards: on ``device``
     (``single``) or FSDP2-sharded over every rank (``fsdp2``: each forward all-gathers the weights, so
-    every rank must run the same number of forwards; ``ppo_iteration`` does)."""
+    every rank must run the same number of forwards; ``ppo_iteration`` does). ``mixed_precision``:
+    its forwards compute in ``param_dtype`` (autocast, or FSDP2's all-gather dtype)."""
     device = torch.device(device)
     _check(role, strategy, FROZEN_STRATEGIES)
     model.eval().requires_grad_(False)
     if strategy == "single":
         if param_offload:
             raise ConfigError(f"{role}.param_offload: true needs {role}.strategy fsdp2")
+        _single_precision(model, device, mixed_precision)
         return model.to(device)
-    return _fsdp2(device, None, 1, param_offload).prepare(model)
+    if mixed_precision is not None:
+        cast_buffers(model, mixed_precision.buffer_dtype)
+    return _fsdp2(device, mixed_precision, 1, param_offload).prepare(model)
+
+
+def _single_precision(model: nn.Module, device: torch.device, mp: MixedPrecision | None) -> None:
+    """One process: buffers cast, forwards under autocast to ``mp.param_dtype`` (nothing when None,
+    or when the parameters already are in that dtype: then there is nothing to mix)."""
+    if mp is None:
+        return
+    cast_buffers(model, mp.buffer_dtype)
+    if any(p.is_floating_point() and p.dtype != mp.param_dtype for p in model.parameters()):
+        autocast_forward(model, device.type, mp.param_dtype)
 
 
 def _check(
@@ -121,7 +144,7 @@ def full_weights(engine: Any, prefix: str) -> dict[str, torch.Tensor] | None:
     return {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
 
 
-def _fsdp2(device: torch.device, param_dtype: torch.dtype | None, tp_size: int, param_offload: bool) -> Any:
+def _fsdp2(device: torch.device, mp: MixedPrecision | None, tp_size: int, param_offload: bool) -> Any:
     from verl_core.training.distributed import FSDP2Strategy
 
-    return FSDP2Strategy(device.type, tp_size=tp_size, param_offload=param_offload, param_dtype=param_dtype)
+    return FSDP2Strategy(device.type, tp_size=tp_size, param_offload=param_offload, mixed_precision=mp)

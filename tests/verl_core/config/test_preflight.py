@@ -124,6 +124,18 @@ from verl_core.errors import ConfigError
             ["trainer.rollout_ahead=1", "rollout.share_weights=false", "algorithm.filter_groups.enable=true"],
             "trainer.rollout_ahead: 1 does not sample ahead in generation batches yet",
         ),
+        (  # fp32 compute from bf16 master weights: no precision gained, the update is stored in bf16
+            ["model.dtype=bfloat16", "critic.mixed_precision.param_dtype=float32"],
+            "critic.mixed_precision.param_dtype: float32 with model.dtype bfloat16 computes in fp32",
+        ),
+        (  # the reference of a LoRA actor is the actor itself with its adapters off
+            ["model.lora_rank=4", "actor.use_kl_loss=true", "ref.mixed_precision.param_dtype=bfloat16"],
+            "ref.mixed_precision.param_dtype: the reference of a LoRA actor without ref.path is the actor",
+        ),
+        (
+            ["model.use_liger=true", "trainer.device=cpu"],
+            "model.use_liger: true needs a CUDA device (liger's kernels are Triton), not trainer.device=cpu",
+        ),
     ],
 )
 def test_each_problem_is_one_line_naming_its_fields(overrides: list[str], line: str) -> None:
@@ -195,3 +207,12 @@ def test_scratch_learning_rate_bound(
     load_config(None, overrides)
     lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert [line.split(":")[0] for line in lines] == (["actor.lr"] if warned else [])
+
+
+def test_mixed_precision_combinations_that_run() -> None:
+    # fp32 master weights + bf16 compute (the mixed case), and pure bf16 (nothing to mix)
+    mixed = load_config(None, ["actor.mixed_precision.param_dtype=bfloat16"])
+    assert mixed.model.dtype == "float32" and mixed.actor.mixed_precision.param_dtype == "bfloat16"
+    assert mixed.critic.mixed_precision.param_dtype is None  # each role its own, as verl
+    pure = load_config(None, ["model.dtype=bfloat16", "actor.mixed_precision.param_dtype=bfloat16"])
+    assert pure.actor.mixed_precision.reduce_dtype == "float32"
