@@ -62,8 +62,9 @@ def varlen_kwargs(
     """Keyword arguments that make a decoder attend within each packed sequence.
 
     With ``varlen_sdpa`` (see :mod:`verl_core.models.attention`): a ``PackedLayout`` whose backend
-    (``attention``: a ``PACKED_ATTENTION`` name or ``auto``) every layer runs, and a 1-element placeholder 4-D mask that transformers passes through as-is instead of building an N×N
-    mask that would be ignored. With flash-attn: the sequence offsets. Otherwise nothing: transformers
+    (``attention``: a ``PACKED_ATTENTION`` name or ``auto``) every layer runs, and a 1-element
+    placeholder 4-D mask that transformers passes through as-is instead of building an N×N mask that
+    would be ignored. With flash-attn: the sequence offsets. Otherwise nothing: transformers
     derives the block-diagonal mask from the position ids."""
     impl = unwrap(model).config._attn_implementation
     if impl == attention_lib.NAME:
