@@ -364,12 +364,12 @@ def _compare_to_reference(
     q, k, v = (torch.randn(n, h, 16, generator=g) for h in (4, 2, 2))  # GQA 4/2 heads, d 16
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     ref_in = [t.clone().requires_grad_(needs_grad) for t in (q, k, v)]
-    ref = reference_attention(*ref_in, _SELF_CHECK_CU)
+    ref = reference_attention(ref_in[0], ref_in[1], ref_in[2], _SELF_CHECK_CU)
     got_in = [t.to(device, dtype).requires_grad_(needs_grad) for t in (q, k, v)]
     try:
         plan = make_plan(name, _SELF_CHECK_CU, device)
         with torch.set_grad_enabled(needs_grad):
-            got = PACKED_ATTENTION.get(name).attend(*got_in, plan, None, 0.0)
+            got = PACKED_ATTENTION.get(name).attend(got_in[0], got_in[1], got_in[2], plan, None, 0.0)
         pairs = [(got.float().cpu(), ref.detach())]
         if needs_grad:
             w = torch.randn(ref.shape, generator=g)
@@ -396,7 +396,7 @@ def select_backend(requested: str, device: torch.device, dtype: torch.dtype, nee
                 f"model.packed_attention={requested!r} cannot run on {device}/{dtype}: {reason}"
             )
         return requested
-    skipped = []
+    skipped: list[str] = []
     for name in AUTO_ORDER.get(device.type, _FALLBACK_ORDER):
         reason = self_check(name, device, dtype, needs_grad)
         if reason is None:
