@@ -85,10 +85,11 @@ PACKED_ATTENTION: Registry[Backend] = Registry("packed attention backend")
 
 # `auto`: first backend that is available and passes its self-check, per device type.
 # CUDA: issue 15's H100 measurement (attention fwd+bwd, 256 GSM8K-like sequences, 14 heads, d 64,
-# bf16): flex 2.9 ms, varlen_attn 4.6 ms, bucketed (per-sequence-ish sdpa) ~100–170 ms; flash-attn's
-# varlen kernel is the reference these wrap. varlen before flex: no compile and no block-mask build.
-# CPU: benchmarks/train.py --packed-attention all (2-core box, 23 Nov 2026, see the closing note of
-# issue 15): bucketed beat padded; flex is forward-only and eager there (O(N²) scores).
+# bf16): flex 2.9 ms, varlen_attn 4.6 ms, one sdpa per sequence 170 ms (bucketed lies in between);
+# flash-attn's varlen kernel is what varlen_attn wraps. varlen before flex: no compile, no block mask.
+# CPU (2-core box under load, 1 thread, 23 Nov 2026; attention only, 64 sequences of 40–110 tokens,
+# 4/2 heads, d 32): bucketed 51 ms fwd+bwd / 15 ms fwd, padded 69 / 25 ms, eager flex 4,200 ms fwd
+# (it materialises the N×N scores; compiled flex costs ~45 s to compile and has no CPU backward).
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "cuda": ("flash_attn", "varlen", "flex", "bucketed", "padded"),
     "cpu": ("bucketed", "padded"),

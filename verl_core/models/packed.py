@@ -129,6 +129,7 @@ def _chunk_logprobs(
     temperature: float,
     softcap: float | None,
     with_entropy: bool,
+    entropy_grad: bool,
 ) -> tuple[Tensor, Tensor | None]:
     logits = F.linear(hidden, weight, bias).float()  # (C, V)
     if softcap is not None:
@@ -139,7 +140,8 @@ def _chunk_logprobs(
     if not with_entropy:
         return log_probs, None
     # H(p) = −Σ_v p_v log p_v = log Z − Σ_v p_v z_v, with p_v = exp(z_v − log Z)
-    entropy = log_z - (torch.exp(logits - log_z[:, None]) * logits).sum(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = log_z - (torch.exp(logits - log_z[:, None]) * logits).sum(-1)
     return log_probs, entropy
 
 
@@ -158,10 +160,12 @@ def chunked_log_probs(
     temperature: float = 1.0,
     softcap: float | None = None,
     with_entropy: bool = True,
+    entropy_grad: bool = True,
 ) -> TokenLogProbs:
     """Per-token ``log p(targets)`` and (``with_entropy``) entropies from hidden states ``(N, H)`` and
     an LM head ``weight (V, H)``, ``chunk_size`` tokens at a time (float32 math). Without
-    ``with_entropy`` no entropy is computed at all (only log Z and the target logit).
+    ``with_entropy`` no entropy is computed at all (only log Z and the target logit); without
+    ``entropy_grad`` it is computed outside autograd (a metric: nothing is saved for backward).
 
     When gradients are needed and the whole ``(N, V)`` float32 logits would exceed
     ``_KEEP_LOGITS_ELEMENTS``, each chunk runs under activation checkpointing: backward recomputes the
@@ -173,7 +177,7 @@ def chunked_log_probs(
     lps, ents = [], []
     for start in range(0, hidden.shape[0], chunk_size):
         h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
-        args = (h, weight, bias, t, temperature, softcap, with_entropy)
+        args = (h, weight, bias, t, temperature, softcap, with_entropy, entropy_grad)
         lp, ent = (
             checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute else _chunk_logprobs(*args)
         )
@@ -194,6 +198,7 @@ def packed_log_probs(
     chunk_size: int = 1024,
     temperature: float = 1.0,
     with_entropy: bool = True,
+    entropy_grad: bool = True,
     attention: str = "auto",
 ) -> tuple[TokenLogProbs, Tensor]:
     """Packed forward + chunked next-token log-probs; ``attention`` names the packed attention backend
@@ -214,6 +219,7 @@ def packed_log_probs(
         temperature=temperature,
         softcap=softcap,
         with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
     )
     return out, has_target
 
@@ -245,7 +251,12 @@ class PackedCausalLM(nn.Module):
         self.attention = attention
 
     def forward(
-        self, input_ids: Tensor, cu_seqlens: Tensor, temperature: float = 1.0, with_entropy: bool = True
+        self,
+        input_ids: Tensor,
+        cu_seqlens: Tensor,
+        temperature: float = 1.0,
+        with_entropy: bool = True,
+        entropy_grad: bool = True,
     ) -> tuple[TokenLogProbs, Tensor]:
         return packed_log_probs(
             self.lm,
@@ -254,6 +265,7 @@ class PackedCausalLM(nn.Module):
             chunk_size=self.chunk_size,
             temperature=temperature,
             with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
             attention=self.attention,
         )
 

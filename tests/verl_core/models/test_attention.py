@@ -125,3 +125,20 @@ def test_no_entropy_path_does_not_compute_it(monkeypatch: pytest.MonkeyPatch) ->
     assert torch.equal(lean.log_probs, full.log_probs)  # bit-identical log-probs
     chunked_log_probs(hidden, weight, targets, chunk_size=4)
     assert len(calls) == 3  # 9 tokens in chunks of 4: one exp per chunk when entropy is asked for
+
+
+def test_entropy_without_grad_is_the_same_metric() -> None:
+    # entropy_grad=False (actor update without an entropy bonus): same values, nothing to backprop
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(9, 8, generator=g, requires_grad=True)
+    weight = torch.randn(50, 8, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (9,), generator=g)
+    full = chunked_log_probs(hidden, weight, targets, chunk_size=4)
+    metric = chunked_log_probs(hidden, weight, targets, chunk_size=4, entropy_grad=False)
+    assert full.entropy is not None and metric.entropy is not None
+    assert full.entropy.requires_grad and not metric.entropy.requires_grad
+    torch.testing.assert_close(metric.entropy, full.entropy.detach(), atol=0, rtol=0)
+    g_full = torch.autograd.grad(full.log_probs.sum(), [hidden, weight])
+    g_metric = torch.autograd.grad(metric.log_probs.sum(), [hidden, weight])
+    for a, b in zip(g_metric, g_full, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
