@@ -200,16 +200,22 @@ def packed_log_probs(
     with_entropy: bool = True,
     entropy_grad: bool = True,
     attention: str = "auto",
+    positions: Tensor | None = None,
 ) -> tuple[TokenLogProbs, Tensor]:
     """Packed forward + chunked next-token log-probs; ``attention`` names the packed attention backend
     (:data:`verl_core.models.attention.PACKED_ATTENTION`, or ``auto``).
 
-    Args: ``input_ids (N,)``, ``cu_seqlens (S+1,)``. Returns ``(TokenLogProbs with (N,) tensors,
-    has_target (N,) bool)``: position ``t`` holds ``log p(input_ids[t+1] | input_ids[..t])`` of its own
-    sequence, and is meaningless (``has_target`` False) at each sequence's last token."""
+    Args: ``input_ids (N,)``, ``cu_seqlens (S+1,)``, ``positions (P,)`` (optional): the packed
+    positions whose log-probs are wanted (e.g. those predicting response tokens); the LM head then
+    runs on those P positions only (prompt logits are never computed). Returns ``(TokenLogProbs with
+    (N,) tensors — (P,) with positions —, has_target (N,) | (P,) bool)``: position ``t`` holds
+    ``log p(input_ids[t+1] | input_ids[..t])`` of its own sequence, and is meaningless (``has_target``
+    False) at each sequence's last token."""
     hidden = packed_hidden_states(model, input_ids, cu_seqlens, attention)  # (N, H)
     weight, bias, softcap = output_head(model)
     targets, has_target = next_token_targets(input_ids, cu_seqlens)
+    if positions is not None:
+        hidden, targets, has_target = hidden[positions], targets[positions], has_target[positions]  # (P, ·)
     out = chunked_log_probs(
         hidden,
         weight,
@@ -257,6 +263,7 @@ class PackedCausalLM(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = True,
         entropy_grad: bool = True,
+        positions: Tensor | None = None,
     ) -> tuple[TokenLogProbs, Tensor]:
         return packed_log_probs(
             self.lm,
@@ -267,6 +274,7 @@ class PackedCausalLM(nn.Module):
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
             attention=self.attention,
+            positions=positions,
         )
 
     def decoder_layers(self) -> nn.ModuleList:

@@ -82,7 +82,7 @@ def make_ppo_batch(
 
 LogProbModel = Callable[..., tuple[TokenLogProbs, Tensor]]
 """A packed causal LM: ``(input_ids (N,), cu_seqlens (S+1,), temperature=, with_entropy=,
-entropy_grad=)`` → ``(TokenLogProbs, has_target)`` (:class:`PackedCausalLM`, or
+entropy_grad=, positions=)`` → ``(TokenLogProbs, has_target)`` (:class:`PackedCausalLM`, or
 :class:`AdapterDisabledPolicy`)."""
 
 
@@ -95,16 +95,18 @@ def response_log_probs(
     entropy_grad: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """``(S, R)`` log-probs of the response tokens (and entropies, differentiable if ``entropy_grad``)
-    under ``model``, 0 where masked."""
+    under ``model``, 0 where masked. The LM head runs on the S·R gathered positions only."""
     out, _ = model(
         batch.input_ids,
         batch.cu_seqlens,
         temperature=temperature,
         with_entropy=with_entropy,
         entropy_grad=entropy_grad,
+        positions=batch.gather_index.flatten(),  # (S·R,)
     )
-    logp = out.log_probs[batch.gather_index] * batch.response_mask
-    ent = None if out.entropy is None else out.entropy[batch.gather_index] * batch.response_mask
+    shape = batch.gather_index.shape
+    logp = out.log_probs.view(shape) * batch.response_mask
+    ent = None if out.entropy is None else out.entropy.view(shape) * batch.response_mask
     return logp, ent
 
 

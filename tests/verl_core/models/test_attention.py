@@ -142,3 +142,22 @@ def test_entropy_without_grad_is_the_same_metric() -> None:
     g_metric = torch.autograd.grad(metric.log_probs.sum(), [hidden, weight])
     for a, b in zip(g_metric, g_full, strict=True):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_log_probs_at_positions_equal_the_full_pass() -> None:
+    # positions (P,) runs the LM head on those rows only: same values and parameter grads as
+    # indexing the full (N,) result; a repeated position (padding of gather_index) is allowed
+    model = tiny("qwen2")
+    _, flat, cu = ragged_batch(lengths=[7, 1, 8, 8, 6, 3])
+    positions = torch.tensor([0, 3, 9, 10, 0, 20, 31])
+    full, has = packed_log_probs(model, flat, cu, chunk_size=4)
+    part, has_p = packed_log_probs(model, flat, cu, chunk_size=4, positions=positions)
+    assert full.entropy is not None and part.entropy is not None
+    torch.testing.assert_close(part.log_probs, full.log_probs[positions], atol=1e-6, rtol=0)
+    torch.testing.assert_close(part.entropy, full.entropy[positions], atol=1e-6, rtol=0)
+    assert torch.equal(has_p, has[positions])
+    params = list(model.parameters())
+    g_full = torch.autograd.grad(full.log_probs[positions].sum(), params)
+    g_part = torch.autograd.grad(part.log_probs.sum(), params)
+    for a, b in zip(g_part, g_full, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
