@@ -155,7 +155,8 @@ def _flex_block_mask(cu: list[int], device: torch.device) -> Any:
     def document_causal(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
         return (doc[q] == doc[kv]) & (q >= kv)
 
-    return create_block_mask(document_causal, None, None, n, n, device=device)
+    # on CUDA the mask is built by a compiled kernel block by block (eager evaluates all N×N pairs)
+    return create_block_mask(document_causal, None, None, n, n, device=device, _compile=device.type == "cuda")
 
 
 def make_plan(backend: str, cu_seqlens: Tensor | list[int], device: torch.device) -> PackedPlan:
