@@ -2,6 +2,18 @@
 
     .venv/bin/python benchmarks/train.py                       # quickstart-size and ~27M models, CPU
     .venv/bin/python benchmarks/train.py --sizes large --device cuda --dtype bfloat16 --large-layers 16
+    .venv/bin/python benchmarks/train.py --shape 0.5b --device cuda --dtype bfloat16 --packed-attention all
+    .venv/bin/python benchmarks/train.py --shape quickstart --profile     # torch.profiler + host syncs
+
+``--shape`` picks one geometry (``0.5b``: Qwen2.5-0.5B's hidden 896, 24 layers, 14/2 heads, MLP 4864,
+built from scratch with vocab 32,000, not 151,936: the token ids come from the small GSM8K tokenizer,
+so only the embedding/LM-head size would change, and 32k keeps it within a 24 GiB CPU box).
+``--packed-attention`` runs the packed path with one backend of ``model.packed_attention`` (``all``:
+each one that can run on the device, for training or, if it has no backward there, skipped).
+``--profile`` prints torch.profiler's top ops by self time for one packed training step and one
+no-grad log-prob pass, and the host-synchronisation count of each: calls of ``Tensor.item``,
+``Tensor.tolist``, ``int()/float()/bool()`` of a tensor (each one a device→host sync on CUDA; on CUDA
+``torch.cuda.set_sync_debug_mode`` reports them as well).
 
 Sequence lengths follow GSM8K: question + solution of ``../shared/data/gsm8k/train.jsonl`` tokenized
 with a tokenizer trained like the quickstart's. The same sequences go through both paths:
@@ -16,8 +28,14 @@ the FLOP/s of a plain ``torch.matmul`` measured in the same run (target ≥ 50%)
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
+import platform
+import resource
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +44,7 @@ import torch.nn.functional as F
 
 from verl_core.data.packing import dynamic_micro_batches, pack
 from verl_core.data.tokenizer import train_tokenizer
+from verl_core.models.attention import AUTO_ORDER, PACKED_ATTENTION, select_backend
 from verl_core.models.loading import ScratchSpec, count_parameters, init_causal_lm, scratch_config
 from verl_core.models.packed import PackedCausalLM
 from verl_core.training.sft import count_loss_tokens, sft_loss
@@ -35,7 +54,9 @@ SIZES = {
     # name: (hidden, layers, heads, kv_heads, intermediate)
     "quickstart": (128, 2, 4, 2, 256),
     "large": (512, 8, 8, 4, 1536),
+    "0.5b": (896, 24, 14, 2, 4864),  # Qwen2.5-0.5B geometry (vocab 32,000 here, see the docstring)
 }
+SHAPE_VOCAB = {"0.5b": 32000}
 
 
 def gsm8k_lengths(path: Path, n: int, vocab: int, max_len: int) -> list[list[int]]:
@@ -85,15 +106,99 @@ def packed_step(model: PackedCausalLM, seqs: list[list[int]], budget: int, devic
         sft_loss(model, mb.input_ids, mb.cu_seqlens, mb.loss_mask, num_loss_tokens=n)[0].backward()
 
 
-def bench(args: argparse.Namespace, size: str, seqs: list[list[int]], vocab: int) -> dict[str, float]:
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "cpu"
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """CUDA: ``torch.cuda.max_memory_allocated`` since the last reset; CPU: the process's peak RSS
+    (``ru_maxrss``, never reset: the largest of everything this process has run so far)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+@contextlib.contextmanager
+def count_host_syncs() -> Iterator[collections.Counter[str]]:
+    """Counts ``Tensor.item/tolist/__int__/__float__/__bool__`` calls by caller (file:line): each is a
+    device→host synchronisation when the tensor lives on a GPU."""
+    counts: collections.Counter[str] = collections.Counter()
+    names = ("item", "tolist", "__int__", "__float__", "__bool__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+
+    def wrap(name: str, fn: Any) -> Any:
+        def counted(self: torch.Tensor, *a: Any, **k: Any) -> Any:
+            frame = sys._getframe(1)
+            counts[f"{name} {Path(frame.f_code.co_filename).name}:{frame.f_lineno}"] += 1
+            return fn(self, *a, **k)
+
+        return counted
+
+    for n, fn in saved.items():
+        setattr(torch.Tensor, n, wrap(n, fn))
+    try:
+        yield counts
+    finally:
+        for n, fn in saved.items():
+            setattr(torch.Tensor, n, fn)
+
+
+def profile(packed: PackedCausalLM, seqs: list[list[int]], budget: int, device: torch.device) -> None:
+    """torch.profiler top ops (self time) and host-sync counts: one packed training step (fwd+bwd of
+    the SFT loss) and one no-grad log-prob pass (no entropy, as old/ref log-probs run)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = device.type == "cuda"
+    acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    part = next(iter(dynamic_micro_batches([len(s) for s in seqs], budget)))
+    mb = pack([seqs[i] for i in part]).to(device)
+
+    def logprobs() -> None:
+        with torch.no_grad():
+            packed(mb.input_ids, mb.cu_seqlens, with_entropy=False)
+
+    for title, fn in (
+        ("training step", lambda: packed_step(packed, seqs, budget, device)),
+        ("log-probs", logprobs),
+    ):
+        fn()  # warm-up
+        _sync(device)
+        with count_host_syncs() as syncs, torch_profile(activities=acts) as prof:
+            fn()
+            _sync(device)
+        print(
+            f"\n--- profile: {title} ({len(seqs) if title == 'training step' else len(part)} sequences) ---"
+        )
+        print(prof.key_averages().table(sort_by=sort, row_limit=15))
+        print(
+            f"host syncs: {sum(syncs.values())} — " + ", ".join(f"{k} ×{v}" for k, v in syncs.most_common(8))
+        )
+        packed.lm.zero_grad(set_to_none=True)
+
+
+def bench(
+    args: argparse.Namespace, size: str, seqs: list[list[int]], vocab: int, attention: str = "auto"
+) -> dict[str, float]:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    vocab = SHAPE_VOCAB.get(size, vocab)
     hidden, layers, heads, kv, inter = SIZES[size]
     if size == "large" and args.large_layers:
         layers = args.large_layers
     spec = ScratchSpec("qwen2", hidden, layers, heads, kv, inter, 2048)
     lm = init_causal_lm(scratch_config(spec, vocab, eos_token_id=0, pad_token_id=0), seed=0, dtype=args.dtype)
     lm = lm.to(device).train()
-    packed = PackedCausalLM(lm)
+    packed = PackedCausalLM(lm, attention=attention)
+    if args.profile:
+        profile(packed, seqs[: args.batch], max(args.budget, max(len(s) for s in seqs)), device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     params = count_parameters(lm)
     batches = [seqs[i : i + args.batch] for i in range(0, len(seqs), args.batch)][: args.steps + 1]
     real = sum(len(s) for b in batches[1:] for s in b)
@@ -111,7 +216,11 @@ def bench(args: argparse.Namespace, size: str, seqs: list[list[int]], vocab: int
         return time.perf_counter() - t0
 
     t_pad = timed(lambda b: padded_step(lm, b, device))
+    mem_pad = peak_memory_gib(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     t_pack = timed(lambda b: packed_step(packed, b, budget, device))
+    mem_pack = peak_memory_gib(device)
     flops = sum(6 * params * len(s) + 12 * layers * hidden * len(s) ** 2 for b in batches[1:] for s in b)
     peak = matmul_flops(device, dtype)
     padded_tokens = sum(len(b) * max(len(s) for s in b) for b in batches[1:])
@@ -125,6 +234,8 @@ def bench(args: argparse.Namespace, size: str, seqs: list[list[int]], vocab: int
         "achieved_tflops": flops / t_pack / 1e12,
         "matmul_tflops": peak / 1e12,
         "mfu_vs_matmul": flops / t_pack / peak,
+        "peak_gib_padded": mem_pad,
+        "peak_gib_packed": mem_pack,
     }
 
 
@@ -132,6 +243,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl")
     p.add_argument("--sizes", nargs="+", default=["quickstart", "large"], choices=list(SIZES))
+    p.add_argument("--shape", choices=list(SIZES), help="one geometry (overrides --sizes)")
+    p.add_argument(
+        "--packed-attention",
+        default="auto",
+        choices=["auto", "all", *PACKED_ATTENTION.names()],
+        help="packed attention backend (model.packed_attention); all: every one that trains on the device",
+    )
+    p.add_argument("--profile", action="store_true", help="torch.profiler top ops + host-sync counts")
     p.add_argument("--batch", type=int, default=16, help="sequences per step (both paths)")
     p.add_argument("--steps", type=int, default=4, help="timed steps (after one warm-up)")
     p.add_argument("--budget", type=int, default=4096, help="packed micro-batch token budget")
@@ -148,11 +267,28 @@ def main() -> None:
     seqs = gsm8k_lengths(args.data, args.batch * (args.steps + 1), args.vocab, args.max_len)
     lengths = [len(s) for s in seqs]
     print(f"GSM8K sequences: {len(seqs)}, length mean {sum(lengths) / len(lengths):.0f}, max {max(lengths)}")
-    print(f"device {args.device}, dtype {args.dtype}, torch threads {torch.get_num_threads()}")
-    for size in args.sizes:
-        r = bench(args, size, seqs, args.vocab)
+    device = torch.device(args.device)
+    print(
+        f"device {args.device} ({device_name(device)}), dtype {args.dtype}, torch threads "
+        f"{torch.get_num_threads()}; FLOPs = 6·params·tokens + 12·layers·hidden·Σ len² per step"
+    )
+    backends = [args.packed_attention]
+    if args.packed_attention == "all":
+        dtype = getattr(torch, args.dtype)
+        backends = []
+        for name in (*AUTO_ORDER.get(device.type, ()), *PACKED_ATTENTION.names()):
+            if name in backends:
+                continue
+            try:
+                select_backend(name, device, dtype, needs_grad=True)
+                backends.append(name)
+            except RuntimeError as e:
+                print(f"  skipped {name}: {e}")
+    for size, backend in [(z, b) for z in ([args.shape] if args.shape else args.sizes) for b in backends]:
+        r = bench(args, size, seqs, args.vocab, backend)
         print(
-            f"{size:>10}: {r['params_M']:.2f}M params | padded {r['padded_tok_s']:,.0f} tok/s "
+            f"{size:>10} [{backend}]: {r['params_M']:.2f}M params | peak {r['peak_gib_padded']:.2f} / "
+            f"{r['peak_gib_packed']:.2f} GiB (padded / packed) | padded {r['padded_tok_s']:,.0f} tok/s "
             f"(waste {100 * r['padding_waste']:.1f}%) | packed {r['packed_tok_s']:,.0f} tok/s | "
             f"packed/padded {r['ratio']:.2f}x (target >= 1.5x) | achieved {r['achieved_tflops']:.3f} TFLOP/s "
             f"vs matmul {r['matmul_tflops']:.3f} TFLOP/s = {100 * r['mfu_vs_matmul']:.0f}% (goal >= 50%)"

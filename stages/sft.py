@@ -97,8 +97,9 @@ def sft_warmup(
     if ckpt is not None and ckpt.summary.get("sft_key") == stage.input_key:
         lm = read_policy(store, ckpt, "policy", model)
     a = actor or ActorConfig()
+    packed = PackedCausalLM(lm, attention=model.packed_attention)
     engine = build_train_engine(
-        PackedCausalLM(lm), spec, strategy=a.strategy, device=device, zero_stage=a.zero_stage,
+        packed, spec, strategy=a.strategy, device=device, zero_stage=a.zero_stage,
         param_offload=a.param_offload, tp_size=a.tensor_parallel_size,
         mixed_precision=mixed_precision(a.mixed_precision),
     )  # fmt: skip

@@ -184,6 +184,11 @@ class ModelConfig(Section):
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = _f(
         "sdpa", "Attention kernel (flash_attention_2 needs flash-attn on a GPU)"
     )
+    packed_attention: Literal["auto", "flash_attn", "varlen", "flex", "bucketed", "padded"] = _f(
+        "auto",
+        "Attention backend of packed training/log-prob/score forwards when attn_implementation=sdpa "
+        "(attn_implementation governs generation); auto: best that passes its self-check on the device",
+    )
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory")
     use_liger: bool = _f(
         False,

@@ -2,18 +2,22 @@
 
 Sequences are concatenated into one row without padding: ``input_ids (N,)`` with per-sequence
 ``position_ids (N,)`` that restart at 0, and ``cu_seqlens (S+1,)`` offsets. The HF decoder is called
-with ``position_ids`` only and ``use_cache=False``: transformers then derives a block-diagonal mask
-from the position ids, so attention never crosses a sequence boundary (sdpa/eager build the mask,
-flash-attn uses its varlen kernel). With a KV cache present it silently does *not* (STACK_NOTES), which
-is why ``use_cache=False`` is forced here and covered by a test.
+with ``position_ids`` and ``use_cache=False``; models switched to ``varlen_sdpa`` get a
+:class:`~verl_core.models.attention.PackedLayout` and run the packed attention backend it selects
+(:mod:`verl_core.models.attention`), flash-attn models their varlen kernel, others (eager) the
+block-diagonal mask transformers derives from the position ids. With a KV cache present transformers
+silently does *not* restrict attention to each sequence (STACK_NOTES), which is why
+``use_cache=False`` is forced here and covered by a test. ``cu_seqlens`` is read on the host once per
+forward (:func:`packed_inputs`); no layer synchronises.
 
 Log-probs and entropies come from the final hidden states in chunks of tokens: each chunk's logits
-``(chunk, V)`` are computed, reduced and freed; under autograd each chunk is checkpointed and
-recomputed in backward, so a full ``(N, V)`` float32 logits tensor never exists.
+``(chunk, V)`` are computed, reduced and freed; under autograd, when the whole ``(N, V)`` float32
+logits would be large, each chunk is checkpointed and recomputed in backward so they never exist at once.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, NamedTuple
 
 import torch
@@ -21,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from verl_core.models import attention
+from verl_core.models import attention as attention_lib
 from verl_core.models.loading import unwrap
 
 
@@ -52,44 +56,60 @@ def next_token_targets(input_ids: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, T
     return targets, has_target
 
 
-def varlen_kwargs(model: nn.Module, cu_seqlens: Tensor) -> dict[str, Any]:
+def varlen_kwargs(
+    model: nn.Module, cu_seqlens: list[int], device: torch.device, attention: str = "auto"
+) -> dict[str, Any]:
     """Keyword arguments that make a decoder attend within each packed sequence.
 
-    With ``varlen_sdpa`` (see :mod:`verl_core.models.attention`) or flash-attn: the sequence
-    offsets, and for ``varlen_sdpa`` a 1-element placeholder 4-D mask that transformers passes
-    through as-is instead of building an N×N mask that would be ignored. Otherwise nothing:
-    transformers derives the block-diagonal mask from the position ids."""
+    With ``varlen_sdpa`` (see :mod:`verl_core.models.attention`): a ``PackedLayout`` whose backend
+    (``attention``: a ``PACKED_ATTENTION`` name or ``auto``) every layer runs, and a 1-element
+    placeholder 4-D mask that transformers passes through as-is instead of building an N×N mask that
+    would be ignored. With flash-attn: the sequence offsets. Otherwise nothing: transformers
+    derives the block-diagonal mask from the position ids."""
     impl = unwrap(model).config._attn_implementation
-    if impl not in (attention.NAME, "flash_attention_2", "flash_attention_3"):
+    if impl == attention_lib.NAME:
+        return {
+            "packed_layout": attention_lib.PackedLayout(cu_seqlens, attention),
+            "attention_mask": torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
+        }
+    if impl not in ("flash_attention_2", "flash_attention_3"):
         return {}
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    max_len = int(lengths.max()) if lengths.numel() else 0
-    cu = cu_seqlens.to(torch.int32)
-    kwargs: dict[str, Any] = {
-        "cu_seq_lens_q": cu,
-        "cu_seq_lens_k": cu,
-        "max_length_q": max_len,
-        "max_length_k": max_len,
-    }
-    if impl == attention.NAME:
-        kwargs["attention_mask"] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=cu_seqlens.device)
-    return kwargs
+    max_len = max((b - a for a, b in itertools.pairwise(cu_seqlens)), default=0)
+    cu = torch.tensor(cu_seqlens, dtype=torch.int32, device=device)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
 
 
 def use_varlen_attention(model: nn.Module) -> None:
     """Switch an ``sdpa`` model to ``varlen_sdpa`` (identical outside packed calls)."""
     base = unwrap(model)
     if base.config._attn_implementation == "sdpa":
-        base.set_attn_implementation(attention.NAME)
+        base.set_attn_implementation(attention_lib.NAME)
+
+
+def packed_inputs(
+    model: nn.Module, input_ids: Tensor, cu_seqlens: Tensor, attention: str = "auto"
+) -> dict[str, Any]:
+    """Keyword arguments of a packed decoder call for ``input_ids (N,)``, ``cu_seqlens (S+1,)``:
+    ``input_ids``/``position_ids (1, N)``, ``use_cache=False`` and :func:`varlen_kwargs`. Reads
+    ``cu_seqlens`` on the host once: the only host synchronisation of a packed forward."""
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    host = torch.tensor(cu, dtype=torch.long)
+    lengths = host[1:] - host[:-1]
+    position_ids = torch.arange(cu[-1] if cu else 0) - torch.repeat_interleave(host[:-1], lengths)  # (N,)
+    return {
+        "input_ids": input_ids[None],
+        "position_ids": position_ids.to(input_ids.device, non_blocking=True)[None],
+        "use_cache": False,
+        **varlen_kwargs(model, cu, input_ids.device, attention),
+    }
 
 
 def packed_hidden_states(
-    model: nn.Module, input_ids: Tensor, position_ids: Tensor, cu_seqlens: Tensor | None = None
+    model: nn.Module, input_ids: Tensor, cu_seqlens: Tensor, attention: str = "auto"
 ) -> Tensor:
     """Final hidden states ``(N, H)`` of a causal LM (or its PEFT wrapper) for packed ``input_ids (N,)``."""
     decoder = unwrap(model).get_decoder()
-    extra = varlen_kwargs(model, cu_seqlens) if cu_seqlens is not None else {}
-    out = decoder(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False, **extra)
+    out = decoder(**packed_inputs(model, input_ids, cu_seqlens, attention))
     return out.last_hidden_state[0]
 
 
@@ -108,16 +128,26 @@ def _chunk_logprobs(
     targets: Tensor,
     temperature: float,
     softcap: float | None,
-) -> tuple[Tensor, Tensor]:
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[Tensor, Tensor | None]:
     logits = F.linear(hidden, weight, bias).float()  # (C, V)
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     logits = logits / temperature
     log_z = torch.logsumexp(logits, dim=-1)  # (C,)
-    log_probs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
-    # H(p) = log Z − Σ_v p_v z_v
-    entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    log_probs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z  # log p_y = z_y − log Z
+    if not with_entropy:
+        return log_probs, None
+    # H(p) = −Σ_v p_v log p_v = log Z − Σ_v p_v z_v, with p_v = exp(z_v − log Z)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = log_z - (torch.exp(logits - log_z[:, None]) * logits).sum(-1)
     return log_probs, entropy
+
+
+# Below this many float32 logits in the whole call (N·V; 64 Mi elements = 256 MiB) backward keeps them
+# instead of recomputing each chunk (activation checkpointing would run the LM head twice).
+_KEEP_LOGITS_ELEMENTS = 64 * 2**20
 
 
 def chunked_log_probs(
@@ -130,26 +160,30 @@ def chunked_log_probs(
     temperature: float = 1.0,
     softcap: float | None = None,
     with_entropy: bool = True,
+    entropy_grad: bool = True,
 ) -> TokenLogProbs:
-    """Per-token ``log p(targets)`` and entropies from hidden states ``(N, H)`` and an LM head
-    ``weight (V, H)``, ``chunk_size`` tokens at a time (float32 math).
+    """Per-token ``log p(targets)`` and (``with_entropy``) entropies from hidden states ``(N, H)`` and
+    an LM head ``weight (V, H)``, ``chunk_size`` tokens at a time (float32 math). Without
+    ``with_entropy`` no entropy is computed at all (only log Z and the target logit); without
+    ``entropy_grad`` it is computed outside autograd (a metric: nothing is saved for backward).
 
-    When gradients are needed each chunk runs under activation checkpointing: backward recomputes the
+    When gradients are needed and the whole ``(N, V)`` float32 logits would exceed
+    ``_KEEP_LOGITS_ELEMENTS``, each chunk runs under activation checkpointing: backward recomputes the
     chunk's logits instead of keeping them, so peak memory is one ``(chunk_size, V)`` block."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    recompute = grad and hidden.shape[0] * weight.shape[0] > _KEEP_LOGITS_ELEMENTS
     lps, ents = [], []
     for start in range(0, hidden.shape[0], chunk_size):
         h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
-        if grad:
-            lp, ent = checkpoint(
-                _chunk_logprobs, h, weight, bias, t, temperature, softcap, use_reentrant=False
-            )
-        else:
-            lp, ent = _chunk_logprobs(h, weight, bias, t, temperature, softcap)
+        args = (h, weight, bias, t, temperature, softcap, with_entropy, entropy_grad)
+        lp, ent = (
+            checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute else _chunk_logprobs(*args)
+        )
         lps.append(lp)
-        ents.append(ent)
+        if ent is not None:
+            ents.append(ent)
     if not lps:
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return TokenLogProbs(empty, empty if with_entropy else None)
@@ -164,16 +198,24 @@ def packed_log_probs(
     chunk_size: int = 1024,
     temperature: float = 1.0,
     with_entropy: bool = True,
+    entropy_grad: bool = True,
+    attention: str = "auto",
+    positions: Tensor | None = None,
 ) -> tuple[TokenLogProbs, Tensor]:
-    """Packed forward + chunked next-token log-probs.
+    """Packed forward + chunked next-token log-probs; ``attention`` names the packed attention backend
+    (:data:`verl_core.models.attention.PACKED_ATTENTION`, or ``auto``).
 
-    Args: ``input_ids (N,)``, ``cu_seqlens (S+1,)``. Returns ``(TokenLogProbs with (N,) tensors,
-    has_target (N,) bool)``: position ``t`` holds ``log p(input_ids[t+1] | input_ids[..t])`` of its own
-    sequence, and is meaningless (``has_target`` False) at each sequence's last token."""
-    position_ids = position_ids_from_cu_seqlens(cu_seqlens)
-    hidden = packed_hidden_states(model, input_ids, position_ids, cu_seqlens)  # (N, H)
+    Args: ``input_ids (N,)``, ``cu_seqlens (S+1,)``, ``positions (P,)`` (optional): the packed
+    positions whose log-probs are wanted (e.g. those predicting response tokens); the LM head then
+    runs on those P positions only (prompt logits are never computed). Returns ``(TokenLogProbs with
+    (N,) tensors — (P,) with positions —, has_target (N,) | (P,) bool)``: position ``t`` holds
+    ``log p(input_ids[t+1] | input_ids[..t])`` of its own sequence, and is meaningless (``has_target``
+    False) at each sequence's last token."""
+    hidden = packed_hidden_states(model, input_ids, cu_seqlens, attention)  # (N, H)
     weight, bias, softcap = output_head(model)
     targets, has_target = next_token_targets(input_ids, cu_seqlens)
+    if positions is not None:
+        hidden, targets, has_target = hidden[positions], targets[positions], has_target[positions]  # (P, ·)
     out = chunked_log_probs(
         hidden,
         weight,
@@ -183,19 +225,18 @@ def packed_log_probs(
         temperature=temperature,
         softcap=softcap,
         with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
     )
     return out, has_target
 
 
-def packed_scores(model: nn.Module, input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
+def packed_scores(model: nn.Module, input_ids: Tensor, cu_seqlens: Tensor, attention: str = "auto") -> Tensor:
     """Per-token scalar outputs ``(N,)`` of a token/sequence classification model with one label
     (a critic's values, a reward model's scores), computed packed: backbone hidden states through
     the model's ``score`` head."""
     base: Any = unwrap(model)
     backbone = getattr(base, base.base_model_prefix)
-    position_ids = position_ids_from_cu_seqlens(cu_seqlens)
-    extra = varlen_kwargs(model, cu_seqlens)
-    hidden = backbone(input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False, **extra)
+    hidden = backbone(**packed_inputs(model, input_ids, cu_seqlens, attention))
     return base.score(hidden.last_hidden_state[0]).squeeze(-1).float()
 
 
@@ -208,14 +249,21 @@ class PackedCausalLM(nn.Module):
     the chunked log-prob computation reads directly. ``.lm`` is the HF (or PEFT) model for saving
     and generation."""
 
-    def __init__(self, lm: nn.Module, chunk_size: int = 1024) -> None:
+    def __init__(self, lm: nn.Module, chunk_size: int = 1024, attention: str = "auto") -> None:
         super().__init__()
         use_varlen_attention(lm)
         self.lm = lm
         self.chunk_size = chunk_size
+        self.attention = attention
 
     def forward(
-        self, input_ids: Tensor, cu_seqlens: Tensor, temperature: float = 1.0, with_entropy: bool = True
+        self,
+        input_ids: Tensor,
+        cu_seqlens: Tensor,
+        temperature: float = 1.0,
+        with_entropy: bool = True,
+        entropy_grad: bool = True,
+        positions: Tensor | None = None,
     ) -> tuple[TokenLogProbs, Tensor]:
         return packed_log_probs(
             self.lm,
@@ -224,6 +272,9 @@ class PackedCausalLM(nn.Module):
             chunk_size=self.chunk_size,
             temperature=temperature,
             with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            attention=self.attention,
+            positions=positions,
         )
 
     def decoder_layers(self) -> nn.ModuleList:
@@ -236,13 +287,14 @@ class PackedScoreModel(nn.Module):
     """A one-label token/sequence classification model run packed: ``forward(input_ids (N,),
     cu_seqlens (S+1,))`` → per-token scores ``(N,)`` (critic values, reward-model scores)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, attention: str = "auto") -> None:
         super().__init__()
         use_varlen_attention(model)
         self.model = model
+        self.attention = attention
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
-        return packed_scores(self.model, input_ids, cu_seqlens)
+        return packed_scores(self.model, input_ids, cu_seqlens, self.attention)
 
     def decoder_layers(self) -> nn.ModuleList:
         base: Any = unwrap(self.model)

@@ -81,17 +81,32 @@ def make_ppo_batch(
 
 
 LogProbModel = Callable[..., tuple[TokenLogProbs, Tensor]]
-"""A packed causal LM: ``(input_ids (N,), cu_seqlens (S+1,), temperature=, with_entropy=)`` →
-``(TokenLogProbs, has_target)`` (:class:`PackedCausalLM`, or :class:`AdapterDisabledPolicy`)."""
+"""A packed causal LM: ``(input_ids (N,), cu_seqlens (S+1,), temperature=, with_entropy=,
+entropy_grad=, positions=)`` → ``(TokenLogProbs, has_target)`` (:class:`PackedCausalLM`, or
+:class:`AdapterDisabledPolicy`)."""
 
 
 def response_log_probs(
-    model: LogProbModel, batch: PPOBatch, *, temperature: float = 1.0, with_entropy: bool = False
+    model: LogProbModel,
+    batch: PPOBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
-    """``(S, R)`` log-probs of the response tokens (and entropies) under ``model``, 0 where masked."""
-    out, _ = model(batch.input_ids, batch.cu_seqlens, temperature=temperature, with_entropy=with_entropy)
-    logp = out.log_probs[batch.gather_index] * batch.response_mask
-    ent = None if out.entropy is None else out.entropy[batch.gather_index] * batch.response_mask
+    """``(S, R)`` log-probs of the response tokens (and entropies, differentiable if ``entropy_grad``)
+    under ``model``, 0 where masked. The LM head runs on the S·R gathered positions only."""
+    out, _ = model(
+        batch.input_ids,
+        batch.cu_seqlens,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+        positions=batch.gather_index.flatten(),  # (S·R,)
+    )
+    shape = batch.gather_index.shape
+    logp = out.log_probs.view(shape) * batch.response_mask
+    ent = None if out.entropy is None else out.entropy.view(shape) * batch.response_mask
     return logp, ent
 
 
@@ -128,7 +143,10 @@ def actor_loss(
     """L = agg(w·L_pg) − c_H·H̄ + β·KL(π‖π_ref) for one micro-batch; per-token inputs ``(S, R)``;
     w the rollout correction's importance weights (None: 1), the mask ``batch.response_mask``."""
     mask = batch.response_mask
-    log_prob, entropy = response_log_probs(model, batch, temperature=spec.temperature, with_entropy=True)
+    # without an entropy bonus the entropy is a metric only: no backward through it
+    log_prob, entropy = response_log_probs(
+        model, batch, temperature=spec.temperature, with_entropy=True, entropy_grad=spec.entropy_coeff > 0
+    )
     pg = get_policy_loss(spec.policy_loss)(
         log_prob=log_prob,
         old_log_prob=old_log_probs,
