@@ -8,8 +8,10 @@ and eval.
 
 Also: the run's tokenizer (written by template_pack under ``tokenizer/``), export model dirs (written
 by export under ``model/``, copied out by :func:`copy_export`), which policy stage a run has for an
-iteration, what an eval evaluates (:class:`EvalSource`), and the rollouts table (kind "rollouts") with
-the deterministic prompt batches it is sampled from.
+iteration, what an eval evaluates (:class:`EvalSource`), the rollouts table (kind "rollouts") with
+the deterministic prompt batches it is sampled from, and what the update reads of an iteration (its
+rollouts and rewards, the kept rows of every generation batch under dynamic sampling; stale rollouts
+refused) and writes (its per-sample table, kind "update").
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch import Tensor, nn
 
@@ -43,6 +46,9 @@ from verl_core.rollout.multi_turn import Trajectory, turns_to_rows
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest, StageWriter, storage_options
 from verl_core.store.schemas import TOKEN_MASK, TURNS
+
+if TYPE_CHECKING:
+    from verl_core.training.ppo import RolloutBatch
 
 TOKENIZER_PREFIX = "tokenizer/"  # template_pack's tokenizer files
 MODEL_PREFIX = "model"  # an export's HF model dir
@@ -334,5 +340,90 @@ def rollouts_table(
             ),
             "loss_mask": pa.array([None if t is None else t.loss_mask for t in multi], TOKEN_MASK),
             "turns": pa.array([None if t is None else turns_to_rows(t.turns) for t in multi], TURNS),
+        }
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The update's batch: what ppo_update reads of an iteration and the per-sample table it writes
+
+
+def update_inputs(rollout_uri: str | Sequence[str], reward_uri: str | Sequence[str]) -> dict[str, str]:
+    """The update stage's inputs: ``rollout``/``reward``, or ``rollout/gen-K``/``reward/gen-K`` for the
+    generation batches of a dynamically sampled iteration."""
+    if isinstance(rollout_uri, str) and isinstance(reward_uri, str):
+        return {"rollout": rollout_uri, "reward": reward_uri}
+    r, w = list(rollout_uri), list(reward_uri)
+    return {
+        **{f"rollout/gen-{k}": uri for k, uri in enumerate(r)},
+        **{f"reward/gen-{k}": uri for k, uri in enumerate(w)},
+    }
+
+
+def read_update_tables(
+    store: ArtifactStore, rollout_uri: str | Sequence[str], reward_uri: str | Sequence[str]
+) -> tuple[pa.Table, pa.Table, pa.Table | None]:
+    """The rollouts and rewards the update trains on, and (dynamic sampling) the group filters of
+    every generation batch (None for one batch). Generation batches: their kept rows, in batch order."""
+    if isinstance(rollout_uri, str) and isinstance(reward_uri, str):
+        rollouts = store.read_table(store.read_manifest(rollout_uri), "rollouts.parquet")
+        return rollouts, store.read_table(store.read_manifest(reward_uri), "rewards.parquet"), None
+    if len(rollout_uri) != len(reward_uri) or not rollout_uri:
+        raise DataError(
+            f"ppo_update: {len(rollout_uri)} rollout and {len(reward_uri)} reward generation batches"
+        )
+    parts: list[tuple[pa.Table, pa.Table, pa.Table]] = []
+    for r, w in zip(rollout_uri, reward_uri, strict=True):
+        scored = store.read_manifest(w)
+        parts.append(
+            (
+                store.read_table(store.read_manifest(r), "rollouts.parquet"),
+                store.read_table(scored, "rewards.parquet"),
+                store.read_table(scored, "group_filter.parquet"),
+            )
+        )
+    filters = pa.concat_tables([f for _, _, f in parts])
+    kept = filters.column("kept")
+    rollouts = pa.concat_tables([r for r, _, _ in parts]).filter(kept)
+    return rollouts, pa.concat_tables([w for _, w, _ in parts]).filter(kept), filters
+
+
+def check_policy_lag(
+    rollouts: pa.Table, trainer_version: int, rollout_ahead: int, iteration: int, rollout_uri: str
+) -> None:
+    """Refuse rollouts whose oldest ``policy_version`` lags ``trainer_version`` by more than
+    ``rollout_ahead`` (or is newer than the trainer's, which no sync can produce)."""
+    oldest = pc.min(rollouts.column("policy_version")).as_py()
+    newest = pc.max(rollouts.column("policy_version")).as_py()
+    if oldest is None:
+        return
+    if trainer_version - oldest > rollout_ahead or newest > trainer_version:
+        bad = oldest if trainer_version - oldest > rollout_ahead else newest
+        raise DataError(
+            f"ppo_update: iteration {iteration}: {rollout_uri} was sampled with policy version {bad}, "
+            f"but the trainer is at version {trainer_version} and trainer.rollout_ahead={rollout_ahead} "
+            "allows a rollout at most that many versions behind: the rollout engine did not receive the "
+            "updated weights (weight sync), or the rollout is from another run"
+        )
+
+
+def update_table(batch: RolloutBatch, adv: Tensor, returns: Tensor, kl: Tensor | None) -> pa.Table:
+    """One row per training sample (kind "update"): per-token values ``(S, R)`` cut to the response
+    length."""
+    lengths = [len(r) for r in batch.response_ids]
+
+    def rows(t: Tensor | None) -> list[list[float]]:
+        if t is None:
+            return [[] for _ in lengths]
+        return [t[i, :n].tolist() for i, n in enumerate(lengths)]
+
+    return pa.table(
+        {
+            "group_id": pa.array(batch.group_ids.tolist(), pa.int64()),
+            "sample_index": pa.array(batch.sample_index.tolist(), pa.int32()),
+            "score": pa.array(batch.scores.tolist(), pa.float32()),
+            "advantages": pa.array(rows(adv), pa.list_(pa.float32())),
+            "returns": pa.array(rows(returns), pa.list_(pa.float32())),
+            "kl": pa.array(rows(kl), pa.list_(pa.float32())),
         }
     )

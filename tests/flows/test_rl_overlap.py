@@ -12,8 +12,8 @@ import pytest
 
 import flows.rl as rl_flow
 from flows.rl import rl_iterations, rl_loop
+from stages.floor.artifacts import check_policy_lag
 from stages.floor.locations import list_checkpoints
-from stages.ppo_update import check_policy_lag
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from tests.flows.test_rl_resume import CFG

@@ -95,3 +95,11 @@ def test_rewards_of_other_rollouts_are_refused(ctx: RunContext, tiny_rl: tuple[P
         ppo_update.fn(ctx, TINY_RL, r, other, 0)
     assert get_state(ctx).version == 0
     assert all(torch.equal(before[k], v) for k, v in _weights(ctx).items())
+
+
+def test_the_update_stage_stays_a_short_recipe() -> None:
+    # issue 13: the stage reads skip → read → batch → ppo_iteration → write/seal/log in ≤ 120 lines;
+    # it had grown back to 200 (lag check, generation-batch reader, update table) before these moved
+    # to stages/floor/artifacts.py. Helpers belong in the floor or verl_core, not here.
+    lines = (Path(__file__).resolve().parents[2] / "stages" / "ppo_update.py").read_text().splitlines()
+    assert len(lines) <= 120, f"stages/ppo_update.py has {len(lines)} lines (≤ 120)"

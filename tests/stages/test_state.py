@@ -163,6 +163,27 @@ def test_ref_path_loads_that_reference(ctx: RunContext, tiny_rl: tuple[Path, str
     assert not torch.allclose(got, policy)  # not the starting policy
 
 
+def test_ref_path_with_lora_loads_that_reference_not_the_base(
+    ctx: RunContext, tiny_rl: tuple[Path, str], tmp_path: Path
+) -> None:
+    # without ref.path a LoRA policy's reference is its own base with the adapters disabled; with
+    # ref.path it is that model (issue 13, bug 3: "also with LoRA")
+    from verl_core.models.loading import load_causal_lm
+    from verl_core.models.packed import PackedCausalLM
+    from verl_core.training.ppo_kernels import make_ppo_batch, response_log_probs
+
+    path = _saved_policy(tiny_rl, tmp_path / "ref", seed=123)
+    cfg = with_overrides(TINY_RL, [f"ref.path={path}", "actor.use_kl_loss=true", "model.lora_rank=4"])
+    init_state(ctx, cfg, tiny_rl[1], None)
+    state = get_state(ctx)
+    assert isinstance(state.ref, PackedCausalLM)  # not AdapterDisabledPolicy(actor)
+    batch = make_ppo_batch([[5, 6, 7]], [[8, 9]])
+    with torch.no_grad():
+        got = response_log_probs(state.ref, batch)[0]
+        want = response_log_probs(PackedCausalLM(load_causal_lm(path)), batch)[0]
+    torch.testing.assert_close(got, want)
+
+
 def test_ref_path_with_another_vocabulary_is_refused(
     ctx: RunContext, tiny_rl: tuple[Path, str], tmp_path: Path
 ) -> None:

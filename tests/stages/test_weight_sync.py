@@ -128,7 +128,7 @@ def test_without_the_sync_the_version_guard_fails_the_update(
 
 def test_rollout_ahead_allows_a_lagging_batch(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
     # the guard by hand: trainer at 1, rows at 0 → lag 1; allowed with rollout_ahead 1, not with 0
-    from stages.ppo_update import check_policy_lag
+    from stages.floor.artifacts import check_policy_lag
 
     store = ctx.store()
     r0, _ = _rollout(ctx, SYNC_CFG, tiny_rl[1], 0)
