@@ -188,7 +188,7 @@ class PackedLayout:
         key = (query.device, query.dtype)
         if key not in self._plans:
             needs_grad = torch.is_grad_enabled() and query.requires_grad
-            backend = select_backend(self.requested, query.device, query.dtype, needs_grad)
+            backend = select_backend(self.requested, query.device, compute_dtype(query), needs_grad)
             self._plans[key] = make_plan(backend, self.cu_seqlens, query.device)
         return self._plans[key]
 
@@ -345,6 +345,14 @@ _SELF_CHECK_CU = [0, 37, 38, 168, 177]  # lengths 37, 1, 130 (crosses a 128-toke
 _checked: dict[tuple[str, str, torch.dtype, bool], str | None] = {}
 
 
+def compute_dtype(query: Tensor) -> torch.dtype:
+    """The dtype attention computes in: autocast's lower precision when autocast is on for the
+    query's device (mixed precision: ``query`` itself may be fp32 after RoPE's fp32 tables), else
+    the query's own."""
+    device = query.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+
+
 def self_check(name: str, device: torch.device, dtype: torch.dtype, needs_grad: bool) -> str | None:
     """None if backend ``name`` matches :func:`reference_attention` (outputs, and input grads when
     ``needs_grad``) on a tiny ragged GQA batch on ``device``/``dtype``; else the reason. Cached."""
@@ -353,7 +361,9 @@ def self_check(name: str, device: torch.device, dtype: torch.dtype, needs_grad: 
         return _checked[key]
     reason = PACKED_ATTENTION.get(name).unavailable(device, dtype, needs_grad)
     if reason is None:
-        reason = _compare_to_reference(name, device, dtype, needs_grad)
+        # the backend at ``dtype`` itself, and an fp32 reference: a caller's autocast must not recast them
+        with torch.autocast("cpu", enabled=False), torch.autocast(device.type, enabled=False):
+            reason = _compare_to_reference(name, device, dtype, needs_grad)
     _checked[key] = reason
     return reason
 

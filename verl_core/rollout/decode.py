@@ -136,7 +136,7 @@ def prefill(model: nn.Module, ids: Tensor, positions: Tensor, mask: Tensor, cach
     first = first.scatter_reduce(0, inverse, torch.arange(rows.shape[0], device=ids.device), "amin")
     from transformers import DynamicCache
 
-    shared = DynamicCache(config=unwrap(model).config)
+    shared: Any = DynamicCache(config=unwrap(model).config)
     logits = eager_step(model, ids[first], positions[first], mask[first], shared)  # (U, V)
     for i, layer in enumerate(shared.layers):
         cache.update(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse), i)
