@@ -68,6 +68,29 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, reps: 
     return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
+# Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s: the fixed
+# denominator of the GPU targets (issue 15: achieved ≥ 25% of it). Matched on the device name.
+DENSE_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def dense_peak(device: torch.device) -> float | None:
+    """The data-sheet dense bf16 peak of ``device`` (FLOP/s), or None when it is not in the table."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in DENSE_BF16_PEAK.items() if key in name), None)
+
+
+def of_dense_peak(achieved: float, device: torch.device) -> str:
+    """``", 27.1% of the dense bf16 peak (989 TFLOP/s)"``, or "" off the table."""
+    peak = dense_peak(device)
+    return (
+        ""
+        if peak is None
+        else f", {100 * achieved / peak:.1f}% of the dense bf16 peak ({peak / 1e12:.0f} TFLOP/s)"
+    )
+
+
 def matmul_params(model: nn.Module) -> int:
     """``N``: weights of every ``nn.Linear`` (a tied LM head counts once, as the matmul it is)."""
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))

@@ -21,8 +21,8 @@ with a tokenizer trained like the quickstart's. The same sequences go through bo
   with an attention mask and the token-mean cross-entropy;
 - packed: the same sequences packed into token-budget micro-batches (``PackedCausalLM``, SFT loss).
 Prints real (non-pad) tokens/s of each, their ratio (target ≥ 1.5×), and the training step's achieved
-FLOP/s (6·params·tokens + 12·layers·hidden·Σ len², the usual non-causal attention count) divided by
-the FLOP/s of a plain ``torch.matmul`` measured in the same run (target ≥ 50%).
+FLOP/s (``_hw.train_flops``: 6·N·tokens + 6·layers·d·Σ len², N the Linear weights, causal
+attention) divided by the FLOP/s of a plain ``torch.matmul`` measured in the same run (target ≥ 50%).
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import argparse
 import collections
 import contextlib
 import json
-import platform
-import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -41,6 +39,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _hw import (
+    attention_width,
+    device_name,
+    matmul_flops,
+    matmul_params,
+    of_dense_peak,
+    peak_memory_bytes,
+    reset_peak_memory,
+    synchronize,
+    train_flops,
+)
 
 from verl_core.data.packing import dynamic_micro_batches, pack
 from verl_core.data.tokenizer import train_tokenizer
@@ -67,23 +76,6 @@ def gsm8k_lengths(path: Path, n: int, vocab: int, max_len: int) -> list[list[int
     return ids
 
 
-def matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    _sync(device)
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def padded_step(model: Any, seqs: list[list[int]], device: torch.device) -> None:
     longest = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), longest, dtype=torch.long)
@@ -104,23 +96,6 @@ def packed_step(model: PackedCausalLM, seqs: list[list[int]], budget: int, devic
         mb = pack([seqs[i] for i in part], loss_masks=[masks[i] for i in part]).to(device)
         assert mb.loss_mask is not None
         sft_loss(model, mb.input_ids, mb.cu_seqlens, mb.loss_mask, num_loss_tokens=n)[0].backward()
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "cpu"
-
-
-def peak_memory_gib(device: torch.device) -> float:
-    """CUDA: ``torch.cuda.max_memory_allocated`` since the last reset; CPU: the process's peak RSS
-    (``ru_maxrss``, never reset: the largest of everything this process has run so far)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 @contextlib.contextmanager
@@ -169,10 +144,10 @@ def profile(packed: PackedCausalLM, seqs: list[list[int]], budget: int, device: 
         ("log-probs", logprobs),
     ):
         fn()  # warm-up
-        _sync(device)
+        synchronize(device)
         with count_host_syncs() as syncs, torch_profile(activities=acts) as prof:
             fn()
-            _sync(device)
+            synchronize(device)
         print(
             f"\n--- profile: {title} ({len(seqs) if title == 'training step' else len(part)} sequences) ---"
         )
@@ -197,8 +172,7 @@ def bench(
     packed = PackedCausalLM(lm, attention=attention)
     if args.profile:
         profile(packed, seqs[: args.batch], max(args.budget, max(len(s) for s in seqs)), device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak_memory(device)
     params = count_parameters(lm)
     batches = [seqs[i : i + args.batch] for i in range(0, len(seqs), args.batch)][: args.steps + 1]
     real = sum(len(s) for b in batches[1:] for s in b)
@@ -207,21 +181,21 @@ def bench(
     def timed(fn: Any) -> float:
         fn(batches[0])  # warm-up
         lm.zero_grad(set_to_none=True)
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         for b in batches[1:]:
             fn(b)
             lm.zero_grad(set_to_none=True)
-        _sync(device)
+        synchronize(device)
         return time.perf_counter() - t0
 
     t_pad = timed(lambda b: padded_step(lm, b, device))
-    mem_pad = peak_memory_gib(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    mem_pad = peak_memory_bytes(device) / 2**30
+    reset_peak_memory(device)
     t_pack = timed(lambda b: packed_step(packed, b, budget, device))
-    mem_pack = peak_memory_gib(device)
-    flops = sum(6 * params * len(s) + 12 * layers * hidden * len(s) ** 2 for b in batches[1:] for s in b)
+    mem_pack = peak_memory_bytes(device) / 2**30
+    n_layers, width = attention_width(lm.config)
+    flops = train_flops(matmul_params(lm), [len(s) for b in batches[1:] for s in b], n_layers, width)
     peak = matmul_flops(device, dtype)
     padded_tokens = sum(len(b) * max(len(s) for s in b) for b in batches[1:])
     return {
@@ -270,7 +244,8 @@ def main() -> None:
     device = torch.device(args.device)
     print(
         f"device {args.device} ({device_name(device)}), dtype {args.dtype}, torch threads "
-        f"{torch.get_num_threads()}; FLOPs = 6·params·tokens + 12·layers·hidden·Σ len² per step"
+        f"{torch.get_num_threads()}; FLOPs = 6·N·tokens + 6·layers·d·Σ len² per step (_hw: N = Linear "
+        "weights, d = query heads × head dim, causal attention)"
     )
     backends = [args.packed_attention]
     if args.packed_attention == "all":
@@ -292,6 +267,7 @@ def main() -> None:
             f"(waste {100 * r['padding_waste']:.1f}%) | packed {r['packed_tok_s']:,.0f} tok/s | "
             f"packed/padded {r['ratio']:.2f}x (target >= 1.5x) | achieved {r['achieved_tflops']:.3f} TFLOP/s "
             f"vs matmul {r['matmul_tflops']:.3f} TFLOP/s = {100 * r['mfu_vs_matmul']:.0f}% (goal >= 50%)"
+            f"{of_dense_peak(r['achieved_tflops'] * 1e12, device)}"
         )
 
 

@@ -122,6 +122,7 @@ from _hw import (  # noqa: E402
     forward_flops,
     matmul_flops,
     matmul_params,
+    of_dense_peak,
     peak_memory_bytes,
     peak_memory_label,
     reset_peak_memory,
@@ -656,6 +657,7 @@ def report_training(
         print(
             f"  {name:<10} {'all training phases':<32} {total_t:7.3f} s  {total_f / 1e12:8.4f} TFLOP  "
             f"{achieved / 1e12:8.4f} TFLOP/s  {100 * achieved / rate:5.1f}% of matmul"
+            f"{of_dense_peak(achieved, device)}"
         )
         print(f"  {name:<10} peak memory {peak / 2**30:.2f} GiB ({peak_memory_label(device)})")
     ratio = secs["trl"] / max(secs["ours"], 1e-9)
