@@ -22,14 +22,16 @@ Each side runs once untimed (warm-up: compiles happen there), then ``--repeats``
 the best time of each is reported. On a shared 2-core box use ``--threads 1``: oversubscribed
 threads make every side 10× slower.
 
-Measured here (Nov 2026, issue 16; quickstart, batch 256, 1 thread, a shared 2-core box at load
-10–17, so wall times run up to 3× the process CPU times and swing ±30%; per-CPU-second ratios are
-steadier; 4 runs): engine-loop / baseline 1.10–1.16× per CPU second (1.11–1.61× wall),
-engine-loop / engine-generate 1.06–1.10× per CPU second; the compiled path on CPU (inductor, only
-when asked for) 0.81× the baseline (slower at this size: the step is the model's own small ops).
-The ≥ 1.5× target is not reached on CPU: what is left is the HF model's forward (sdpa ~27%, the
-linears ~25%, the rest small per-module ops), which plain ``generate`` runs the same way. Almost no
-row stops early in this workload (random weights), so dropping finished rows barely shows here.
+Measured here (23 Nov 2026, issue 16; quickstart, batch 256, 1 thread, load ~3 on the 2-core box,
+3 repeats): engine-loop / baseline **1.75× wall, 1.76× per CPU second** (31.3k vs 17.9k tok/s; target
+≥ 1.5×), engine-loop / engine-generate 1.51×. Before this round's two changes the loop was 1.10–1.16×
+the baseline (the time was in the HF forward, which ``generate`` runs the same way). What changed:
+the ``n`` samples of a prompt share one prefill forward (:func:`verl_core.rollout.decode.prefill`;
+prefill of 256 rows of ~40 tokens was ~30–40% of a rollout) and a CPU decode step attends through
+two batched matmuls instead of sdpa's CPU kernel (:func:`verl_core.rollout.decode.decode_attention`,
+~15% less CPU time per rollout). The compiled path on CPU (inductor, only when asked for) was 0.81×
+the baseline before them (the step is the model's own small ops). Almost no row stops early in this
+workload (random weights), so dropping finished rows barely shows here.
 ``--shape 0.5b --vocab 32000`` runs on CPU (tiny workloads only), compiled path included.
 """
 
@@ -37,13 +39,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import platform
 import random
 import time
 from collections.abc import Callable
 from functools import partial
 
 import torch
+from _hw import device_name, matmul_flops, matmul_params, of_dense_peak, peak_memory_bytes, peak_memory_label
 
 from verl_core.data.tokenizer import train_tokenizer
 from verl_core.models.loading import ScratchSpec, count_parameters, init_causal_lm, scratch_config
@@ -149,7 +151,7 @@ def main() -> None:
     model.config.use_cache = True  # as a saved model says: transformers' generate default
     prompts = make_prompts(tok, args.prompts, seed=0, lengths=lengths)
     device = torch.device(args.device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    name = device_name(device)
     params = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
     print(
         f"device: {args.device} ({name}), {args.dtype}; shape {args.shape}: {count_parameters(model):,} "
@@ -180,10 +182,22 @@ def main() -> None:
             cpu[k] = min(cpu[k], time.process_time() - c0)
 
     rate = {k: tokens[k] / best[k] for k in best}
+    matmul = matmul_flops(device, getattr(torch, args.dtype))
+    per_token = 2 * matmul_params(
+        model
+    )  # forward FLOPs of one generated token (attention, prefill not counted)
+    print(
+        f"same-run matmul rate ({args.dtype}, 2048²): {matmul / 1e12:.3f} TFLOP/s; model FLOPs = 2·N per "
+        f"generated token, N = {per_token // 2:,} Linear weights; peak memory "
+        f"{peak_memory_bytes(device) / 2**30:.2f} GiB ({peak_memory_label(device)})"
+    )
     for k in runs:
+        achieved = per_token * rate[k]
         print(
             f"{k:>16}: {tokens[k]:7d} tokens in {best[k]:7.2f} s = {rate[k]:9.0f} tok/s "
-            f"(process CPU {cpu[k]:6.2f} s = {tokens[k] / cpu[k]:9.0f} tok/CPU-s)"
+            f"(process CPU {cpu[k]:6.2f} s = {tokens[k] / cpu[k]:9.0f} tok/CPU-s); "
+            f"{achieved / 1e12:.4f} TFLOP/s = {100 * achieved / matmul:.1f}% of matmul"
+            f"{of_dense_peak(achieved, device)}"
         )
     for path, engine in engines.items():
         step = engine.compiled_step
