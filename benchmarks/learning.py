@@ -7,6 +7,10 @@
     .venv/bin/python benchmarks/learning.py trainer.total_iterations=30   # overrides for every run
     .venv/bin/python benchmarks/learning.py --tools   # quickstart_tools (multi-turn, calculator), seeds 1 2 3
     .venv/bin/python benchmarks/learning.py --sharpen --seeds 1   # quickstart_sharpen (complete demos)
+    .venv/bin/python benchmarks/learning.py --configs configs/quickstart_grpo.yaml \
+        --variants generate:rollout.decode=generate base: \
+        ahead:trainer.rollout_ahead=1,rollout.share_weights=false base_own:rollout.share_weights=false \
+        --pairs ahead=base_own --store /tmp/learning-variants   # one SFT per seed, 4 RL loops on it
 
 A seed sets ``data.seed`` (which problems, which held out, shuffling), ``trainer.seed`` (model init,
 dropout-free training order) and ``rollout.seed`` (sampling). Accuracy is greedy exact-match on the
@@ -18,15 +22,31 @@ RL update), the last is after RL. Prints one row per run and the mean/min gain p
 sampled responses with at least one tool call, ``multi_turn/tool_call_rate`` of the rollout stages'
 summaries) of the first 3 vs the last 3 RL iterations (target: last above first, and the +0.15 gain,
 on every seed), and of the greedy held-out validations (SFT checkpoint vs after RL).
+
+``--variants NAME:OVERRIDES ...`` compares named override sets on a shared SFT checkpoint: per
+(config, seed), preprocess → template_pack → SFT run once (run id ``learning-<config>-seed<s>``),
+then the RL loop with its validations once per variant (run id ``…-seed<s>-<NAME>``) on that
+checkpoint, one after the other. ``OVERRIDES`` are dotted overrides joined by commas
+(``ahead:trainer.rollout_ahead=1,rollout.share_weights=false``; a comma inside a value, as in
+``[a,b]``, stays: only a comma followed by ``key=`` splits); ``NAME:`` alone is the config as it is.
+Tracking is off in this mode (the RL loops run without the pipeline's MLflow run), and export/eval
+are not run. Prints one row per (config, seed, variant): SFT → after-RL greedy held-out accuracy and
+the RL loop's seconds per iteration (wall − validation, / iterations), then per variant the mean ±
+sample std over seeds and the check "variant mean ≥ baseline mean − max(0.03, std(baseline))"
+(issue 16's "learning is not hurt"), against ``--baseline`` (default: the first variant) and against
+the variant's partner in ``--pairs VARIANT=BASELINE`` (a fair pair, e.g. an engine with its own
+weights on both sides). With ``--store`` a rerun skips what is committed and resumes the RL loops.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +66,41 @@ TOOLS_CONFIGS = ["configs/quickstart_tools.yaml"]
 SHARPEN_CONFIGS = ["configs/quickstart_sharpen.yaml"]
 TOOL_RATE = "multi_turn/tool_call_rate"
 TARGET_GAIN = {"quickstart_sharpen": 0.10}  # else 0.15
+NOT_HURT_MARGIN = 0.03  # issue 16: variant mean ≥ baseline mean − max(0.03, std(baseline))
+_OVERRIDE_SPLIT = re.compile(r",(?=[A-Za-z_][\w.]*=)")  # a comma that starts the next `key=`
+_VARIANT_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named set of dotted overrides applied to the RL loop (not to the shared SFT)."""
+
+    name: str
+    overrides: tuple[str, ...]
+
+
+def parse_variants(specs: list[str]) -> list[Variant]:
+    """``["NAME:k=v,k2=v2", "NAME:"]`` → variants, in order; names unique, overrides ``key=value``."""
+    variants: list[Variant] = []
+    for spec in specs:
+        name, sep, rest = spec.partition(":")
+        if not sep or not _VARIANT_NAME.fullmatch(name):
+            raise SystemExit(f"--variants {spec!r}: write NAME:key=value,key=value (NAME of [A-Za-z0-9_-])")
+        overrides = tuple(o for o in _OVERRIDE_SPLIT.split(rest) if o) if rest else ()
+        bad = [o for o in overrides if "=" not in o]
+        if bad:
+            raise SystemExit(f"--variants {spec!r}: {bad[0]!r} is not a dotted key=value override")
+        if any(v.name == name for v in variants):
+            raise SystemExit(f"--variants: {name!r} named twice")
+        variants.append(Variant(name, overrides))
+    return variants
+
+
+def not_hurt(variant: list[float], baseline: list[float]) -> tuple[bool, float]:
+    """(variant mean ≥ baseline mean − max(0.03, sample std of the baseline), that bound)."""
+    spread = statistics.stdev(baseline) if len(baseline) > 1 else 0.0
+    bound = statistics.mean(baseline) - max(NOT_HURT_MARGIN, spread)
+    return statistics.mean(variant) >= bound, bound
 
 
 def pass_at_k_before_after(
@@ -82,6 +137,84 @@ def tool_call_rates(store: ArtifactStore, run_id: str) -> tuple[float, float, fl
     return statistics.mean(rollouts[:3]), statistics.mean(rollouts[-3:]), vals[0], vals[-1]
 
 
+@dataclass(frozen=True)
+class VariantRow:
+    config: str
+    seed: int
+    variant: str
+    sft: float
+    rl: float
+    s_per_iteration: float
+    wall_s: float
+
+
+def run_variants(
+    configs: list[str], seeds: list[int], variants: list[Variant], root: str, overrides: list[str]
+) -> list[VariantRow]:
+    """Per (config, seed): one shared SFT, then the RL loop of every variant on it."""
+    from _setup import shared_sft
+
+    from flows.rl import rl_loop
+    from verl_core.config import load_config
+    from verl_core.run import RunContext
+
+    rows: list[VariantRow] = []
+    for config in configs:
+        stem = Path(config).stem
+        for seed in seeds:
+            common = [
+                f"store.url={root}", f"data.seed={seed}", f"trainer.seed={seed}", f"rollout.seed={seed}",
+                "tracking.enabled=false", *overrides,
+            ]  # fmt: skip
+            t0 = time.perf_counter()
+            tp, sft = shared_sft(load_config(str(REPO / config), common), f"learning-{stem}-seed{seed}")
+            print(f"{stem} seed {seed}: shared SFT in {time.perf_counter() - t0:.0f} s", flush=True)
+            for v in variants:
+                cfg = load_config(str(REPO / config), [*common, *v.overrides])
+                run_id = f"learning-{stem}-seed{seed}-{v.name}"
+                t0 = time.perf_counter()
+                out = rl_loop(RunContext(run_id=run_id, store_url=root), cfg, tp, sft)
+                wall = time.perf_counter() - t0
+                acc, last = out.val_accuracy, max(out.val_accuracy)
+                if 0 not in acc or last == 0:
+                    raise SystemExit(f"{run_id}: needs validations before and after RL (val_before_train)")
+                per_it = (wall - out.timing_s.get("validate", 0.0)) / last
+                rows.append(VariantRow(stem, seed, v.name, acc[0], acc[last], per_it, wall))
+                print(
+                    f"{run_id}: SFT {acc[0]:.3f} → RL {acc[last]:.3f} ({acc[last] - acc[0]:+.3f}) after "
+                    f"{last} iterations, {per_it:.2f} s/iteration, {wall:.0f} s",
+                    flush=True,
+                )
+    return rows
+
+
+def print_variants(rows: list[VariantRow], baseline: str, pairs: dict[str, str]) -> None:
+    """The per-run table, then per (config, variant) the mean ± std and the not-hurt checks."""
+    print(f"\n{'config':<18} {'seed':>4} {'variant':<12} {'SFT':>6} {'RL':>6} {'gain':>7} {'s/iter':>7}")
+    for r in rows:
+        print(
+            f"{r.config:<18} {r.seed:>4} {r.variant:<12} {r.sft:>6.3f} {r.rl:>6.3f} "
+            f"{r.rl - r.sft:>+7.3f} {r.s_per_iteration:>7.2f}"
+        )
+    for config in dict.fromkeys(r.config for r in rows):
+        acc = {
+            v: [r.rl for r in rows if r.config == config and r.variant == v]
+            for v in dict.fromkeys(r.variant for r in rows)
+        }
+        for name, accs in acc.items():
+            spread = statistics.stdev(accs) if len(accs) > 1 else 0.0
+            mine = [r for r in rows if r.config == config and r.variant == name]
+            per_it = statistics.mean(r.s_per_iteration for r in mine)
+            checks = []
+            for ref in dict.fromkeys(x for x in (baseline, pairs.get(name)) if x and x != name and x in acc):
+                ok, bound = not_hurt(accs, acc[ref])
+                checks.append(f"vs {ref}: {'passes' if ok else 'FAILS'} (≥ {bound:.3f})")
+            print(
+                f"{config} {name}: RL {statistics.mean(accs):.3f} ± {spread:.3f} over {len(accs)} seeds, "
+                f"{per_it:.2f} s/iteration; " + ("; ".join(checks) or "baseline")
+            )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", nargs="+", default=None, help="pipeline configs to compare")
@@ -91,6 +224,11 @@ def main() -> None:
     p.add_argument("--sharpen", action="store_true", help="quickstart_sharpen (complete demonstrations)")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--store", default=None, help="artifact store (default: a temporary directory)")
+    p.add_argument(
+        "--variants", nargs="+", default=None, help="NAME:key=v,key=v … RL variants on a shared SFT"
+    )
+    p.add_argument("--baseline", default=None, help="variant the others are checked against (default: first)")
+    p.add_argument("--pairs", nargs="+", default=[], help="VARIANT=BASELINE: also check against this one")
     p.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     args = p.parse_args()
 
@@ -102,6 +240,19 @@ def main() -> None:
         TOOLS_CONFIGS if args.tools else SHARPEN_CONFIGS if args.sharpen else DEFAULT_CONFIGS
     )
     root = args.store or tempfile.mkdtemp(prefix="verl-flow-learning-")
+    if args.variants:
+        variants = parse_variants(args.variants)
+        if any("=" not in pair for pair in args.pairs):
+            raise SystemExit("--pairs: write VARIANT=BASELINE")
+        pairs = {v: ref for v, _, ref in (pair.partition("=") for pair in args.pairs)}
+        names = {v.name for v in variants}
+        unknown = ({args.baseline} - {None}) | set(pairs) | set(pairs.values())
+        if unknown - names:
+            raise SystemExit(f"--baseline/--pairs name no variant: {sorted(unknown - names)}")
+        rows = run_variants(configs, args.seeds, variants, root, args.overrides)
+        print(f"\nstore: {root}")
+        print_variants(rows, args.baseline or variants[0].name, pairs)
+        return
     rows: list[tuple[str, int, float, float, float, float]] = []
     tool_rows: list[tuple[str, int, float, float, float, float]] = []
     pass_rows: list[tuple[str, int, int, float, float, float, float]] = []
