@@ -51,7 +51,7 @@ def shared_sft(cfg: VerlFlowConfig, run_id: str) -> tuple[str, str | None]:
     from stages.snapshot import resolve_snapshot
     from stages.template_pack import template_pack
 
-    cfg = cfg.model_copy(update={"data": resolve_snapshot(cfg.data).data})
+    cfg = cfg.model_copy(update={"data": resolve_snapshot.fn(cfg.data).data})
     ctx = RunContext(run_id=run_id, store_url=cfg.store.url)
     tools = cfg.rollout.multi_turn.tools if cfg.rollout.multi_turn.enable else []
     tp = template_pack.fn(ctx, cfg.data, cfg.model, preprocess.fn(ctx, cfg.data), tools)

@@ -36,6 +36,8 @@ sample std over seeds and the check "variant mean ≥ baseline mean − max(0.03
 (issue 16's "learning is not hurt"), against ``--baseline`` (default: the first variant) and against
 the variant's partner in ``--pairs VARIANT=BASELINE`` (a fair pair, e.g. an engine with its own
 weights on both sides). With ``--store`` a rerun skips what is committed and resumes the RL loops.
+``--diagnostics`` also prints each run's per-iteration update metrics (ppo_kl, clip fraction,
+entropy, share of zero-variance groups, mean |advantage|, mean score, rollout-correction KL).
 """
 
 from __future__ import annotations
@@ -69,6 +71,16 @@ TARGET_GAIN = {"quickstart_sharpen": 0.10}  # else 0.15
 NOT_HURT_MARGIN = 0.03  # issue 16: variant mean ≥ baseline mean − max(0.03, std(baseline))
 _OVERRIDE_SPLIT = re.compile(r",(?=[A-Za-z_][\w.]*=)")  # a comma that starts the next `key=`
 _VARIANT_NAME = re.compile(r"[A-Za-z0-9_-]+")
+# per-iteration update metrics printed by --diagnostics (from the ppo_update stages' summaries)
+DIAGNOSTICS = {
+    "actor/ppo_kl": "ppo_kl",
+    "actor/pg_clipfrac": "clipfrac",
+    "actor/entropy": "entropy",
+    "batch/zero_variance_groups": "zero_var",
+    "critic/advantages/abs_mean": "|adv|",
+    "critic/score/mean": "score",
+    "rollout_corr/kl": "corr_kl",
+}
 
 
 @dataclass(frozen=True)
@@ -149,14 +161,21 @@ class VariantRow:
 
 
 def run_variants(
-    configs: list[str], seeds: list[int], variants: list[Variant], root: str, overrides: list[str]
+    configs: list[str],
+    seeds: list[int],
+    variants: list[Variant],
+    root: str,
+    overrides: list[str],
+    diagnostics: bool = False,
 ) -> list[VariantRow]:
-    """Per (config, seed): one shared SFT, then the RL loop of every variant on it."""
+    """Per (config, seed): one shared SFT, then the RL loop of every variant on it; ``diagnostics``:
+    also print each run's per-iteration update metrics."""
     from _setup import shared_sft
 
     from flows.rl import rl_loop
     from verl_core.config import load_config
     from verl_core.run import RunContext
+    from verl_core.store import ArtifactStore
 
     rows: list[VariantRow] = []
     for config in configs:
@@ -185,6 +204,16 @@ def run_variants(
                     f"{last} iterations, {per_it:.2f} s/iteration, {wall:.0f} s",
                     flush=True,
                 )
+                passes = pass_at_k_before_after(ArtifactStore(root), run_id)
+                if passes is not None:
+                    k, p1_sft, p1_rl, pk_sft, pk_rl = passes
+                    print(
+                        f"{run_id}: pass@1 SFT {p1_sft:.3f} → RL {p1_rl:.3f}; "
+                        f"pass@{k} SFT {pk_sft:.3f} → RL {pk_rl:.3f}",
+                        flush=True,
+                    )
+                if diagnostics:
+                    print_diagnostics(ArtifactStore(root), run_id)
     return rows
 
 
@@ -215,6 +244,25 @@ def print_variants(rows: list[VariantRow], baseline: str, pairs: dict[str, str])
             )
 
 
+def update_diagnostics(store: ArtifactStore, run_id: str) -> dict[int, dict[str, float]]:
+    """``{iteration: {short name: value}}`` of the :data:`DIAGNOSTICS` in the run's update summaries."""
+    from stages.floor.locations import iteration_summaries
+
+    return {
+        it: {short: float(s[key]) for key, short in DIAGNOSTICS.items() if key in s}
+        for it, s in iteration_summaries(store, run_id, "update").items()
+    }
+
+
+def print_diagnostics(store: ArtifactStore, run_id: str) -> None:
+    """One line per RL iteration of the run's update metrics (a flat run explains itself here)."""
+    rows = update_diagnostics(store, run_id)
+    names = list(dict.fromkeys(k for r in rows.values() for k in r))
+    print(f"{run_id} per iteration:\n{'it':>4} " + " ".join(f"{n:>9}" for n in names))
+    for it, r in rows.items():
+        print(f"{it:>4} " + " ".join(f"{r[n]:>9.4g}" if n in r else f"{'-':>9}" for n in names))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", nargs="+", default=None, help="pipeline configs to compare")
@@ -229,6 +277,9 @@ def main() -> None:
     )
     p.add_argument("--baseline", default=None, help="variant the others are checked against (default: first)")
     p.add_argument("--pairs", nargs="+", default=[], help="VARIANT=BASELINE: also check against this one")
+    p.add_argument(
+        "--diagnostics", action="store_true", help="with --variants: per-iteration update metrics per run"
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     args = p.parse_args()
 
@@ -249,7 +300,7 @@ def main() -> None:
         unknown = ({args.baseline} - {None}) | set(pairs) | set(pairs.values())
         if unknown - names:
             raise SystemExit(f"--baseline/--pairs name no variant: {sorted(unknown - names)}")
-        rows = run_variants(configs, args.seeds, variants, root, args.overrides)
+        rows = run_variants(configs, args.seeds, variants, root, args.overrides, args.diagnostics)
         print(f"\nstore: {root}")
         print_variants(rows, args.baseline or variants[0].name, pairs)
         return
