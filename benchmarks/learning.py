@@ -61,6 +61,7 @@ from verl_core.env import set_quiet_env  # noqa: E402
 set_quiet_env(offline=True)
 
 if TYPE_CHECKING:
+    from verl_core.config import VerlFlowConfig
     from verl_core.store import ArtifactStore
 
 DEFAULT_CONFIGS = ["configs/quickstart.yaml", "configs/quickstart_grpo.yaml"]
@@ -167,17 +168,16 @@ def run_variants(
     root: str,
     overrides: list[str],
     diagnostics: bool = False,
-) -> list[VariantRow]:
+) -> tuple[list[VariantRow], list[str]]:
     """Per (config, seed): one shared SFT, then the RL loop of every variant on it; ``diagnostics``:
-    also print each run's per-iteration update metrics."""
+    also print each run's per-iteration update metrics. Returns the rows and the failed runs."""
     from _setup import shared_sft
 
-    from flows.rl import rl_loop
     from verl_core.config import load_config
-    from verl_core.run import RunContext
     from verl_core.store import ArtifactStore
 
     rows: list[VariantRow] = []
+    failed: list[str] = []
     for config in configs:
         stem = Path(config).stem
         for seed in seeds:
@@ -185,36 +185,52 @@ def run_variants(
                 f"store.url={root}", f"data.seed={seed}", f"trainer.seed={seed}", f"rollout.seed={seed}",
                 "tracking.enabled=false", *overrides,
             ]  # fmt: skip
+            # every variant's config checked before the SFT (a typo should not wait for it)
+            cfgs = [load_config(str(REPO / config), [*common, *v.overrides]) for v in variants]
             t0 = time.perf_counter()
             tp, sft = shared_sft(load_config(str(REPO / config), common), f"learning-{stem}-seed{seed}")
             print(f"{stem} seed {seed}: shared SFT in {time.perf_counter() - t0:.0f} s", flush=True)
-            for v in variants:
-                cfg = load_config(str(REPO / config), [*common, *v.overrides])
+            for v, cfg in zip(variants, cfgs, strict=True):
                 run_id = f"learning-{stem}-seed{seed}-{v.name}"
-                t0 = time.perf_counter()
-                out = rl_loop(RunContext(run_id=run_id, store_url=root), cfg, tp, sft)
-                wall = time.perf_counter() - t0
-                acc, last = out.val_accuracy, max(out.val_accuracy)
-                if 0 not in acc or last == 0:
-                    raise SystemExit(f"{run_id}: needs validations before and after RL (val_before_train)")
-                per_it = (wall - out.timing_s.get("validate", 0.0)) / last
-                rows.append(VariantRow(stem, seed, v.name, acc[0], acc[last], per_it, wall))
-                print(
-                    f"{run_id}: SFT {acc[0]:.3f} → RL {acc[last]:.3f} ({acc[last] - acc[0]:+.3f}) after "
-                    f"{last} iterations, {per_it:.2f} s/iteration, {wall:.0f} s",
-                    flush=True,
-                )
-                passes = pass_at_k_before_after(ArtifactStore(root), run_id)
-                if passes is not None:
-                    k, p1_sft, p1_rl, pk_sft, pk_rl = passes
-                    print(
-                        f"{run_id}: pass@1 SFT {p1_sft:.3f} → RL {p1_rl:.3f}; "
-                        f"pass@{k} SFT {pk_sft:.3f} → RL {pk_rl:.3f}",
-                        flush=True,
-                    )
+                try:  # one variant failing (e.g. dynamic sampling finding no informative group) is a result
+                    rows.append(run_variant(cfg, run_id, stem, seed, v.name, tp, sft))
+                except Exception as e:
+                    failed.append(f"{run_id}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                    print(f"{failed[-1]} (FAILED, going on)", flush=True)
+                    continue
                 if diagnostics:
                     print_diagnostics(ArtifactStore(root), run_id)
-    return rows
+    return rows, failed
+
+
+def run_variant(
+    cfg: VerlFlowConfig, run_id: str, config: str, seed: int, variant: str, tp: str, sft: str | None
+) -> VariantRow:
+    """One RL loop (with its validations) from the shared SFT checkpoint, printed as it ends."""
+    from flows.rl import rl_loop
+    from verl_core.run import RunContext
+    from verl_core.store import ArtifactStore
+
+    t0 = time.perf_counter()
+    out = rl_loop(RunContext(run_id=run_id, store_url=cfg.store.url), cfg, tp, sft)
+    wall = time.perf_counter() - t0
+    acc, last = out.val_accuracy, max(out.val_accuracy)
+    if 0 not in acc or last == 0:
+        raise SystemExit(f"{run_id}: needs validations before and after RL (val_before_train)")
+    per_it = (wall - out.timing_s.get("validate", 0.0)) / last
+    print(
+        f"{run_id}: SFT {acc[0]:.3f} → RL {acc[last]:.3f} ({acc[last] - acc[0]:+.3f}) after "
+        f"{last} iterations, {per_it:.2f} s/iteration, {wall:.0f} s",
+        flush=True,
+    )
+    passes = pass_at_k_before_after(ArtifactStore(cfg.store.url), run_id)
+    if passes is not None:
+        k, p1_sft, p1_rl, pk_sft, pk_rl = passes
+        print(
+            f"{run_id}: pass@1 SFT {p1_sft:.3f} → RL {p1_rl:.3f}; pass@{k} SFT {pk_sft:.3f} → RL {pk_rl:.3f}",
+            flush=True,
+        )
+    return VariantRow(config, seed, variant, acc[0], acc[last], per_it, wall)
 
 
 def print_variants(rows: list[VariantRow], baseline: str, pairs: dict[str, str]) -> None:
@@ -300,9 +316,11 @@ def main() -> None:
         unknown = ({args.baseline} - {None}) | set(pairs) | set(pairs.values())
         if unknown - names:
             raise SystemExit(f"--baseline/--pairs name no variant: {sorted(unknown - names)}")
-        rows = run_variants(configs, args.seeds, variants, root, args.overrides, args.diagnostics)
+        vrows, failed = run_variants(configs, args.seeds, variants, root, args.overrides, args.diagnostics)
         print(f"\nstore: {root}")
-        print_variants(rows, args.baseline or variants[0].name, pairs)
+        print_variants(vrows, args.baseline or variants[0].name, pairs)
+        for line in failed:
+            print(f"FAILED {line}")
         return
     rows: list[tuple[str, int, float, float, float, float]] = []
     tool_rows: list[tuple[str, int, float, float, float, float]] = []
