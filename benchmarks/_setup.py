@@ -39,3 +39,20 @@ def build_inputs(cfg: VerlFlowConfig, run_id: str = "setup") -> tuple[RunContext
     tp = template_pack.fn(ctx, cfg.data, cfg.model, preprocess.fn(ctx, cfg.data))
     sft = sft_warmup.fn(ctx, cfg.model, cfg.sft, cfg.trainer, tp) if cfg.sft.enable else None
     return ctx, tp, sft
+
+
+def shared_sft(cfg: VerlFlowConfig, run_id: str) -> tuple[str, str | None]:
+    """preprocess → template_pack → SFT as the pipeline runs them (the data snapshot resolved, the
+    tool schemas packed, SFT through its flow) in run ``run_id``: ``(template_pack URI, SFT URI or
+    None)``, for RL loops in other run ids that start from the same checkpoint. Committed stages are
+    skipped, so a rerun on the same store reuses them."""
+    from flows.gpu import sft_flow
+    from stages.preprocess import preprocess
+    from stages.snapshot import resolve_snapshot
+    from stages.template_pack import template_pack
+
+    cfg = cfg.model_copy(update={"data": resolve_snapshot.fn(cfg.data).data})
+    ctx = RunContext(run_id=run_id, store_url=cfg.store.url)
+    tools = cfg.rollout.multi_turn.tools if cfg.rollout.multi_turn.enable else []
+    tp = template_pack.fn(ctx, cfg.data, cfg.model, preprocess.fn(ctx, cfg.data), tools)
+    return tp, sft_flow(ctx, cfg, tp) if cfg.sft.enable else None

@@ -7,6 +7,10 @@
     .venv/bin/python benchmarks/learning.py trainer.total_iterations=30   # overrides for every run
     .venv/bin/python benchmarks/learning.py --tools   # quickstart_tools (multi-turn, calculator), seeds 1 2 3
     .venv/bin/python benchmarks/learning.py --sharpen --seeds 1   # quickstart_sharpen (complete demos)
+    .venv/bin/python benchmarks/learning.py --configs configs/quickstart_grpo.yaml \
+        --variants generate:rollout.decode=generate base: \
+        ahead:trainer.rollout_ahead=1,rollout.share_weights=false base_own:rollout.share_weights=false \
+        --pairs ahead=base_own --store /tmp/learning-variants   # one SFT per seed, 4 RL loops on it
 
 A seed sets ``data.seed`` (which problems, which held out, shuffling), ``trainer.seed`` (model init,
 dropout-free training order) and ``rollout.seed`` (sampling). Accuracy is greedy exact-match on the
@@ -18,15 +22,33 @@ RL update), the last is after RL. Prints one row per run and the mean/min gain p
 sampled responses with at least one tool call, ``multi_turn/tool_call_rate`` of the rollout stages'
 summaries) of the first 3 vs the last 3 RL iterations (target: last above first, and the +0.15 gain,
 on every seed), and of the greedy held-out validations (SFT checkpoint vs after RL).
+
+``--variants NAME:OVERRIDES ...`` compares named override sets on a shared SFT checkpoint: per
+(config, seed), preprocess → template_pack → SFT run once (run id ``learning-<config>-seed<s>``),
+then the RL loop with its validations once per variant (run id ``…-seed<s>-<NAME>``) on that
+checkpoint, one after the other. ``OVERRIDES`` are dotted overrides joined by commas
+(``ahead:trainer.rollout_ahead=1,rollout.share_weights=false``; a comma inside a value, as in
+``[a,b]``, stays: only a comma followed by ``key=`` splits); ``NAME:`` alone is the config as it is.
+Tracking is off in this mode (the RL loops run without the pipeline's MLflow run), and export/eval
+are not run. Prints one row per (config, seed, variant): SFT → after-RL greedy held-out accuracy and
+the RL loop's seconds per iteration (wall − validation, / iterations), then per variant the mean ±
+sample std over seeds and the check "variant mean ≥ baseline mean − max(0.03, std(baseline))"
+(issue 16's "learning is not hurt"), against ``--baseline`` (default: the first variant) and against
+the variant's partner in ``--pairs VARIANT=BASELINE`` (a fair pair, e.g. an engine with its own
+weights on both sides). With ``--store`` a rerun skips what is committed and resumes the RL loops.
+``--diagnostics`` also prints each run's per-iteration update metrics (ppo_kl, clip fraction,
+entropy, share of zero-variance groups, mean |advantage|, mean score, rollout-correction KL).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +61,7 @@ from verl_core.env import set_quiet_env  # noqa: E402
 set_quiet_env(offline=True)
 
 if TYPE_CHECKING:
+    from verl_core.config import VerlFlowConfig
     from verl_core.store import ArtifactStore
 
 DEFAULT_CONFIGS = ["configs/quickstart.yaml", "configs/quickstart_grpo.yaml"]
@@ -46,6 +69,51 @@ TOOLS_CONFIGS = ["configs/quickstart_tools.yaml"]
 SHARPEN_CONFIGS = ["configs/quickstart_sharpen.yaml"]
 TOOL_RATE = "multi_turn/tool_call_rate"
 TARGET_GAIN = {"quickstart_sharpen": 0.10}  # else 0.15
+NOT_HURT_MARGIN = 0.03  # issue 16: variant mean ≥ baseline mean − max(0.03, std(baseline))
+_OVERRIDE_SPLIT = re.compile(r",(?=[A-Za-z_][\w.]*=)")  # a comma that starts the next `key=`
+_VARIANT_NAME = re.compile(r"[A-Za-z0-9_-]+")
+# per-iteration update metrics printed by --diagnostics (from the ppo_update stages' summaries)
+DIAGNOSTICS = {
+    "actor/ppo_kl": "ppo_kl",
+    "actor/pg_clipfrac": "clipfrac",
+    "actor/entropy": "entropy",
+    "batch/zero_variance_groups": "zero_var",
+    "critic/advantages/abs_mean": "|adv|",
+    "critic/score/mean": "score",
+    "rollout_corr/kl": "corr_kl",
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named set of dotted overrides applied to the RL loop (not to the shared SFT)."""
+
+    name: str
+    overrides: tuple[str, ...]
+
+
+def parse_variants(specs: list[str]) -> list[Variant]:
+    """``["NAME:k=v,k2=v2", "NAME:"]`` → variants, in order; names unique, overrides ``key=value``."""
+    variants: list[Variant] = []
+    for spec in specs:
+        name, sep, rest = spec.partition(":")
+        if not sep or not _VARIANT_NAME.fullmatch(name):
+            raise SystemExit(f"--variants {spec!r}: write NAME:key=value,key=value (NAME of [A-Za-z0-9_-])")
+        overrides = tuple(o for o in _OVERRIDE_SPLIT.split(rest) if o) if rest else ()
+        bad = [o for o in overrides if "=" not in o]
+        if bad:
+            raise SystemExit(f"--variants {spec!r}: {bad[0]!r} is not a dotted key=value override")
+        if any(v.name == name for v in variants):
+            raise SystemExit(f"--variants: {name!r} named twice")
+        variants.append(Variant(name, overrides))
+    return variants
+
+
+def not_hurt(variant: list[float], baseline: list[float]) -> tuple[bool, float]:
+    """(variant mean ≥ baseline mean − max(0.03, sample std of the baseline), that bound)."""
+    spread = statistics.stdev(baseline) if len(baseline) > 1 else 0.0
+    bound = statistics.mean(baseline) - max(NOT_HURT_MARGIN, spread)
+    return statistics.mean(variant) >= bound, bound
 
 
 def pass_at_k_before_after(
@@ -82,6 +150,135 @@ def tool_call_rates(store: ArtifactStore, run_id: str) -> tuple[float, float, fl
     return statistics.mean(rollouts[:3]), statistics.mean(rollouts[-3:]), vals[0], vals[-1]
 
 
+@dataclass(frozen=True)
+class VariantRow:
+    config: str
+    seed: int
+    variant: str
+    sft: float
+    rl: float
+    s_per_iteration: float
+    wall_s: float
+
+
+def run_variants(
+    configs: list[str],
+    seeds: list[int],
+    variants: list[Variant],
+    root: str,
+    overrides: list[str],
+    diagnostics: bool = False,
+) -> tuple[list[VariantRow], list[str]]:
+    """Per (config, seed): one shared SFT, then the RL loop of every variant on it; ``diagnostics``:
+    also print each run's per-iteration update metrics. Returns the rows and the failed runs."""
+    from _setup import shared_sft
+
+    from verl_core.config import load_config
+    from verl_core.store import ArtifactStore
+
+    rows: list[VariantRow] = []
+    failed: list[str] = []
+    for config in configs:
+        stem = Path(config).stem
+        for seed in seeds:
+            common = [
+                f"store.url={root}", f"data.seed={seed}", f"trainer.seed={seed}", f"rollout.seed={seed}",
+                "tracking.enabled=false", *overrides,
+            ]  # fmt: skip
+            # every variant's config checked before the SFT (a typo should not wait for it)
+            cfgs = [load_config(str(REPO / config), [*common, *v.overrides]) for v in variants]
+            t0 = time.perf_counter()
+            tp, sft = shared_sft(load_config(str(REPO / config), common), f"learning-{stem}-seed{seed}")
+            print(f"{stem} seed {seed}: shared SFT in {time.perf_counter() - t0:.0f} s", flush=True)
+            for v, cfg in zip(variants, cfgs, strict=True):
+                run_id = f"learning-{stem}-seed{seed}-{v.name}"
+                try:  # one variant failing (e.g. dynamic sampling finding no informative group) is a result
+                    rows.append(run_variant(cfg, run_id, stem, seed, v.name, tp, sft))
+                except Exception as e:
+                    failed.append(f"{run_id}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                    print(f"{failed[-1]} (FAILED, going on)", flush=True)
+                    continue
+                if diagnostics:
+                    print_diagnostics(ArtifactStore(root), run_id)
+    return rows, failed
+
+
+def run_variant(
+    cfg: VerlFlowConfig, run_id: str, config: str, seed: int, variant: str, tp: str, sft: str | None
+) -> VariantRow:
+    """One RL loop (with its validations) from the shared SFT checkpoint, printed as it ends."""
+    from flows.rl import rl_loop
+    from verl_core.run import RunContext
+    from verl_core.store import ArtifactStore
+
+    t0 = time.perf_counter()
+    out = rl_loop(RunContext(run_id=run_id, store_url=cfg.store.url), cfg, tp, sft)
+    wall = time.perf_counter() - t0
+    acc, last = out.val_accuracy, max(out.val_accuracy)
+    if 0 not in acc or last == 0:
+        raise SystemExit(f"{run_id}: needs validations before and after RL (val_before_train)")
+    per_it = (wall - out.timing_s.get("validate", 0.0)) / last
+    print(
+        f"{run_id}: SFT {acc[0]:.3f} → RL {acc[last]:.3f} ({acc[last] - acc[0]:+.3f}) after "
+        f"{last} iterations, {per_it:.2f} s/iteration, {wall:.0f} s",
+        flush=True,
+    )
+    passes = pass_at_k_before_after(ArtifactStore(cfg.store.url), run_id)
+    if passes is not None:
+        k, p1_sft, p1_rl, pk_sft, pk_rl = passes
+        print(
+            f"{run_id}: pass@1 SFT {p1_sft:.3f} → RL {p1_rl:.3f}; pass@{k} SFT {pk_sft:.3f} → RL {pk_rl:.3f}",
+            flush=True,
+        )
+    return VariantRow(config, seed, variant, acc[0], acc[last], per_it, wall)
+
+
+def print_variants(rows: list[VariantRow], baseline: str, pairs: dict[str, str]) -> None:
+    """The per-run table, then per (config, variant) the mean ± std and the not-hurt checks."""
+    print(f"\n{'config':<18} {'seed':>4} {'variant':<12} {'SFT':>6} {'RL':>6} {'gain':>7} {'s/iter':>7}")
+    for r in rows:
+        print(
+            f"{r.config:<18} {r.seed:>4} {r.variant:<12} {r.sft:>6.3f} {r.rl:>6.3f} "
+            f"{r.rl - r.sft:>+7.3f} {r.s_per_iteration:>7.2f}"
+        )
+    for config in dict.fromkeys(r.config for r in rows):
+        acc = {
+            v: [r.rl for r in rows if r.config == config and r.variant == v]
+            for v in dict.fromkeys(r.variant for r in rows)
+        }
+        for name, accs in acc.items():
+            spread = statistics.stdev(accs) if len(accs) > 1 else 0.0
+            mine = [r for r in rows if r.config == config and r.variant == name]
+            per_it = statistics.mean(r.s_per_iteration for r in mine)
+            checks = []
+            for ref in dict.fromkeys(x for x in (baseline, pairs.get(name)) if x and x != name and x in acc):
+                ok, bound = not_hurt(accs, acc[ref])
+                checks.append(f"vs {ref}: {'passes' if ok else 'FAILS'} (≥ {bound:.3f})")
+            print(
+                f"{config} {name}: RL {statistics.mean(accs):.3f} ± {spread:.3f} over {len(accs)} seeds, "
+                f"{per_it:.2f} s/iteration; " + ("; ".join(checks) or "baseline")
+            )
+
+
+def update_diagnostics(store: ArtifactStore, run_id: str) -> dict[int, dict[str, float]]:
+    """``{iteration: {short name: value}}`` of the :data:`DIAGNOSTICS` in the run's update summaries."""
+    from stages.floor.locations import iteration_summaries
+
+    return {
+        it: {short: float(s[key]) for key, short in DIAGNOSTICS.items() if key in s}
+        for it, s in iteration_summaries(store, run_id, "update").items()
+    }
+
+
+def print_diagnostics(store: ArtifactStore, run_id: str) -> None:
+    """One line per RL iteration of the run's update metrics (a flat run explains itself here)."""
+    rows = update_diagnostics(store, run_id)
+    names = list(dict.fromkeys(k for r in rows.values() for k in r))
+    print(f"{run_id} per iteration:\n{'it':>4} " + " ".join(f"{n:>9}" for n in names))
+    for it, r in rows.items():
+        print(f"{it:>4} " + " ".join(f"{r[n]:>9.4g}" if n in r else f"{'-':>9}" for n in names))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", nargs="+", default=None, help="pipeline configs to compare")
@@ -91,6 +288,14 @@ def main() -> None:
     p.add_argument("--sharpen", action="store_true", help="quickstart_sharpen (complete demonstrations)")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--store", default=None, help="artifact store (default: a temporary directory)")
+    p.add_argument(
+        "--variants", nargs="+", default=None, help="NAME:key=v,key=v … RL variants on a shared SFT"
+    )
+    p.add_argument("--baseline", default=None, help="variant the others are checked against (default: first)")
+    p.add_argument("--pairs", nargs="+", default=[], help="VARIANT=BASELINE: also check against this one")
+    p.add_argument(
+        "--diagnostics", action="store_true", help="with --variants: per-iteration update metrics per run"
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     args = p.parse_args()
 
@@ -102,6 +307,21 @@ def main() -> None:
         TOOLS_CONFIGS if args.tools else SHARPEN_CONFIGS if args.sharpen else DEFAULT_CONFIGS
     )
     root = args.store or tempfile.mkdtemp(prefix="verl-flow-learning-")
+    if args.variants:
+        variants = parse_variants(args.variants)
+        if any("=" not in pair for pair in args.pairs):
+            raise SystemExit("--pairs: write VARIANT=BASELINE")
+        pairs = {v: ref for v, _, ref in (pair.partition("=") for pair in args.pairs)}
+        names = {v.name for v in variants}
+        unknown = ({args.baseline} - {None}) | set(pairs) | set(pairs.values())
+        if unknown - names:
+            raise SystemExit(f"--baseline/--pairs name no variant: {sorted(unknown - names)}")
+        vrows, failed = run_variants(configs, args.seeds, variants, root, args.overrides, args.diagnostics)
+        print(f"\nstore: {root}")
+        print_variants(vrows, args.baseline or variants[0].name, pairs)
+        for line in failed:
+            print(f"FAILED {line}")
+        return
     rows: list[tuple[str, int, float, float, float, float]] = []
     tool_rows: list[tuple[str, int, float, float, float, float]] = []
     pass_rows: list[tuple[str, int, int, float, float, float, float]] = []

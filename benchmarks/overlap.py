@@ -44,11 +44,9 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
+    from _setup import shared_sft
 
-    from flows.gpu import sft_flow
     from flows.rl import rl_loop
-    from stages.preprocess import preprocess
-    from stages.template_pack import template_pack
     from verl_core.config import load_config
     from verl_core.run import RunContext
 
@@ -61,9 +59,7 @@ def main() -> None:
             "rollout.share_weights=false", "tracking.enabled=false", *args.overrides,
         ]  # fmt: skip
         base = load_config(str(REPO / args.config), common)
-        data = RunContext(run_id=f"overlap-seed{seed}", store_url=root)
-        tp = template_pack.fn(data, base.data, base.model, preprocess.fn(data, base.data))
-        sft = sft_flow(data, base, tp)
+        tp, sft = shared_sft(base, f"overlap-seed{seed}")
         for k, ahead in enumerate(args.order):
             cfg = load_config(str(REPO / args.config), [*common, f"trainer.rollout_ahead={ahead}"])
             ctx = RunContext(run_id=f"overlap-seed{seed}-ahead{ahead}-{k}{args.tag}", store_url=root)
