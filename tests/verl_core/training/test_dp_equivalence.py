@@ -98,7 +98,11 @@ def check_equivalent(dist_run: dict[str, Any], single: dict[str, Any], label: st
             if key in run:
                 gap = weight_gap(run[key], ref[key])
                 print(f"{label} {name} {key}: max|Δ|/max|w| = {gap:.2e}")
-                assert gap <= 1e-5, (name, key, gap)
+                # float32 reduction-order noise, which Adam's per-parameter normalisation amplifies for
+                # parameters with near-zero gradients: measured 1.2e-6-6.6e-6 before the LM head ran on
+                # response rows only (other matmul shapes), 1.0e-5 after (fsdp2 PPO); a lost, doubled or
+                # mis-weighted sample moves the weights by orders of magnitude more
+                assert gap <= 3e-5, (name, key, gap)
         for got_m, want_m in zip(run.get("metrics", []), ref.get("metrics", []), strict=True):
             assert got_m.keys() == want_m.keys()
             for k in want_m:
