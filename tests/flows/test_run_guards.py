@@ -166,5 +166,5 @@ def test_a_stalled_update_is_failed_naming_stage_iteration_and_last_progress(
     message = str(err.value)
     assert message.startswith("ppo_update (iteration 1): no progress for 10 s (execution.stall_timeout_s)")
     assert "last progress: optimizer_step=" in message and "micro_batch=1/1 at " in message
-    assert 10 <= stalled_for < 10 + 2.5, stalled_for  # the timeout + a poll (1 s) + unwinding (~0.7 s: Prefect)
+    assert 10 <= stalled_for < 10 + 2.5, stalled_for  # timeout + a poll (1 s) + unwinding (~0.7 s: Prefect)
     assert list_checkpoints(ctx.store(), "stalled") == [1]
