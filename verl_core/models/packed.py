@@ -93,9 +93,7 @@ def packed_inputs(
     ``input_ids``/``position_ids (1, N)``, ``use_cache=False`` and :func:`varlen_kwargs`. Reads
     ``cu_seqlens`` on the host once: the only host synchronisation of a packed forward."""
     cu = [int(x) for x in cu_seqlens.tolist()]
-    host = torch.tensor(cu, dtype=torch.long)
-    lengths = host[1:] - host[:-1]
-    position_ids = torch.arange(cu[-1] if cu else 0) - torch.repeat_interleave(host[:-1], lengths)  # (N,)
+    position_ids = position_ids_from_cu_seqlens(torch.tensor(cu, dtype=torch.long))  # (N,), on the host
     return {
         "input_ids": input_ids[None],
         "position_ids": position_ids.to(input_ids.device, non_blocking=True)[None],
