@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/learning.py --configs configs/quickstart.yaml --seeds 1
     .venv/bin/python benchmarks/learning.py trainer.total_iterations=30   # overrides for every run
     .venv/bin/python benchmarks/learning.py --tools   # quickstart_tools (multi-turn, calculator), seeds 1 2 3
-    .venv/bin/python benchmarks/learning.py --sharpen --seeds 1   # quickstart_sharpen (complete demos)
+    .venv/bin/python benchmarks/learning.py --sharpen   # quickstart_sharpen: GRPO + PPO + SFT-only control
     .venv/bin/python benchmarks/learning.py --configs configs/quickstart_grpo.yaml \
         --variants generate:rollout.decode=generate base: \
         ahead:trainer.rollout_ahead=1,rollout.share_weights=false base_own:rollout.share_weights=false \
@@ -36,6 +36,13 @@ sample std over seeds and the check "variant mean ≥ baseline mean − max(0.03
 (issue 16's "learning is not hurt"), against ``--baseline`` (default: the first variant) and against
 the variant's partner in ``--pairs VARIANT=BASELINE`` (a fair pair, e.g. an engine with its own
 weights on both sides). With ``--store`` a rerun skips what is committed and resumes the RL loops.
+``--sft-control`` (with ``--variants``) also runs, per (config, seed), the SFT-only control: SFT from
+scratch for more epochs, as many more as the longest variant's RL training seconds buy at the shared
+SFT's pace (run id ``…-seed<s>-sft_control``), validated like an RL loop's iteration 0; then prints
+per run SFT → RL greedy accuracy, the control's, pass@1 / pass@k of all three, and per variant issue
+19's check: RL ≥ SFT + 0.10 and RL ≥ control + 0.10 on every seed. ``--sharpen`` without
+``--variants`` is ``configs/quickstart_sharpen.yaml`` with the variants ``grpo:`` (the config) and
+``ppo:algorithm.adv_estimator=gae`` on one SFT per seed, and the control.
 ``--diagnostics`` also prints each run's per-iteration update metrics (ppo_kl, clip fraction,
 entropy, share of zero-variance groups, mean |advantage|, mean score, rollout-correction KL).
 """
@@ -43,6 +50,7 @@ entropy, share of zero-variance groups, mean |advantage|, mean score, rollout-co
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import statistics
 import sys
@@ -67,6 +75,8 @@ if TYPE_CHECKING:
 DEFAULT_CONFIGS = ["configs/quickstart.yaml", "configs/quickstart_grpo.yaml"]
 TOOLS_CONFIGS = ["configs/quickstart_tools.yaml"]
 SHARPEN_CONFIGS = ["configs/quickstart_sharpen.yaml"]
+# --sharpen: the config's GRPO and its PPO (the config holds the critic's settings) on one SFT per seed
+SHARPEN_VARIANTS = ["grpo:", "ppo:algorithm.adv_estimator=gae"]
 TOOL_RATE = "multi_turn/tool_call_rate"
 TARGET_GAIN = {"quickstart_sharpen": 0.10}  # else 0.15
 NOT_HURT_MARGIN = 0.03  # issue 16: variant mean ≥ baseline mean − max(0.03, std(baseline))
@@ -159,6 +169,22 @@ class VariantRow:
     rl: float
     s_per_iteration: float
     wall_s: float
+    passes: tuple[int, float, float, float, float] | None = None  # pass_at_k_before_after
+    train_s: float = 0.0  # the RL loop's seconds without its validations
+
+
+@dataclass(frozen=True)
+class ControlRow:
+    """The SFT-only control of one (config, seed): SFT from scratch for ``epochs`` (the shared SFT's
+    epochs plus as many as the longest RL loop's training seconds buy), greedy held-out accuracy and
+    sampled pass@1 / pass@k of its checkpoint."""
+
+    config: str
+    seed: int
+    epochs: int
+    accuracy: float
+    pass_at_1: float | None
+    pass_at_k: float | None
 
 
 def run_variants(
@@ -168,15 +194,18 @@ def run_variants(
     root: str,
     overrides: list[str],
     diagnostics: bool = False,
-) -> tuple[list[VariantRow], list[str]]:
+    control: bool = False,
+) -> tuple[list[VariantRow], list[ControlRow], list[str]]:
     """Per (config, seed): one shared SFT, then the RL loop of every variant on it; ``diagnostics``:
-    also print each run's per-iteration update metrics. Returns the rows and the failed runs."""
+    also print each run's per-iteration update metrics; ``control``: then the SFT-only control
+    (:func:`run_sft_control`). Returns the rows, the control rows and the failed runs."""
     from _setup import shared_sft
 
     from verl_core.config import load_config
     from verl_core.store import ArtifactStore
 
     rows: list[VariantRow] = []
+    controls: list[ControlRow] = []
     failed: list[str] = []
     for config in configs:
         stem = Path(config).stem
@@ -200,7 +229,55 @@ def run_variants(
                     continue
                 if diagnostics:
                     print_diagnostics(ArtifactStore(root), run_id)
-    return rows, failed
+            mine = [r.train_s for r in rows if r.config == stem and r.seed == seed]
+            if control and mine:
+                base = load_config(str(REPO / config), common)
+                controls.append(run_sft_control(base, stem, seed, sft, max(mine)))
+    return rows, controls, failed
+
+
+def run_sft_control(
+    cfg: VerlFlowConfig, config: str, seed: int, sft_uri: str | None, rl_train_s: float
+) -> ControlRow:
+    """The SFT-only control: SFT from scratch (run id ``learning-<config>-seed<s>-sft_control``) for
+    :func:`control_epochs` (sized by ``train_seconds`` of the shared SFT's summary): the same extra
+    wall time spent on more SFT instead of RL, the schedule (warm-up, cosine) stretched over the
+    longer run. Its checkpoint is validated like the RL loop's iteration 0 (greedy accuracy; pass@k
+    when ``eval.k`` > 1)."""
+    from _setup import shared_sft
+
+    from stages.floor.locations import iteration_summaries
+    from stages.floor.state import drop_state, init_state
+    from stages.validate import validate
+    from verl_core.run import RunContext
+    from verl_core.store import ArtifactStore
+
+    store = ArtifactStore(cfg.store.url)
+    if sft_uri is None:
+        raise SystemExit(f"{config} seed {seed}: the SFT-only control needs sft.enable")
+    sft_s = float(store.read_manifest(sft_uri).summary["train_seconds"])
+    epochs = control_epochs(cfg.sft.epochs, sft_s, rl_train_s)
+    ccfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"epochs": epochs})})
+    run_id = f"learning-{config}-seed{seed}-sft_control"
+    t0 = time.perf_counter()
+    tp, sft = shared_sft(ccfg, run_id)
+    ctx = RunContext(run_id=run_id, store_url=cfg.store.url)
+    try:
+        init_state(ctx, ccfg, tp, sft)
+        accuracy = validate.fn(ctx, ccfg, tp, 0)
+    finally:
+        drop_state(run_id)
+    summary = iteration_summaries(store, run_id, "val")[0]
+    k = ccfg.eval.k
+    p1, pk = summary.get("val/pass_at_1"), summary.get(f"val/pass_at_{k}")
+    print(
+        f"{run_id}: {epochs} SFT epochs (the shared SFT's {cfg.sft.epochs} took {sft_s:.0f} s; the RL loop "
+        f"{rl_train_s:.0f} s), greedy {accuracy:.3f}"
+        + (f", pass@1 {p1:.3f}, pass@{k} {pk:.3f}" if p1 is not None and pk is not None else "")
+        + f", {time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
+    return ControlRow(config, seed, epochs, accuracy, p1, pk)
 
 
 def run_variant(
@@ -217,7 +294,8 @@ def run_variant(
     acc, last = out.val_accuracy, max(out.val_accuracy)
     if 0 not in acc or last == 0:
         raise SystemExit(f"{run_id}: needs validations before and after RL (val_before_train)")
-    per_it = (wall - out.timing_s.get("validate", 0.0)) / last
+    train_s = wall - out.timing_s.get("validate", 0.0)
+    per_it = train_s / last
     print(
         f"{run_id}: SFT {acc[0]:.3f} → RL {acc[last]:.3f} ({acc[last] - acc[0]:+.3f}) after "
         f"{last} iterations, {per_it:.2f} s/iteration, {wall:.0f} s",
@@ -230,7 +308,7 @@ def run_variant(
             f"{run_id}: pass@1 SFT {p1_sft:.3f} → RL {p1_rl:.3f}; pass@{k} SFT {pk_sft:.3f} → RL {pk_rl:.3f}",
             flush=True,
         )
-    return VariantRow(config, seed, variant, acc[0], acc[last], per_it, wall)
+    return VariantRow(config, seed, variant, acc[0], acc[last], per_it, wall, passes, train_s)
 
 
 def print_variants(rows: list[VariantRow], baseline: str, pairs: dict[str, str]) -> None:
@@ -258,6 +336,56 @@ def print_variants(rows: list[VariantRow], baseline: str, pairs: dict[str, str])
                 f"{config} {name}: RL {statistics.mean(accs):.3f} ± {spread:.3f} over {len(accs)} seeds, "
                 f"{per_it:.2f} s/iteration; " + ("; ".join(checks) or "baseline")
             )
+
+
+def print_sharpening(rows: list[VariantRow], controls: list[ControlRow]) -> None:
+    """Per (config, seed, variant): SFT → RL greedy accuracy, the SFT-only control, pass@1 / pass@k
+    before and after; then per (config, variant) issue 19's check: RL ≥ SFT + target and RL ≥ control
+    + target on every seed."""
+    ctl = {(c.config, c.seed): c for c in controls}
+    heads = ("SFT", "RL", "control", "vs SFT", "vs ctl", "p@1 SFT", "p@1 RL", "p@1 ctl", "p@k SFT", "p@k RL")
+    print(f"\n{'config':<18} {'seed':>4} {'variant':<8} " + " ".join(f"{h:>7}" for h in (*heads, "p@k ctl")))
+
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    for r in rows:
+        c = ctl.get((r.config, r.seed))
+        _, p1_sft, p1_rl, pk_sft, pk_rl = r.passes or (1, None, None, None, None)
+        cells = (
+            f(r.sft), f(r.rl), f(c.accuracy if c else None), f"{r.rl - r.sft:+.3f}",
+            f"{r.rl - c.accuracy:+.3f}" if c else "-", f(p1_sft), f(p1_rl), f(c.pass_at_1 if c else None),
+            f(pk_sft), f(pk_rl), f(c.pass_at_k if c else None),
+        )  # fmt: skip
+        print(f"{r.config:<18} {r.seed:>4} {r.variant:<8} " + " ".join(f"{x:>7}" for x in cells))
+    for config in dict.fromkeys(r.config for r in rows):
+        target = TARGET_GAIN.get(config, 0.15)
+        for name in dict.fromkeys(r.variant for r in rows if r.config == config):
+            mine = [r for r in rows if r.config == config and r.variant == name]
+            ok, vs_sft, vs_ctl = sharpens(mine, controls, target)
+            print(
+                f"{config} {name}: min over {len(mine)} seeds RL − SFT {vs_sft:+.3f}, RL − control "
+                + ("-" if vs_ctl is None else f"{vs_ctl:+.3f}")
+                + f" ({'meets' if ok else 'misses'} the +{target:.2f} target on both)"
+            )
+
+
+def sharpens(
+    rows: list[VariantRow], controls: list[ControlRow], target: float
+) -> tuple[bool, float, float | None]:
+    """Issue 19's check over one variant's ``rows`` (one per seed): ``(RL ≥ SFT + target and RL ≥
+    control + target on every seed, min RL − SFT, min RL − control or None when a seed has no control)``."""
+    ctl = {(c.config, c.seed): c.accuracy for c in controls}
+    vs_sft = min(r.rl - r.sft for r in rows)
+    gaps = [r.rl - ctl[(r.config, r.seed)] for r in rows if (r.config, r.seed) in ctl]
+    vs_ctl = min(gaps) if len(gaps) == len(rows) else None
+    return vs_sft >= target and vs_ctl is not None and vs_ctl >= target, vs_sft, vs_ctl
+
+
+def control_epochs(epochs: int, sft_s: float, rl_train_s: float) -> int:
+    """SFT epochs of the control: ``E + ceil(E · rl_train_s / sft_s)``, the shared SFT's ``E`` epochs
+    (``sft_s`` seconds) plus as many as the RL loop's training seconds buy at the same pace."""
+    return epochs + math.ceil(epochs * rl_train_s / max(sft_s, 1e-9))
 
 
 def update_diagnostics(store: ArtifactStore, run_id: str) -> dict[int, dict[str, float]]:
@@ -296,6 +424,11 @@ def main() -> None:
     p.add_argument(
         "--diagnostics", action="store_true", help="with --variants: per-iteration update metrics per run"
     )
+    p.add_argument(
+        "--sft-control",
+        action="store_true",
+        help="with --variants: per seed also SFT alone, longer by the RL loop's training time",
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     args = p.parse_args()
 
@@ -307,6 +440,8 @@ def main() -> None:
         TOOLS_CONFIGS if args.tools else SHARPEN_CONFIGS if args.sharpen else DEFAULT_CONFIGS
     )
     root = args.store or tempfile.mkdtemp(prefix="verl-flow-learning-")
+    if args.sharpen and not args.variants:  # issue 19's table: GRPO and PPO on one SFT, and the control
+        args.variants, args.sft_control = list(SHARPEN_VARIANTS), True
     if args.variants:
         variants = parse_variants(args.variants)
         if any("=" not in pair for pair in args.pairs):
@@ -316,9 +451,13 @@ def main() -> None:
         unknown = ({args.baseline} - {None}) | set(pairs) | set(pairs.values())
         if unknown - names:
             raise SystemExit(f"--baseline/--pairs name no variant: {sorted(unknown - names)}")
-        vrows, failed = run_variants(configs, args.seeds, variants, root, args.overrides, args.diagnostics)
+        vrows, controls, failed = run_variants(
+            configs, args.seeds, variants, root, args.overrides, args.diagnostics, args.sft_control
+        )
         print(f"\nstore: {root}")
         print_variants(vrows, args.baseline or variants[0].name, pairs)
+        if args.sft_control:
+            print_sharpening(vrows, controls)
         for line in failed:
             print(f"FAILED {line}")
         return

@@ -137,6 +137,7 @@ def _load_options(data: DataConfig) -> LoadOptions:
         arithmetic_ops=tuple(data.arithmetic_ops),
         arithmetic_stop_early=data.arithmetic_stop_early,
         arithmetic_tool_share=data.arithmetic_tool_share,
+        arithmetic_terse_share=data.arithmetic_terse_share,
     )
 
 

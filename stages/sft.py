@@ -172,6 +172,9 @@ def sft_warmup(
         "first_val_loss": first_val,
         "final_val_loss": final_val,
         "trainable_params": count_parameters(lm, True),
+        # the training loop's seconds in this attempt (its validation losses included; a resumed
+        # attempt counts from its checkpoint): what an SFT-only control of the same cost is sized by
+        "train_seconds": time.perf_counter() - t0,
     }
     stage.write_json("report.json", report)
     uri = stage.commit(summary=report)

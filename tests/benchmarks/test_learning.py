@@ -40,3 +40,29 @@ def test_not_hurt_bound_is_the_larger_of_the_margin_and_the_baseline_std() -> No
     # baseline 0.60, 0.60, 0.61: std 0.0058 < 0.03 → bound 0.6033 − 0.03 = 0.5733; 0.57 misses it
     ok, bound = learning.not_hurt([0.57, 0.57, 0.57], [0.60, 0.60, 0.61])
     assert not ok and bound == pytest.approx(0.57333, abs=1e-4)
+
+
+def _row(seed: int, sft: float, rl: float) -> object:
+    return learning.VariantRow("c", seed, "grpo", sft, rl, 1.0, 60.0)
+
+
+def test_sharpening_needs_the_gain_over_sft_and_over_the_control_on_every_seed() -> None:
+    rows = [_row(1, 0.20, 0.45), _row(2, 0.30, 0.42)]  # RL − SFT: +0.25, +0.12 → min +0.12
+    controls = [
+        learning.ControlRow("c", 1, 9, 0.25, None, None),
+        learning.ControlRow("c", 2, 9, 0.31, None, None),
+    ]
+    ok, vs_sft, vs_ctl = learning.sharpens(rows, controls, 0.10)
+    # RL − control: 0.45 − 0.25 = +0.20, 0.42 − 0.31 = +0.11 → min +0.11 ≥ 0.10
+    assert ok and vs_sft == pytest.approx(0.12) and vs_ctl == pytest.approx(0.11)
+    controls[1] = learning.ControlRow("c", 2, 9, 0.35, None, None)  # 0.42 − 0.35 = +0.07 < 0.10
+    ok, _, vs_ctl = learning.sharpens(rows, controls, 0.10)
+    assert not ok and vs_ctl == pytest.approx(0.07)
+    ok, _, vs_ctl = learning.sharpens(rows, controls[:1], 0.10)  # seed 2 has no control: not met
+    assert not ok and vs_ctl is None
+
+
+def test_the_control_gets_the_epochs_the_rl_loop_s_seconds_buy() -> None:
+    # 5 epochs in 100 s (20 s each); an RL loop of 45 s buys ceil(5 · 45 / 100) = ceil(2.25) = 3 more
+    assert learning.control_epochs(5, 100.0, 45.0) == 8
+    assert learning.control_epochs(5, 100.0, 0.0) == 5  # no RL time, no extra SFT

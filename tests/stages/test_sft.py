@@ -50,6 +50,7 @@ def test_sft_learns_and_writes_a_loadable_policy(packed_data: tuple[Path, str]) 
     m = store.read_manifest(uri)
     assert m.summary["steps"] == 18  # 3 epochs × ceil(96 / 16)
     assert m.summary["final_val_loss"] < m.summary["first_val_loss"]
+    assert m.summary["train_seconds"] > 0  # sizes benchmarks/learning.py's SFT-only control
     names = {f.name for f in m.files}
     assert {"policy/config.json", "policy/model.safetensors", "policy/tokenizer.json"} <= names
     metrics = store.read_table(m, "metrics.parquet").to_pylist()

@@ -6,6 +6,7 @@ problem listed, instead of failing an hour in or shipping an under-trained model
 
 What is checked:
 
+* one arithmetic teacher: the tool-using one does not mix with the terse or incomplete ones;
 * batch sizes: mini-batches divide the prompts of an iteration (whole prompt groups per optimizer step);
   group-relative estimators get more than one sample per prompt; the data can fill one batch;
 * token budgets: every micro-batch budget holds one full-length sample (prompt + response), so a budget
@@ -66,6 +67,12 @@ def _required_fields(cfg: VerlFlowConfig) -> list[str]:
         out.append(
             f"ref.path: {cfg.ref.path!r} is set but nothing uses a reference "
             "(set actor.use_kl_loss or algorithm.use_kl_in_reward, or unset ref.path)"
+        )
+    d = cfg.data
+    if d.arithmetic_tool_share and (d.arithmetic_terse_share or d.arithmetic_stop_early):
+        out.append(
+            f"data.arithmetic_tool_share: {d.arithmetic_tool_share:g} is a teacher of its own; "
+            "expected arithmetic_terse_share and arithmetic_stop_early 0 beside it"
         )
     rc = cfg.algorithm.rollout_correction
     if cfg.actor.use_rollout_logprobs and (rc.rollout_is or rc.rollout_rs):

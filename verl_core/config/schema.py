@@ -95,6 +95,12 @@ class DataConfig(Section):
         "Synthetic arithmetic: share of training demonstrations that call the calculator tool and copy "
         "its result (multi-turn SFT rows); the rest answer at once (0: worked solutions, no tool)",
     )
+    arithmetic_terse_share: Prob = _f(
+        0.0,
+        "Synthetic arithmetic: share of training demonstrations that give the exact answer at once "
+        "(#### N) instead of the worked solution (a teacher of two styles, both correct; held-out "
+        "solutions stay worked)",
+    )
     arithmetic_ops: list[Literal["+", "-", "*"]] = _f(
         ["+", "-"], "Synthetic arithmetic: operators drawn from (the * operand has one digit)", min_length=1
     )

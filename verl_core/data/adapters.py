@@ -66,6 +66,7 @@ class LoadOptions:
     arithmetic_ops: tuple[str, ...] = ("+", "-")
     arithmetic_stop_early: float = 0.0
     arithmetic_tool_share: float = 0.0
+    arithmetic_terse_share: float = 0.0
 
 
 class SplitSources(NamedTuple):
@@ -240,7 +241,7 @@ def _load_arithmetic(
         raise DataError(f"data.arithmetic_*: {e}") from None
 
     def rows(
-        chosen: list[arithmetic.ArithmeticProblem], split: str, stop: float, tool_share: float
+        chosen: list[arithmetic.ArithmeticProblem], split: str, stop: float, tool_share: float, terse: float
     ) -> Iterator[RawRow]:
         where = f"arithmetic(seed={options.seed})[{split}]"
         teacher = random.Random(f"arithmetic-teacher:{options.seed}")  # the problems do not depend on it
@@ -249,15 +250,17 @@ def _load_arithmetic(
             if tool_share:  # the tool-using teacher: a calculator call, or the answer at once
                 data["turns"], data["answer"] = arithmetic.tool_demonstration(p, tool_share, teacher)
             else:
-                data["answer"] = arithmetic.teacher_solution(p, stop, teacher) if stop else p.solution
+                data["answer"] = arithmetic.teacher_solution(p, stop, teacher, terse_share=terse)
             yield RawRow(where, i, data, unit="row")
 
-    # the teachers write the training demonstrations only; held-out solutions are exact (with a
-    # tool-using teacher, every held-out demonstration calls the calculator)
-    stop, share = options.arithmetic_stop_early, options.arithmetic_tool_share
+    # the teachers write the training demonstrations only; held-out solutions are exact and worked
+    # (with a tool-using teacher, every held-out demonstration calls the calculator)
+    stop, share, terse = (
+        options.arithmetic_stop_early, options.arithmetic_tool_share, options.arithmetic_terse_share
+    )  # fmt: skip
     return SplitSources(
-        rows(problems[:n_train], "train", stop, share),
-        rows(problems[n_train:], "test", 0.0, 1.0 if share else 0.0),
+        rows(problems[:n_train], "train", stop, share, terse),
+        rows(problems[n_train:], "test", 0.0, 1.0 if share else 0.0, 0.0),
     )
 
 

@@ -19,6 +19,13 @@ and its ``answer`` stay exact. SFT imitates the habit, and RL with the exact-ans
 learn to carry the computation through to the end: the quickstart's demonstration that RL improves
 on its SFT data (the held-out solutions are always complete).
 
+A teacher of two styles (``terse_share`` > 0): with that probability a training demonstration gives
+the exact answer at once (``#### 60``), otherwise the worked solution; both are correct, but a model
+too small to carry five operations in its head answers the terse way far less often than it computes
+the worked way. SFT imitates the mix of styles (greedy decoding follows the more frequent one), and
+RL with the exact-answer reward has to turn the samples that work the problem out (pass@k) into the
+model's first choice (pass@1): the sharpening demonstration, ``configs/quickstart_sharpen.yaml``.
+
 A tool-using teacher (``tool_share`` > 0, :func:`tool_demonstration`): with that probability a
 training demonstration calls the ``calculator`` tool in the Hermes format and copies its result;
 otherwise it answers at once, ``#### N`` with the exact N, which a model too small to multiply
@@ -83,10 +90,18 @@ def make_problem(rng: random.Random, digits: int, steps: int, ops: Sequence[str]
     return ArithmeticProblem(question=question, solution=solution, answer=value)
 
 
-def teacher_solution(problem: ArithmeticProblem, stop_early: float, rng: random.Random) -> str:
-    """The worked solution of an incomplete teacher: with probability ``stop_early`` (problems of two
-    or more operations) the last operation is left out and the value before it is reported.
-    ``stop_early=0``: the exact solution."""
+def teacher_solution(
+    problem: ArithmeticProblem, stop_early: float, rng: random.Random, *, terse_share: float = 0.0
+) -> str:
+    """The demonstration of a teacher: with probability ``terse_share`` the exact answer at once,
+    ``#### N`` (a teacher of two styles, both correct); else, with probability ``stop_early``
+    (problems of two or more operations), the worked solution with the last operation left out and
+    the value before it reported (an incomplete teacher); else the exact worked solution. A share of 0
+    draws nothing from ``rng`` (the other share's draws are the same with or without it)."""
+    if terse_share and rng.random() < terse_share:
+        return f"#### {problem.answer}"
+    if not stop_early:
+        return problem.solution
     lines = problem.solution.split("\n")[:-1]  # "a op b = c" per operation
     if len(lines) < 2 or rng.random() >= stop_early:
         return problem.solution

@@ -22,6 +22,11 @@ from verl_core.errors import ConfigError
             "rollout.n: 1 sample per prompt gives algorithm.adv_estimator 'grpo' no group baseline; "
             "expected rollout.n >= 2 (or an estimator without groups: gae, reinforce_plus_plus, remax)",
         ),
+        (  # the tool-using teacher's demonstrations call the calculator or answer at once: no third style
+            ["data.arithmetic_tool_share=0.5", "data.arithmetic_terse_share=0.6"],
+            "data.arithmetic_tool_share: 0.5 is a teacher of its own; expected arithmetic_terse_share and "
+            "arithmetic_stop_early 0 beside it",
+        ),
         (  # arithmetic data of 6 problems cannot fill a batch of 8 prompts
             ["data.arithmetic_train_size=6", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4"],
             "data.train_batch_size: 8 prompts per iteration, but the data holds at most 6",

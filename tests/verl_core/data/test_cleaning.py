@@ -227,6 +227,36 @@ def test_incomplete_teacher_stops_one_operation_short() -> None:
     assert 0.27 < short / 4000 < 0.33  # about stop_early of the demonstrations
 
 
+def test_terse_teacher_answers_at_once_with_the_exact_answer() -> None:
+    exact = "37 + 48 = 85\n85 - 25 = 60\n#### 60"
+    p = ArithmeticProblem(question="q", solution=exact, answer=60)
+    assert teacher_solution(p, 0.0, random.Random(0), terse_share=1.0) == "#### 60"  # exact, no lines
+    assert teacher_solution(p, 0.0, random.Random(0), terse_share=0.0) == exact
+    # terse comes first: an incomplete teacher's short solution only for the worked ones
+    assert teacher_solution(p, 1.0, random.Random(0), terse_share=1.0) == "#### 60"
+    rng = random.Random(1)
+    terse = sum(teacher_solution(p, 0.0, rng, terse_share=0.6) == "#### 60" for _ in range(4000))
+    assert 0.57 < terse / 4000 < 0.63  # about terse_share of the demonstrations
+    # a share of 0 draws nothing: the incomplete teacher's draws are the same with or without the option
+    a, b = random.Random(5), random.Random(5)
+    assert [teacher_solution(p, 0.5, a) for _ in range(50)] == [
+        teacher_solution(p, 0.5, b, terse_share=0.0) for _ in range(50)
+    ]
+
+
+def test_arithmetic_adapter_terse_teacher_trains_on_both_styles_and_holds_out_worked_ones() -> None:
+    opts = LoadOptions(
+        arithmetic_train_size=400, arithmetic_val_size=50, arithmetic_digits=1, arithmetic_terse_share=0.5
+    )
+    src = get_adapter("arithmetic").load([], [], opts)
+    assert src.val is not None
+    train, test = list(src.train), list(src.val)
+    terse = [r for r in train if r.data["answer"] == f"#### {r.data['ground_truth']}"]
+    assert 0.4 < len(terse) / 400 < 0.6  # about arithmetic_terse_share
+    assert all(r.data["answer"].endswith(f"#### {r.data['ground_truth']}") for r in train)  # all exact
+    assert all("=" in r.data["answer"] for r in test)  # every held-out solution worked
+
+
 def test_arithmetic_adapter_keeps_exact_ground_truth_under_an_incomplete_teacher() -> None:
     opts = LoadOptions(arithmetic_train_size=300, arithmetic_val_size=50, arithmetic_digits=1)
     exact = get_adapter("arithmetic").load([], [], opts)
