@@ -255,7 +255,8 @@ def run_sft_control(
     store = ArtifactStore(cfg.store.url)
     if sft_uri is None:
         raise SystemExit(f"{config} seed {seed}: the SFT-only control needs sft.enable")
-    sft_s = float(store.read_manifest(sft_uri).summary["train_seconds"])
+    shared = store.read_manifest(sft_uri).summary
+    sft_s = float(shared["train_seconds"])
     epochs = control_epochs(cfg.sft.epochs, sft_s, rl_train_s)
     ccfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"epochs": epochs})})
     run_id = f"learning-{config}-seed{seed}-sft_control"
@@ -267,6 +268,7 @@ def run_sft_control(
         accuracy = validate.fn(ctx, ccfg, tp, 0)
     finally:
         drop_state(run_id)
+    losses = (shared["final_val_loss"], store.read_manifest(sft).summary["final_val_loss"]) if sft else None
     summary = iteration_summaries(store, run_id, "val")[0]
     k = ccfg.eval.k
     p1, pk = summary.get("val/pass_at_1"), summary.get(f"val/pass_at_{k}")
@@ -274,6 +276,7 @@ def run_sft_control(
         f"{run_id}: {epochs} SFT epochs (the shared SFT's {cfg.sft.epochs} took {sft_s:.0f} s; the RL loop "
         f"{rl_train_s:.0f} s), greedy {accuracy:.3f}"
         + (f", pass@1 {p1:.3f}, pass@{k} {pk:.3f}" if p1 is not None and pk is not None else "")
+        + (f", SFT held-out loss {losses[0]:.4f} → {losses[1]:.4f}" if losses else "")
         + f", {time.perf_counter() - t0:.0f} s",
         flush=True,
     )

@@ -99,7 +99,7 @@ class DataConfig(Section):
         0.0,
         "Synthetic arithmetic: share of training demonstrations that give the exact answer at once "
         "(#### N) instead of the worked solution (a teacher of two styles, both correct; held-out "
-        "solutions stay worked)",
+        "solutions follow the same mix)",
     )
     arithmetic_ops: list[Literal["+", "-", "*"]] = _f(
         ["+", "-"], "Synthetic arithmetic: operators drawn from (the * operand has one digit)", min_length=1

@@ -253,14 +253,16 @@ def _load_arithmetic(
                 data["answer"] = arithmetic.teacher_solution(p, stop, teacher, terse_share=terse)
             yield RawRow(where, i, data, unit="row")
 
-    # the teachers write the training demonstrations only; held-out solutions are exact and worked
-    # (with a tool-using teacher, every held-out demonstration calls the calculator)
+    # the incomplete and tool-using teachers write the training demonstrations only: held-out solutions
+    # are exact and complete (with a tool-using teacher, every held-out demonstration calls the
+    # calculator); the terse teacher's answers are exact, so held-out solutions follow its mix of styles
+    # too (the SFT validation loss then measures both styles)
     stop, share, terse = (
         options.arithmetic_stop_early, options.arithmetic_tool_share, options.arithmetic_terse_share
     )  # fmt: skip
     return SplitSources(
         rows(problems[:n_train], "train", stop, share, terse),
-        rows(problems[n_train:], "test", 0.0, 1.0 if share else 0.0, 0.0),
+        rows(problems[n_train:], "test", 0.0, 1.0 if share else 0.0, terse),
     )
 
 

@@ -20,11 +20,12 @@ learn to carry the computation through to the end: the quickstart's demonstratio
 on its SFT data (the held-out solutions are always complete).
 
 A teacher of two styles (``terse_share`` > 0): with that probability a training demonstration gives
-the exact answer at once (``#### 60``), otherwise the worked solution; both are correct, but a model
-too small to carry five operations in its head answers the terse way far less often than it computes
-the worked way. SFT imitates the mix of styles (greedy decoding follows the more frequent one), and
-RL with the exact-answer reward has to turn the samples that work the problem out (pass@k) into the
-model's first choice (pass@1): the sharpening demonstration, ``configs/quickstart_sharpen.yaml``.
+the exact answer at once (``#### 60``), otherwise the worked solution; both are correct (held-out
+demonstrations follow the same mix), but a model too small to carry several operations in its head is
+right far less often the terse way than the worked way. SFT imitates the mix of styles (greedy decoding
+follows the more frequent one), and RL with the exact-answer reward has to turn the samples that work
+the problem out (pass@k) into the model's first choice (pass@1): the sharpening demonstration,
+``configs/quickstart_sharpen.yaml``.
 
 A tool-using teacher (``tool_share`` > 0, :func:`tool_demonstration`): with that probability a
 training demonstration calls the ``calculator`` tool in the Hermes format and copies its result;

@@ -244,7 +244,7 @@ def test_terse_teacher_answers_at_once_with_the_exact_answer() -> None:
     ]
 
 
-def test_arithmetic_adapter_terse_teacher_trains_on_both_styles_and_holds_out_worked_ones() -> None:
+def test_arithmetic_adapter_terse_teacher_writes_both_styles_exactly_in_both_splits() -> None:
     opts = LoadOptions(
         arithmetic_train_size=400, arithmetic_val_size=50, arithmetic_digits=1, arithmetic_terse_share=0.5
     )
@@ -253,8 +253,9 @@ def test_arithmetic_adapter_terse_teacher_trains_on_both_styles_and_holds_out_wo
     train, test = list(src.train), list(src.val)
     terse = [r for r in train if r.data["answer"] == f"#### {r.data['ground_truth']}"]
     assert 0.4 < len(terse) / 400 < 0.6  # about arithmetic_terse_share
-    assert all(r.data["answer"].endswith(f"#### {r.data['ground_truth']}") for r in train)  # all exact
-    assert all("=" in r.data["answer"] for r in test)  # every held-out solution worked
+    # every demonstration exact; held-out ones in the same mix (the SFT validation loss sees both styles)
+    assert all(r.data["answer"].endswith(f"#### {r.data['ground_truth']}") for r in train + test)
+    assert 0 < sum("=" not in r.data["answer"] for r in test) < 50
 
 
 def test_arithmetic_adapter_keeps_exact_ground_truth_under_an_incomplete_teacher() -> None:
