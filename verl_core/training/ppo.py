@@ -283,7 +283,10 @@ def ppo_iteration(
 ) -> PPOIterationResult:
     """One PPO iteration (Schulman et al. 2017, Algorithm 1, as in cleanrl's ``ppo.py``):
 
-    1. old log-probs π_old, reference log-probs π_ref, values V (no grad);
+    1. old log-probs π_old, reference log-probs π_ref, values V (no grad); π_old of the first actor
+       mini-batch comes from that step's own forward instead (the policy is still θ_old there; exact:
+       ratio 1, its ppo_kl and clip fractions 0), unless π_old is needed before the update (KL in
+       the reward, a weighting/rejecting rollout correction, or ``use_rollout_logprobs``);
     2. token rewards r_t (outcome score on the last token, minus β·KL_t with KL in reward) and
        advantages Â_t, returns R_t (``spec.adv_estimator``); the rollout/trainer mismatch of π_old
        against the batch's behaviour log-probs, and its correction (``spec.rollout_correction``:
@@ -298,9 +301,17 @@ def ppo_iteration(
     dp = _dp_of(models)
     timing: dict[str, float] = defaultdict(float)
     mask = batch.response_mask.to(models.device)  # (S, R)
+    actor_steps = (
+        minibatches(batch.group_ids, spec.actor_mini_batch_groups, spec.actor_epochs, seed)
+        if spec.update_actor
+        else []
+    )
+    # the first actor mini-batch trains θ_old itself: its π_old comes from its own forward
+    on_policy = _on_policy_rows(spec, actor_steps)
 
-    # 1. Old log-probs, reference log-probs, values (no grad; each rank its shard, then gathered)
-    old_logp, ref_logp, values = _no_grad_forwards(models, batch, spec, mask, timing, dp)
+    # 1. Old log-probs (but those of `on_policy`), reference log-probs, values (no grad; each rank
+    # its shard, then gathered)
+    old_logp, ref_logp, values = _no_grad_forwards(models, batch, spec, mask, timing, dp, on_policy)
     beat(phase="old/ref log-probs and values", sequences=len(batch))
 
     # 2. Token rewards r_t = score·[t = last] − β·KL_t, then advantages Â_t and returns R_t
@@ -322,8 +333,9 @@ def ppo_iteration(
         )
         finite = {"scores": scores, "advantages": adv.advantages, "returns": adv.returns}
         _check_finite({**finite, "old_log_probs": old_logp}, where)
-        # w = π_old/π_behaviour and the rejection mask, on the whole batch on every rank (no collective)
-        corr = _rollout_correction(batch, old_logp, mask, spec)
+        # w = π_old/π_behaviour and the rejection mask, on the whole batch on every rank (no collective);
+        # with on-policy rows (correction off: metrics only) the metrics wait for their π_old
+        corr = _rollout_correction(batch, old_logp, mask, spec if not on_policy else None)
 
     # 3. Critic, then actor: epochs × shuffled mini-batches of whole groups × micro-batches
     log = _MetricLog()
@@ -347,16 +359,22 @@ def ppo_iteration(
             _actor_micro_loss, models.actor, batch, spec, old_logp, adv.advantages, ref_logp, corr, log
         )
         with timed(timing, "update_actor"):
-            for rows in minibatches(batch.group_ids, spec.actor_mini_batch_groups, spec.actor_epochs, seed):
+            for step, rows in enumerate(actor_steps):
                 # the whole mini-batch, all ranks; rejected tokens count in no denominator
                 norm = _agg_norm(corr.response_mask[rows], spec.horizon)
                 mbs = dp_micro_batches(
                     rows, batch.lengths, spec.actor_token_budget, dp, spec.micro_batch_size
                 )
+                # step 0 with on-policy rows: each micro-batch writes its π_old (this rank's rows)
+                fill = torch.zeros_like(old_logp) if step == 0 and on_policy else None
                 stats = models.actor_engine.step(
-                    mbs, partial(actor_loss_fn, norm, models.device), where=f"{where} actor"
+                    mbs, partial(actor_loss_fn, norm, models.device, fill), where=f"{where} actor"
                 )
+                if fill is not None:
+                    old_logp += sum_over_ranks(fill, dp)  # (S, R): the on-policy rows were 0
                 log.step({"actor/grad_norm": stats.grad_norm, "actor/lr": stats.lr})
+        if on_policy:
+            metrics.update(_rollout_correction(batch, old_logp, mask, spec).metrics)
 
     metrics.update(log.means(dp))
     metrics.update(
@@ -382,6 +400,22 @@ def _dp_of(models: PPOModels) -> DPView:
     return dp
 
 
+def _on_policy_rows(spec: PPOSpec, actor_steps: list[list[int]]) -> list[int]:
+    """Rows whose old log-probs the first actor step computes itself: that step's mini-batch is
+    trained by θ_old, so π_old(y) is its own forward's log π_θ(y) (detached), and the ratio is
+    exactly 1 (verl skips the old-log-prob pass when the whole update is one such step). None (an
+    empty list) when π_old is needed before the update: KL in the reward, a rollout correction
+    that weights or rejects tokens, or the engine's log-probs as π_old."""
+    if (
+        not actor_steps
+        or spec.use_rollout_logprobs
+        or spec.use_kl_in_reward
+        or spec.rollout_correction.enabled
+    ):
+        return []
+    return actor_steps[0]
+
+
 def _no_grad_forwards(
     models: PPOModels,
     batch: RolloutBatch,
@@ -389,9 +423,11 @@ def _no_grad_forwards(
     mask: Tensor,
     timing: dict[str, float],
     dp: DPView,
+    on_policy: Sequence[int] = (),
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """``(S, R)`` old log-probs (recomputed, or the engine's behaviour log-probs), reference
-    log-probs (None without KL) and values (None without a critic)."""
+    """``(S, R)`` old log-probs (recomputed, or the engine's behaviour log-probs; 0 on the
+    ``on_policy`` rows, whose first actor step computes them), reference log-probs (None without KL)
+    and values (None without a critic)."""
     temperature, device = spec.actor.temperature, models.device
     with timed(timing, "old_log_prob"):
         if spec.use_rollout_logprobs:
@@ -399,10 +435,11 @@ def _no_grad_forwards(
                 raise ValueError("use_rollout_logprobs needs the batch's behaviour log-probs")
             old_logp = batch.behaviour_log_probs.to(device) * mask
         else:
-            actor = models.actor
+            actor, skip = models.actor, set(on_policy)
             old_logp = _forward(
                 batch, device, spec.log_prob_token_budget, mask, dp,
                 lambda b: response_log_probs(actor, b, temperature=temperature)[0],
+                rows=[r for r in range(len(batch)) if r not in skip],
             )  # fmt: skip
     ref_logp = None
     if spec.actor.use_kl_loss or spec.use_kl_in_reward:
@@ -425,11 +462,14 @@ def _no_grad_forwards(
 
 
 def _rollout_correction(
-    batch: RolloutBatch, old_logp: Tensor, mask: Tensor, spec: PPOSpec
+    batch: RolloutBatch, old_logp: Tensor, mask: Tensor, spec: PPOSpec | None
 ) -> RolloutCorrection:
     """The mismatch metrics and correction of π_old against the batch's behaviour log-probs; none
     (weights None, the mask as is, no metrics) where there is nothing to compare: no behaviour
-    log-probs, or π_old *is* π_behaviour (``use_rollout_logprobs``)."""
+    log-probs, or π_old *is* π_behaviour (``use_rollout_logprobs``), or not yet (``spec`` None:
+    π_old of some rows is not computed yet; only with the correction off, see :func:`_on_policy_rows`)."""
+    if spec is None:
+        return RolloutCorrection(weights=None, response_mask=mask, metrics={})
     c = spec.rollout_correction
     if batch.behaviour_log_probs is None or spec.use_rollout_logprobs:
         if c.enabled:
@@ -496,21 +536,25 @@ def _actor_micro_loss(
     log: _MetricLog,
     norm: AggNorm,
     device: torch.device,
+    fill_old: Tensor | None,
     mb: MicroBatch,
 ) -> Tensor:
     """The actor loss share of micro-batch ``mb`` (× its weight: 0 for padding); per-token inputs
-    ``(S, R)`` of the whole batch; the loss mask is the correction's (rejected tokens removed)."""
+    ``(S, R)`` of the whole batch; the loss mask is the correction's (rejected tokens removed).
+    ``fill_old (S, R)``: the policy is still θ_old (first step), so π_old = this forward's
+    log-probs (detached), written there for the later steps; None: π_old from ``old_logp``."""
     rows = mb.rows
     b = batch.micro(rows).to(device)
     r = b.response_mask.shape[1]
     b = b._replace(response_mask=corr.response_mask[rows, :r])
     ref = None if ref_logp is None else ref_logp[rows, :r]
     weights = None if corr.weights is None else corr.weights[rows, :r]
-    loss, metrics = actor_loss(
-        actor, b, old_logp[rows, :r], advantages[rows, :r], ref, spec.actor, norm, weights
-    )
-    log.micro(metrics, float(b.response_mask.sum()), mb.weight)
-    return loss * mb.weight
+    old = None if fill_old is not None else old_logp[rows, :r]
+    out = actor_loss(actor, b, old, advantages[rows, :r], ref, spec.actor, norm, weights)
+    if fill_old is not None and mb.weight:
+        fill_old[rows, :r] = out.log_probs
+    log.micro(out.metrics, float(b.response_mask.sum()), mb.weight)
+    return out.loss * mb.weight
 
 
 def _critic_micro_loss(
@@ -614,11 +658,16 @@ def _forward(
     mask: Tensor,
     dp: DPView,
     fn: Callable[[PPOBatch], Tensor],
+    rows: Sequence[int] | None = None,
 ) -> Tensor:
-    """``fn`` over token-budget micro-batches of this rank's share of the samples (padded to the
-    count every rank runs; a padding result is dropped), gathered from all ranks into ``(S, R)``."""
+    """``fn`` over token-budget micro-batches of this rank's share of ``rows`` (None: every sample;
+    padded to the count every rank runs; a padding result is dropped), gathered from all ranks into
+    ``(S, R)`` (zeros on the rows not asked for)."""
     out = torch.zeros_like(mask)  # (S, R): this rank's rows filled, zeros elsewhere
-    for mb in dp_micro_batches(range(len(batch)), batch.lengths, budget, dp):
+    todo = range(len(batch)) if rows is None else rows
+    if not todo:
+        return out  # every rank skips alike (rows are the same on every rank): no collective
+    for mb in dp_micro_batches(todo, batch.lengths, budget, dp):
         value = fn(batch.micro(mb.rows).to(device))  # (B, R_mb)
         if mb.weight:
             out[mb.rows, : value.shape[1]] = value.float()

@@ -130,18 +130,29 @@ class ActorLossSpec:
     temperature: float
 
 
+class ActorLoss(NamedTuple):
+    """loss: the micro-batch's share of the mini-batch loss (scalar); metrics: its logged values;
+    log_probs: ``(S, R)`` log π_θ of the response tokens (detached, 0 where masked)."""
+
+    loss: Tensor
+    metrics: dict[str, float]
+    log_probs: Tensor
+
+
 def actor_loss(
     model: LogProbModel,
     batch: PPOBatch,
-    old_log_probs: Tensor,
+    old_log_probs: Tensor | None,
     advantages: Tensor,
     ref_log_probs: Tensor | None,
     spec: ActorLossSpec,
     norm: AggNorm,
     rollout_is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> ActorLoss:
     """L = agg(w·L_pg) − c_H·H̄ + β·KL(π‖π_ref) for one micro-batch; per-token inputs ``(S, R)``;
-    w the rollout correction's importance weights (None: 1), the mask ``batch.response_mask``."""
+    w the rollout correction's importance weights (None: 1), the mask ``batch.response_mask``.
+    ``old_log_probs`` None: the model *is* π_old (its first step on these samples), so
+    π_old = sg(π_θ) (stop-gradient): ratio 1, the same loss and gradient without a second forward."""
     mask = batch.response_mask
     # without an entropy bonus the entropy is a metric only: no backward through it
     log_prob, entropy = response_log_probs(
@@ -149,7 +160,7 @@ def actor_loss(
     )
     pg = get_policy_loss(spec.policy_loss)(
         log_prob=log_prob,
-        old_log_prob=old_log_probs,
+        old_log_prob=log_prob.detach() if old_log_probs is None else old_log_probs,
         advantages=advantages,
         response_mask=mask,
         loss_agg_mode=spec.loss_agg_mode,
@@ -184,7 +195,7 @@ def actor_loss(
         )
         loss = loss + kl.loss
         metrics["actor/kl_loss"] = float(kl.kl_loss)
-    return loss, metrics
+    return ActorLoss(loss, metrics, log_prob.detach())
 
 
 def critic_loss(

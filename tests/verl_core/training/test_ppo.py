@@ -167,12 +167,44 @@ def test_actor_loss_at_ratio_one_is_minus_mean_advantage() -> None:
     # at ratio 1 the clipped surrogate is −A·1 on every token (the dual clip −A·3 is larger for A < 0);
     # token-mean: −(1 + 2 + 3 − 2 + 0.5 + 0.5 − 1 + 4) / 8 = −8 / 8 = −1
     norm = agg_norm_for(batch.response_mask)
-    loss, metrics = actor_loss(model, batch, old, adv, None, actor_spec(), norm)
+    loss, metrics, _ = actor_loss(model, batch, old, adv, None, actor_spec(), norm)
     assert float(loss.detach()) == pytest.approx(-1.0, abs=1e-6)
     assert metrics["actor/pg_clipfrac"] == 0.0
     assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
     with pytest.raises(ValueError, match="needs reference log-probs"):
         actor_loss(model, batch, old, adv, None, actor_spec(use_kl_loss=True), norm)
+
+
+@pytest.mark.parametrize("policy_loss", ["vanilla", "gspo"])
+def test_actor_loss_without_old_log_probs_equals_a_no_grad_old_pass(policy_loss: str) -> None:
+    # old_log_probs None: the model is π_old, so π_old = its own log-probs, detached. Reference: the
+    # same model's no-grad log-probs passed as old_log_probs (what a separate old pass computes).
+    # Same loss, gradients, log-probs; ratio 1 on every token, so ppo_kl and the clip fractions are 0
+    model = PackedCausalLM(tiny_lm())
+    batch = make_ppo_batch(PROMPTS, RESPONSES)
+    g = torch.Generator().manual_seed(0)
+    adv = torch.randn(batch.response_mask.shape, generator=g) * batch.response_mask
+    with torch.no_grad():
+        old = response_log_probs(model, batch)[0]
+    ref = old + 0.3 * batch.response_mask  # a KL term contributes too
+    spec = actor_spec(policy_loss=policy_loss, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
+    norm = agg_norm_for(batch.response_mask)
+
+    reference = actor_loss(model, batch, old, adv, ref, spec, norm)
+    reference.loss.backward()
+    g_reference = _grads(model)
+    model.zero_grad()
+    shortcut = actor_loss(model, batch, None, adv, ref, spec, norm)
+    shortcut.loss.backward()
+
+    torch.testing.assert_close(shortcut.loss.detach(), reference.loss.detach(), atol=1e-6, rtol=1e-6)
+    for a, b in zip(_grads(model), g_reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(shortcut.log_probs, old, atol=1e-6, rtol=0)
+    assert not shortcut.log_probs.requires_grad
+    assert shortcut.metrics["actor/ppo_kl"] == 0.0
+    assert shortcut.metrics["actor/pg_clipfrac"] == 0.0
+    assert shortcut.metrics["actor/pg_clipfrac_lower"] == 0.0
 
 
 def _grads(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -204,7 +236,7 @@ def test_actor_loss_micro_batches_sum_to_the_mini_batch_loss(agg: str, policy_lo
     )
     norm = agg_norm_for(full.response_mask, horizon=6.0)
 
-    whole, metrics = actor_loss(model, full, old, adv, ref, spec, norm)
+    whole, metrics, _ = actor_loss(model, full, old, adv, ref, spec, norm)
     assert metrics["actor/pg_clipfrac"] > 0  # the clip is exercised
     whole.backward()
     g_whole = _grads(model)
@@ -215,7 +247,7 @@ def test_actor_loss_micro_batches_sum_to_the_mini_batch_loss(agg: str, policy_lo
     for rows in ([0, 2], [1], [3]):
         mb = make_ppo_batch([PROMPTS[r] for r in rows], [RESPONSES[r] for r in rows])
         r = mb.response_mask.shape[1]
-        part, _ = actor_loss(model, mb, old[rows, :r], adv[rows, :r], ref[rows, :r], spec, norm)
+        part, _, _ = actor_loss(model, mb, old[rows, :r], adv[rows, :r], ref[rows, :r], spec, norm)
         part.backward()
         total = total + part.detach()
     torch.testing.assert_close(total, whole.detach(), atol=1e-5, rtol=1e-5)

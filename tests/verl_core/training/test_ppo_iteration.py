@@ -167,6 +167,48 @@ def test_matches_the_reference_loop() -> None:
         torch.testing.assert_close(got[name], value, atol=2e-5, rtol=1e-4, msg=name)
 
 
+def _no_grad_actor_rows(models: PPOModels) -> list[int]:
+    """Counts the samples the actor's no-grad (old log-prob) forwards see, in a list of one."""
+    seen = [0]
+
+    def count(_module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        if not torch.is_grad_enabled():
+            seen[0] += len(args[1]) - 1  # cu_seqlens (S+1,)
+
+    models.actor.register_forward_pre_hook(count)
+    return seen
+
+
+@pytest.mark.parametrize("epochs, groups_per_step", [(2, 2), (1, 3)])
+def test_first_mini_batch_old_log_probs_come_from_its_own_forward(
+    monkeypatch: pytest.MonkeyPatch, epochs: int, groups_per_step: int
+) -> None:
+    # the first actor step trains θ_old itself: its π_old is its own forward's log-probs (detached),
+    # so the old-log-prob pass skips its rows. Reference: the same iteration with the full pass.
+    # (2, 2): 3 groups of 2 → first step 2 groups = 4 of 6 samples, the pass runs on the other 2;
+    # (1, 3): one step of the whole batch (fully on-policy, as verl): no old-log-prob pass at all
+    behaviour = torch.full((6, 4), -1.0)  # the mismatch metrics read π_old of every row
+    batch = make_batch(behaviour_log_probs=behaviour * make_batch().response_mask)
+    spec = make_spec(actor_epochs=epochs, actor_mini_batch_groups=groups_per_step, use_kl_loss=True)
+    fast, full = make_models(ref=True), make_models(ref=True)
+    fast_rows, full_rows = _no_grad_actor_rows(fast), _no_grad_actor_rows(full)
+    got = run(fast, spec, batch)
+    with monkeypatch.context() as m:
+        m.setattr("verl_core.training.ppo._on_policy_rows", lambda spec, steps: [])
+        expected = run(full, spec, batch)
+    assert full_rows[0] == 6
+    assert fast_rows[0] == {(2, 2): 2, (1, 3): 0}[(epochs, groups_per_step)]
+    wf, we = weights(fast.actor), weights(full.actor)
+    for name in we:
+        if not name.endswith("k_proj.bias"):  # exact gradient 0: AdamW steps on float noise there
+            torch.testing.assert_close(wf[name], we[name], atol=1e-5, rtol=1e-4, msg=name)
+    for key, value in expected.metrics.items():
+        if not key.startswith(("timing", "perf")):
+            assert got.metrics[key] == pytest.approx(value, abs=1e-5), key
+    assert "rollout_corr/kl" in got.metrics  # computed once every row has its π_old
+    torch.testing.assert_close(got.advantages, expected.advantages)
+
+
 def test_minibatches_keep_groups_whole_and_reshuffle_per_epoch() -> None:
     groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
     mbs = minibatches(groups, 3, 2, seed=7)
