@@ -89,8 +89,8 @@ def _loss(value: float, state: RLState) -> Iterator[None]:
     real = ppo_module.actor_loss
 
     def actor_loss(*args: Any, **kw: Any) -> Any:
-        loss, metrics = real(*args, **kw)
-        return loss * value, metrics
+        out = real(*args, **kw)
+        return out._replace(loss=out.loss * value)
 
     ppo_module.actor_loss = actor_loss  # type: ignore[assignment]
     try:
