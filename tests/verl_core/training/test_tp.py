@@ -7,7 +7,9 @@ than one matmul, so activations differ by float32 round-off (~1e-7); AdamW's upd
 ±lr wherever a gradient is tiny, so such round-off can move an element by ~1e-5 of the largest
 weight after a few steps at lr 1e-2. Measured: SFT losses rel 6e-8 (Qwen2) and 1e-7 (Llama),
 weights max|Δ|/max|w| 3.0e-6 (Qwen2), 1.1e-5 (Llama); GRPO weights 5.6e-6; dp 2 × tp 2 (4 ranks)
-SFT weights 3.2e-6. Asserted: losses rel 1e-5, weights ≤ 5e-5."""
+SFT weights 3.2e-6. Asserted: losses rel 1e-5, SFT weights ≤ 5e-5. GRPO weights ≤ 1e-4: measured
+2.0e-5 once the LM head ran on response rows only, 4.1e-5 once the first mini-batch's old log-probs
+came from its own forward (23 Nov 2026; each side's own round-off enters the ratio of that step)."""
 
 from __future__ import annotations
 
@@ -99,7 +101,7 @@ def test_tp2_matches_one_process_for_sft_and_grpo(tmp_path: Path) -> None:
         assert result["grpo"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
     rel_w = relative_max_diff(full_model_state(actor), torch.load(tmp_path / "weights_grpo.pt"))
     print(f"TP=2 GRPO: weights max|Δ|/max|w| {rel_w:.1e}")
-    assert rel_w <= 5e-5
+    assert rel_w <= 1e-4
 
 
 @pytest.mark.slow
