@@ -108,9 +108,9 @@ CPU flash attention over the length buckets 13%, elementwise ``mul`` of HF's RMS
 the buckets' gathers ~6%, logsumexp/exp ~4%, AdamW ~1%: what is left is fusing the elementwise ops
 (liger on CUDA; ``torch.compile`` on CPU, not done). At ``--shape 0.5b`` the actor update's extra
 seconds over TRL's are first-touch page faults of the AdamW state and gradients in its first step
-(~8.7 s for 2 × 1.4 GB here); warm and isolated, our step is faster than a TRL-like padded one (6.7 vs
-7.9 s). A glibc setting that keeps freed heap memory (mallopt) halved that cost but holds the process
-at its peak memory; it is not merged.
+(~8.7 s for 2 × 1.4 GB here); warm and isolated, our step is faster than a TRL-like padded one (7.4 vs
+10.5 s). A glibc setting that keeps freed heap memory (mallopt) halved the AdamW step's page faults
+but holds the process at its peak memory (+2 GiB at 0.5b); it is not merged.
 """
 
 from __future__ import annotations
