@@ -99,18 +99,19 @@ decode attention); old log-probs 0.185 s + ref 0.167 s vs TRL's 0.652 s; actor u
 not met), at 52% of the same-run matmul rate vs TRL's 23%; our artifacts 0.06 s.
 
 After the first actor mini-batch's old log-probs came from its own forward (the old-log-prob pass skips
-those rows) and the chunked log-probs went to ``log_softmax`` (23 Nov 2026, 1 thread, the 2-core
-machine at load ~2.5 with a learning run beside it, ``--batch 32 --n 8 --mini 8 --repeats 3``): 241.8 vs
-118.5 samples/s (2.04×); training phases ours 0.821 s (old log-probs 0.130 + ref 0.179 + actor update
-0.512) vs TRL 1.626 s = **1.98×** (the 2.5× target: **not met**). A profile of one ``ppo_iteration``
-here: ``mm``/``addmm`` 56% of self CPU time (inner dimensions 128–256: ~70 GFLOP/s vs 98 for 2048²),
-CPU flash attention over the length buckets 13%, elementwise ``mul`` of HF's RMSNorm/RoPE/SwiGLU 7.6%,
-the buckets' gathers ~6%, logsumexp/exp ~4%, AdamW ~1%: what is left is fusing the elementwise ops
-(liger on CUDA; ``torch.compile`` on CPU, not done). At ``--shape 0.5b`` the actor update's extra
-seconds over TRL's are first-touch page faults of the AdamW state and gradients in its first step
-(~8.7 s for 2 × 1.4 GB here); warm and isolated, our step is faster than a TRL-like padded one (7.4 vs
-10.5 s). A glibc setting that keeps freed heap memory (mallopt) halved the AdamW step's page faults
-but holds the process at its peak memory (+2 GiB at 0.5b); it is not merged.
+those rows; measured with the chunked log-probs on ``log_softmax``, since reverted because it moves the
+SFT checkpoints' rounding, and at this vocabulary of 327 neither faster nor slower) (23 Nov 2026, 1
+thread, the 2-core machine at load ~2.5 with a learning run beside it, ``--batch 32 --n 8 --mini 8
+--repeats 3``): 241.8 vs 118.5 samples/s (2.04×); training phases ours 0.821 s (old log-probs 0.130 +
+ref 0.179 + actor update 0.512) vs TRL 1.626 s = **1.98×** (the 2.5× target: **not met**). A profile of
+one ``ppo_iteration`` here: ``mm``/``addmm`` 56% of self CPU time (inner dimensions 128–256: ~70 GFLOP/s
+vs 98 for 2048²), CPU flash attention over the length buckets 13%, elementwise ``mul`` of HF's
+RMSNorm/RoPE/SwiGLU 7.6%, the buckets' gathers ~6%, logsumexp/exp ~4%, AdamW ~1%: what is left is fusing
+the elementwise ops (liger on CUDA; ``torch.compile`` on CPU, not done). At ``--shape 0.5b`` the actor
+update's extra seconds over TRL's are first-touch page faults of the AdamW state and gradients in its
+first step (~8.7 s for 2 × 1.4 GB here); warm and isolated, our step is faster than a TRL-like padded
+one (7.4 vs 10.5 s). A glibc setting that keeps freed heap memory (mallopt) halved the AdamW step's page
+faults but holds the process at its peak memory (+2 GiB at 0.5b); it is not merged.
 """
 
 from __future__ import annotations
