@@ -37,7 +37,7 @@ sample std over seeds and the check "variant mean ≥ baseline mean − max(0.03
 the variant's partner in ``--pairs VARIANT=BASELINE`` (a fair pair, e.g. an engine with its own
 weights on both sides). With ``--store`` a rerun skips what is committed and resumes the RL loops.
 ``--sft-control`` (with ``--variants``) also runs, per (config, seed), the SFT-only control: SFT from
-scratch for more epochs, as many more as the longest variant's RL training seconds buy at the shared
+scratch for more epochs, as many more as the longest variant's RL stage seconds buy at the shared
 SFT's pace (run id ``…-seed<s>-sft_control``), validated like an RL loop's iteration 0; then prints
 per run SFT → RL greedy accuracy, the control's, pass@1 / pass@k of all three, and per variant issue
 19's check: RL ≥ SFT + 0.10 and RL ≥ control + 0.10 on every seed. ``--sharpen`` without
@@ -148,6 +148,18 @@ def pass_at_k_before_after(
     )
 
 
+def report_passes(store: ArtifactStore, run_id: str) -> tuple[int, float, float, float, float] | None:
+    """:func:`pass_at_k_before_after` of the run, printed as one line when the validations sampled."""
+    passes = pass_at_k_before_after(store, run_id)
+    if passes is not None:
+        k, p1_sft, p1_rl, pk_sft, pk_rl = passes
+        print(
+            f"{run_id}: pass@1 SFT {p1_sft:.3f} → RL {p1_rl:.3f}; pass@{k} SFT {pk_sft:.3f} → RL {pk_rl:.3f}",
+            flush=True,
+        )
+    return passes
+
+
 def tool_call_rates(store: ArtifactStore, run_id: str) -> tuple[float, float, float, float]:
     """(mean rate of the first 3 RL iterations' rollouts, of the last 3, greedy validation rate of
     the SFT checkpoint, of the last validation), read from the run's committed stage summaries."""
@@ -170,7 +182,7 @@ class VariantRow:
     s_per_iteration: float
     wall_s: float
     passes: tuple[int, float, float, float, float] | None = None  # pass_at_k_before_after
-    train_s: float = 0.0  # the RL loop's seconds without its validations
+    train_s: float = 0.0  # the RL stages' recorded seconds (rl_stage_seconds), what sizes the control
 
 
 @dataclass(frozen=True)
@@ -216,8 +228,9 @@ def run_variants(
             ]  # fmt: skip
             # every variant's config checked before the SFT (a typo should not wait for it)
             cfgs = [load_config(str(REPO / config), [*common, *v.overrides]) for v in variants]
+            base = load_config(str(REPO / config), common)  # the shared SFT's (and the control's) config
             t0 = time.perf_counter()
-            tp, sft = shared_sft(load_config(str(REPO / config), common), f"learning-{stem}-seed{seed}")
+            tp, sft = shared_sft(base, f"learning-{stem}-seed{seed}")
             print(f"{stem} seed {seed}: shared SFT in {time.perf_counter() - t0:.0f} s", flush=True)
             for v, cfg in zip(variants, cfgs, strict=True):
                 run_id = f"learning-{stem}-seed{seed}-{v.name}"
@@ -231,7 +244,6 @@ def run_variants(
                     print_diagnostics(ArtifactStore(root), run_id)
             mine = [r.train_s for r in rows if r.config == stem and r.seed == seed]
             if control and mine:
-                base = load_config(str(REPO / config), common)
                 controls.append(run_sft_control(base, stem, seed, sft, max(mine)))
     return rows, controls, failed
 
@@ -240,7 +252,7 @@ def run_sft_control(
     cfg: VerlFlowConfig, config: str, seed: int, sft_uri: str | None, rl_train_s: float
 ) -> ControlRow:
     """The SFT-only control: SFT from scratch (run id ``learning-<config>-seed<s>-sft_control``) for
-    :func:`control_epochs` (sized by ``train_seconds`` of the shared SFT's summary): the same extra
+    :func:`control_epochs` (the shared SFT's ``train_seconds``, :func:`rl_stage_seconds`): the same extra
     wall time spent on more SFT instead of RL, the schedule (warm-up, cosine) stretched over the
     longer run. Its checkpoint is validated like the RL loop's iteration 0 (greedy accuracy; pass@k
     when ``eval.k`` > 1)."""
@@ -297,20 +309,14 @@ def run_variant(
     acc, last = out.val_accuracy, max(out.val_accuracy)
     if 0 not in acc or last == 0:
         raise SystemExit(f"{run_id}: needs validations before and after RL (val_before_train)")
-    train_s = wall - out.timing_s.get("validate", 0.0)
-    per_it = train_s / last
+    per_it = (wall - out.timing_s.get("validate", 0.0)) / last
     print(
         f"{run_id}: SFT {acc[0]:.3f} → RL {acc[last]:.3f} ({acc[last] - acc[0]:+.3f}) after "
         f"{last} iterations, {per_it:.2f} s/iteration, {wall:.0f} s",
         flush=True,
     )
-    passes = pass_at_k_before_after(ArtifactStore(cfg.store.url), run_id)
-    if passes is not None:
-        k, p1_sft, p1_rl, pk_sft, pk_rl = passes
-        print(
-            f"{run_id}: pass@1 SFT {p1_sft:.3f} → RL {p1_rl:.3f}; pass@{k} SFT {pk_sft:.3f} → RL {pk_rl:.3f}",
-            flush=True,
-        )
+    passes = report_passes(ArtifactStore(cfg.store.url), run_id)
+    train_s = rl_stage_seconds(ArtifactStore(cfg.store.url), run_id)
     return VariantRow(config, seed, variant, acc[0], acc[last], per_it, wall, passes, train_s)
 
 
@@ -383,6 +389,21 @@ def sharpens(
     gaps = [r.rl - ctl[(r.config, r.seed)] for r in rows if (r.config, r.seed) in ctl]
     vs_ctl = min(gaps) if len(gaps) == len(rows) else None
     return vs_sft >= target and vs_ctl is not None and vs_ctl >= target, vs_sft, vs_ctl
+
+
+def rl_stage_seconds(store: ArtifactStore, run_id: str) -> float:
+    """The RL loop's training seconds as its committed stages recorded them (rollout and reward
+    ``seconds``, the update's ``timing_s/*`` phases), summed over iterations: without validations,
+    artifact I/O and orchestration, like the SFT's ``train_seconds``, and the same on a rerun that
+    finds the loop committed (this process's wall time would then be ~0)."""
+    from stages.floor.locations import iteration_summaries
+
+    total = 0.0
+    for stage in ("rollout", "reward"):
+        total += sum(float(s.get("seconds", 0.0)) for s in iteration_summaries(store, run_id, stage).values())
+    for s in iteration_summaries(store, run_id, "update").values():
+        total += sum(float(v) for k, v in s.items() if k.startswith("timing_s/"))
+    return total
 
 
 def control_epochs(epochs: int, sft_s: float, rl_train_s: float) -> int:
@@ -491,15 +512,9 @@ def main() -> None:
                 f"after {last} iterations, {wall:.0f} s",
                 flush=True,
             )
-            passes = pass_at_k_before_after(ArtifactStore(cfg.store.url), run_id)
+            passes = report_passes(ArtifactStore(cfg.store.url), run_id)
             if passes is not None:
                 pass_rows.append((Path(config).stem, seed, *passes))
-                k, p1_sft, p1_rl, pk_sft, pk_rl = passes
-                print(
-                    f"{run_id}: pass@1 SFT {p1_sft:.3f} → RL {p1_rl:.3f}; "
-                    f"pass@{k} SFT {pk_sft:.3f} → RL {pk_rl:.3f}",
-                    flush=True,
-                )
             if args.tools:
                 rates = tool_call_rates(ArtifactStore(cfg.store.url), run_id)
                 tool_rows.append((Path(config).stem, seed, *rates))

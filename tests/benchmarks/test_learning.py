@@ -66,3 +66,16 @@ def test_the_control_gets_the_epochs_the_rl_loop_s_seconds_buy() -> None:
     # 5 epochs in 100 s (20 s each); an RL loop of 45 s buys ceil(5 · 45 / 100) = ceil(2.25) = 3 more
     assert learning.control_epochs(5, 100.0, 45.0) == 8
     assert learning.control_epochs(5, 100.0, 0.0) == 5  # no RL time, no extra SFT
+
+
+def test_rl_stage_seconds_sum_the_recorded_stage_times_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    summaries = {
+        "rollout": {0: {"seconds": 1.0}, 1: {"seconds": 2.0}},
+        "reward": {0: {"seconds": 0.5}, 1: {}},
+        "update": {0: {"timing_s/update_actor": 3.0, "timing_s/old_log_prob": 1.0, "actor/lr": 9.0}},
+    }
+    monkeypatch.setattr(
+        "stages.floor.locations.iteration_summaries", lambda store, run_id, stage: summaries[stage]
+    )
+    # rollouts 1 + 2, reward 0.5, update phases 3 + 1 (not the lr) = 7.5
+    assert learning.rl_stage_seconds(None, "run") == pytest.approx(7.5)
