@@ -169,7 +169,7 @@ def bench(
     spec = ScratchSpec("qwen2", hidden, layers, heads, kv, inter, 2048)
     lm = init_causal_lm(scratch_config(spec, vocab, eos_token_id=0, pad_token_id=0), seed=0, dtype=args.dtype)
     lm = lm.to(device).train()
-    packed = PackedCausalLM(lm, attention=attention)
+    packed = PackedCausalLM(lm, attention=attention, compile_layers=args.compile)
     if args.profile:
         profile(packed, seqs[: args.batch], max(args.budget, max(len(s) for s in seqs)), device)
     reset_peak_memory(device)
@@ -225,6 +225,11 @@ def main() -> None:
         help="packed attention backend (model.packed_attention); all: every one that trains on the device",
     )
     p.add_argument("--profile", action="store_true", help="torch.profiler top ops + host-sync counts")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="packed path with model.torch_compile's compiled decoder layers (compiled in the warm-up step)",
+    )
     p.add_argument("--batch", type=int, default=16, help="sequences per step (both paths)")
     p.add_argument("--steps", type=int, default=4, help="timed steps (after one warm-up)")
     p.add_argument("--budget", type=int, default=4096, help="packed micro-batch token budget")

@@ -97,7 +97,7 @@ def sft_warmup(
     if ckpt is not None and ckpt.summary.get("sft_key") == stage.input_key:
         lm = read_policy(store, ckpt, "policy", model)
     a = actor or ActorConfig()
-    packed = PackedCausalLM(lm, attention=model.packed_attention)
+    packed = PackedCausalLM(lm, attention=model.packed_attention, compile_layers=model.torch_compile)
     engine = build_train_engine(
         packed, spec, strategy=a.strategy, device=device, zero_stage=a.zero_stage,
         param_offload=a.param_offload, tp_size=a.tensor_parallel_size,

@@ -140,11 +140,11 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
     else:
         lm = build_policy(cfg.model, tokenizer, seed=cfg.trainer.seed)
     ref: LogProbModel | None = None
-    attention = cfg.model.packed_attention
-    actor = PackedCausalLM(lm, attention=attention)
+    attention, compiled = cfg.model.packed_attention, cfg.model.torch_compile
+    actor = PackedCausalLM(lm, attention=attention, compile_layers=compiled)
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         if cfg.ref.path:  # a reference other than the starting policy
-            ref = PackedCausalLM(load_reference(cfg, lm), attention=attention)
+            ref = PackedCausalLM(load_reference(cfg, lm), attention=attention, compile_layers=compiled)
         elif cfg.model.lora_rank:  # the base with the adapters disabled
             ref = AdapterDisabledPolicy(actor, lm)
         else:  # the starting policy (SFT, or the initial model), frozen
@@ -152,11 +152,13 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
                 frozen = read_policy(store, store.read_manifest(sft_uri), "policy", cfg.model)
             else:
                 frozen = build_policy(cfg.model, tokenizer, seed=cfg.trainer.seed)
-            ref = PackedCausalLM(frozen.eval().requires_grad_(False), attention=attention)
+            ref = PackedCausalLM(
+                frozen.eval().requires_grad_(False), attention=attention, compile_layers=compiled
+            )
     iterations = planned_iterations(cfg, train_prompts(store, template_pack_uri))
     critic = critic_engine = None
     if cfg.use_critic:  # before the actor is sharded: a new critic copies the policy's backbone
-        critic = PackedScoreModel(_critic(cfg, store, ckpt, lm), attention=attention)
+        critic = PackedScoreModel(_critic(cfg, store, ckpt, lm), attention=attention, compile_layers=compiled)
     if isinstance(ref, PackedCausalLM):
         ref = prepare_frozen(
             ref, cfg.ref.strategy, device, param_offload=cfg.ref.param_offload,

@@ -29,6 +29,8 @@ Micro-batch sizes need not divide mini-batches: loss denominators are summed ove
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -307,6 +309,17 @@ def _precision(cfg: VerlFlowConfig) -> list[str]:
     if cfg.model.use_liger and cfg.trainer.device == "cpu":
         out.append(
             "model.use_liger: true needs a CUDA device (liger's kernels are Triton), not trainer.device=cpu"
+        )
+    if cfg.model.torch_compile and cfg.model.attn_implementation == "eager":
+        out.append(
+            "model.torch_compile: compiles the packed forwards of sdpa and flash_attention_2 models; "
+            "model.attn_implementation=eager has none (set it to sdpa)"
+        )
+    cxx = os.environ.get("CXX", "g++")
+    if cfg.model.torch_compile and cfg.trainer.device == "cpu" and not shutil.which(cxx):
+        out.append(
+            f"model.torch_compile: true on trainer.device=cpu needs a C++ compiler for inductor's CPU "
+            f"code, and {cxx!r} (the CXX environment variable, default g++) is not on PATH"
         )
     return out
 

@@ -200,6 +200,12 @@ class ModelConfig(Section):
         False,
         "Liger's fused RMSNorm/RoPE/SwiGLU kernels (qwen2, llama; CUDA; pip install 'verl-flow[liger]')",
     )
+    torch_compile: bool = _f(
+        False,
+        "torch.compile each decoder layer for packed training/log-prob/critic forwards (generation "
+        "stays eager); the first forward compiles (CPU: needs a C++ compiler; measured slower on CPU at "
+        "the quickstart's size)",
+    )
     lora_rank: NonNegInt = _f(0, "LoRA rank (0: full fine-tuning)")
     lora_alpha: PositiveInt = _f(16, "LoRA scaling numerator")
     lora_dropout: Prob = _f(0.0, "Dropout on the LoRA branch")

@@ -448,11 +448,19 @@ def varlen_sdpa_attention(
     if kwargs.get("sliding_window") is not None:
         raise NotImplementedError("packed attention does not implement sliding-window attention; use sdpa")
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # (N, H, D)
-    plan = layout.plan(q)
-    out = PACKED_ATTENTION.get(plan.backend).attend(
-        q, k, v, plan, scaling, dropout if module.training else 0.0
-    )
+    out = _packed_attention(q, k, v, layout, scaling, dropout if module.training else 0.0)
     return out.unsqueeze(0), None
+
+
+@torch.compiler.disable
+def _packed_attention(
+    q: Tensor, k: Tensor, v: Tensor, layout: PackedLayout, scale: float | None, dropout: float
+) -> Tensor:
+    """``q (N, H, D)``, ``k``/``v (N, H_kv, D)`` → ``(N, H, D)`` by the layout's backend. Never traced by
+    ``torch.compile`` (a compiled decoder layer breaks its graph here): the plan reads sequence
+    lengths on the host, which would otherwise recompile for every new set of lengths."""
+    plan = layout.plan(q)
+    return PACKED_ATTENTION.get(plan.backend).attend(q, k, v, plan, scale, dropout)
 
 
 def register() -> None:

@@ -141,6 +141,10 @@ from verl_core.errors import ConfigError
             ["model.use_liger=true", "trainer.device=cpu"],
             "model.use_liger: true needs a CUDA device (liger's kernels are Triton), not trainer.device=cpu",
         ),
+        (  # eager attention gets no packed-call keywords: nothing would run compiled
+            ["model.torch_compile=true", "model.attn_implementation=eager"],
+            "model.torch_compile: compiles the packed forwards of sdpa and flash_attention_2 models",
+        ),
     ],
 )
 def test_each_problem_is_one_line_naming_its_fields(overrides: list[str], line: str) -> None:
@@ -221,3 +225,9 @@ def test_mixed_precision_combinations_that_run() -> None:
     assert mixed.critic.mixed_precision.param_dtype is None  # each role its own, as verl
     pure = load_config(None, ["model.dtype=bfloat16", "actor.mixed_precision.param_dtype=bfloat16"])
     assert pure.actor.mixed_precision.reduce_dtype == "float32"
+
+
+def test_compiling_on_cpu_needs_a_cpp_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CXX", "no-such-compiler-xyz")
+    with pytest.raises(ConfigError, match=r"'no-such-compiler-xyz' \(the CXX environment variable"):
+        load_config(None, ["model.torch_compile=true", "trainer.device=cpu"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,7 @@ from verl_core.models.attention import length_buckets
 from verl_core.models.heads import packed_sequence_scores, value_model_from_policy
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
 from verl_core.models.packed import (
+    PackedCausalLM,
     chunked_log_probs,
     next_token_targets,
     packed_log_probs,
@@ -174,3 +177,51 @@ def test_varlen_model_generates_like_sdpa() -> None:
     out_ref = ref.generate(input_ids=ids, attention_mask=mask, **kw)
     out_var = varlen.generate(input_ids=ids, attention_mask=mask, **kw)
     assert torch.equal(out_ref, out_var)
+
+
+def test_compiled_layers_match_the_reference_and_leave_generation_eager() -> None:
+    # model.torch_compile: packed forwards run the compiled layer forward (fused, so equal to float
+    # rounding); generation (KV cache, no packed keywords) stays eager and compiles nothing
+    from torch._dynamo.utils import counters
+
+    model = tiny("qwen2")
+    eager = copy.deepcopy(model)
+    keys = list(model.state_dict())
+    packed = PackedCausalLM(model, chunk_size=4, compile_layers=True)
+    assert [type(m).__name__ for m in packed.decoder_layers()] == ["PackedCompiledQwen2DecoderLayer"] * 2
+    assert list(model.state_dict()) == keys
+    graphs = []
+    for lengths in ([7, 1, 8, 8, 6, 3], [4, 12, 2]):  # new lengths and count: no recompilation
+        seqs, flat, cu = ragged_batch(lengths=lengths)
+        ref_lp, ref_ent = reference_log_probs(eager, seqs)
+        ref_grads = torch.autograd.grad(
+            torch.cat(ref_lp).sum() + 0.1 * torch.cat(ref_ent).sum(), list(eager.parameters())
+        )
+        out, has = packed(flat, cu)
+        assert out.entropy is not None
+        torch.testing.assert_close(out.log_probs[has], torch.cat(ref_lp), atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.entropy[has], torch.cat(ref_ent), atol=1e-5, rtol=0)
+        grads = torch.autograd.grad(
+            out.log_probs[has].sum() + 0.1 * out.entropy[has].sum(), list(model.parameters())
+        )
+        for g_ref, g in zip(ref_grads, grads, strict=True):
+            torch.testing.assert_close(g, g_ref, atol=1e-5, rtol=1e-4)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] > 0 and graphs[1] == graphs[0]
+
+    ids = torch.tensor([[5, 6, 7]])
+    kw = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0, "use_cache": True}
+    assert torch.equal(model.generate(input_ids=ids, **kw), eager.generate(input_ids=ids, **kw))
+    assert counters["stats"]["unique_graphs"] == graphs[1]
+
+    # a copy is compiled too and runs its own weights
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.lm_head.weight.mul_(0.5)
+        eager.lm_head.weight.mul_(0.5)
+    seqs, flat, cu = ragged_batch(3)
+    with torch.no_grad():
+        out, has = PackedCausalLM(twin)(flat, cu, with_entropy=False)
+        ref_lp, _ = reference_log_probs(eager, seqs)
+    assert type(twin.model.layers[0]).__name__ == "PackedCompiledQwen2DecoderLayer"
+    torch.testing.assert_close(out.log_probs[has], torch.cat(ref_lp), atol=1e-5, rtol=0)
