@@ -17,7 +17,7 @@ from stages.ppo_update import ppo_update
 from stages.reward import reward
 from stages.rollout import rollout
 from tests.stages.conftest import TINY_RL
-from verl_core.config import SandboxConfig
+from verl_core.config import SandboxConfig, VerlFlowConfig
 from verl_core.errors import DataError
 from verl_core.run import RunContext
 
@@ -103,3 +103,33 @@ def test_the_update_stage_stays_a_short_recipe() -> None:
     # to stages/floor/artifacts.py. Helpers belong in the floor or verl_core, not here.
     lines = (Path(__file__).resolve().parents[2] / "stages" / "ppo_update.py").read_text().splitlines()
     assert len(lines) <= 120, f"stages/ppo_update.py has {len(lines)} lines (≤ 120)"
+
+
+def test_compiled_layers_update_like_eager(tiny_rl: tuple[Path, str]) -> None:
+    # model.torch_compile: the same rollout (generation stays eager), then the update with compiled
+    # actor, reference and critic layers moves the weights as the eager update does, to float rounding
+    start, weights, rollouts = {}, {}, {}
+    for compiled in (False, True):
+        settings = TINY_RL.model_dump()
+        settings["actor"]["use_kl_loss"] = True  # a reference model too
+        settings["model"]["torch_compile"] = compiled
+        config = VerlFlowConfig.model_validate(settings)
+        run = RunContext(run_id=f"compile-{compiled}", store_url=str(tiny_rl[0]))
+        init_state(run, config, tiny_rl[1], None)
+        try:
+            state = get_state(run)
+            layer = type(state.lm.model.layers[0]).__name__
+            assert layer == ("PackedCompiledQwen2DecoderLayer" if compiled else "Qwen2DecoderLayer")
+            start[compiled] = _weights(run)
+            r = rollout.fn(run, config.data, config.rollout, tiny_rl[1], 0, state.lineage)
+            w = reward.fn(run, config.reward, r, 0, config.data.max_response_length, sandbox=SandboxConfig())
+            rollouts[compiled] = run.store().read_table(run.store().read_manifest(r), "rollouts.parquet")
+            ppo_update.fn(run, config, r, w, 0)
+            weights[compiled] = _weights(run)
+        finally:
+            drop_state(run.run_id)
+    assert rollouts[True].column("response_ids").equals(rollouts[False].column("response_ids"))
+    for k, v in weights[True].items():
+        assert torch.equal(start[True][k], start[False][k]), k
+        torch.testing.assert_close(v, weights[False][k], atol=2e-5, rtol=1e-4, msg=k)
+    assert any(not torch.equal(start[False][k], v) for k, v in weights[False].items())
