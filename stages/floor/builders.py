@@ -396,6 +396,7 @@ def ppo_spec(cfg: VerlFlowConfig, iteration: int) -> PPOSpec:
         actor_mini_batch_groups=a.ppo_mini_batch_size,
         critic_epochs=c.ppo_epochs,
         critic_mini_batch_groups=c.ppo_mini_batch_size,
+        share_prompts=cfg.model.share_prompts,
         micro_batch_size=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
         actor_token_budget=a.ppo_max_token_len_per_gpu,
         critic_token_budget=c.ppo_max_token_len_per_gpu,

@@ -206,6 +206,12 @@ class ModelConfig(Section):
         "stays eager); the first forward compiles (CPU: needs a C++ compiler; measured slower on CPU at "
         "the quickstart's size)",
     )
+    share_prompts: bool = _f(
+        True,
+        "PPO/GRPO forwards (old/reference log-probs, values, actor and critic updates) store the prompt "
+        "of a micro-batch's samples of one prompt group once: exact under causal attention (equal to "
+        "float rounding); packed attention (attn_implementation sdpa) only, others compute every sample",
+    )
     lora_rank: NonNegInt = _f(0, "LoRA rank (0: full fine-tuning)")
     lora_alpha: PositiveInt = _f(16, "LoRA scaling numerator")
     lora_dropout: Prob = _f(0.0, "Dropout on the LoRA branch")

@@ -62,8 +62,27 @@ class Bucket(NamedTuple):
     keep: Tensor  # (n_real,) flat positions in (G·L) of the real tokens, in bucket order
 
 
+class SharedPrompts(NamedTuple):
+    """A packed stream that stores a prompt once for all the sequences that start with it (the
+    samples of one prompt group): N stored tokens stand for the T = Σ len tokens of the S full
+    sequences that ``cu_seqlens (S+1,)`` describes. Exact under causal attention: a prompt token attends
+    only to earlier prompt tokens, so its hidden states are the same in every sequence.
+
+    expand (T,)  stored position of each token of the full sequences
+    unique (N,)  a full-sequence position of each stored token (``expand[unique[i]] == i``): whose
+                 attention output the stored token takes
+    """
+
+    expand: Tensor
+    unique: Tensor
+
+
 class PackedPlan(NamedTuple):
-    """Everything a backend needs, built once per forward from ``cu_seqlens`` (host-side)."""
+    """Everything a backend needs, built once per forward from ``cu_seqlens`` (host-side).
+
+    With shared prompts the backend attends over the T tokens of the full sequences: bucketed/padded
+    fold ``expand``/``unique`` into their bucket indices (no extra copy); the others get the
+    gathered ``q[expand]``… and return ``out[unique]`` (``expand``/``unique`` set here)."""
 
     backend: str
     cu_seqlens: Tensor  # (S+1,) int32 on the device
@@ -71,6 +90,8 @@ class PackedPlan(NamedTuple):
     buckets: tuple[Bucket, ...] = ()  # bucketed / padded
     inverse: Tensor | None = None  # (N,) bucket order → packed order
     block_mask: Any = None  # flex
+    expand: Tensor | None = None  # (T,) shared prompts, not folded into the buckets
+    unique: Tensor | None = None  # (N,)
 
 
 class Backend(NamedTuple):
@@ -124,9 +145,13 @@ def length_buckets(lengths: list[int], slack: float = _PAD_SLACK) -> list[list[i
     return buckets
 
 
-def _bucket_plan(cu: list[int], slack: float, device: torch.device) -> tuple[tuple[Bucket, ...], Tensor]:
+def _bucket_plan(
+    cu: list[int], slack: float, device: torch.device, shared: SharedPrompts | None = None
+) -> tuple[tuple[Bucket, ...], Tensor]:
     """Index tensors of every bucket, and the inverse permutation bucket order → packed order (built
-    on the host, moved to ``device`` once)."""
+    on the host, moved to ``device`` once). With ``shared`` prompts the buckets gather from the
+    stored tokens (``expand[idx]``) and the inverse picks each stored token's output (``[unique]``)."""
+    expand = None if shared is None else shared.expand.cpu()
     starts_all = torch.tensor(cu[:-1], dtype=torch.long)  # (S,)
     lens_all = torch.tensor(cu[1:], dtype=torch.long) - starts_all  # (S,)
     buckets, order = [], []
@@ -138,10 +163,14 @@ def _bucket_plan(cu: list[int], slack: float, device: torch.device) -> tuple[tup
         idx = torch.where(real, starts[:, None] + pos[None, :], starts[:, None])  # (G, L)
         keep = real.flatten().nonzero().squeeze(1)  # (n_b,)
         order.append(idx.flatten()[keep])
+        if expand is not None:
+            idx = expand[idx]  # (G, L) stored positions
         buckets.append(Bucket(idx.to(device, non_blocking=True), keep.to(device, non_blocking=True)))
     flat = torch.cat(order) if order else torch.zeros(0, dtype=torch.long)
     inverse = torch.empty_like(flat)
     inverse[flat] = torch.arange(len(flat))
+    if shared is not None:
+        inverse = inverse[shared.unique.cpu()]  # (N,)
     return tuple(buckets), inverse.to(device, non_blocking=True)
 
 
@@ -159,17 +188,24 @@ def _flex_block_mask(cu: list[int], device: torch.device) -> Any:
     return create_block_mask(document_causal, None, None, n, n, device=device, _compile=device.type == "cuda")
 
 
-def make_plan(backend: str, cu_seqlens: Tensor | list[int], device: torch.device) -> PackedPlan:
-    """The plan of one packed forward. ``cu_seqlens (S+1,)``; read on the host once (one sync)."""
+def make_plan(
+    backend: str, cu_seqlens: Tensor | list[int], device: torch.device, shared: SharedPrompts | None = None
+) -> PackedPlan:
+    """The plan of one packed forward. ``cu_seqlens (S+1,)``; read on the host once (one sync), like
+    ``shared`` for the bucketed/padded backends."""
     cu = cu_seqlens if isinstance(cu_seqlens, list) else [int(x) for x in cu_seqlens.tolist()]
     max_len = max((b - a for a, b in itertools.pairwise(cu)), default=0)
     cu_dev = torch.tensor(cu, dtype=torch.int32, device=device)
     if backend in ("bucketed", "padded"):
-        buckets, inverse = _bucket_plan(cu, _PAD_SLACK if backend == "bucketed" else math.inf, device)
+        slack = _PAD_SLACK if backend == "bucketed" else math.inf
+        buckets, inverse = _bucket_plan(cu, slack, device, shared)
         return PackedPlan(backend, cu_dev, max_len, buckets, inverse)
+    gather: dict[str, Any] = {}
+    if shared is not None:
+        gather = {"expand": shared.expand.to(device), "unique": shared.unique.to(device)}
     if backend == "flex":
-        return PackedPlan(backend, cu_dev, max_len, block_mask=_flex_block_mask(cu, device))
-    return PackedPlan(backend, cu_dev, max_len)
+        return PackedPlan(backend, cu_dev, max_len, block_mask=_flex_block_mask(cu, device), **gather)
+    return PackedPlan(backend, cu_dev, max_len, **gather)
 
 
 class PackedLayout:
@@ -179,9 +215,10 @@ class PackedLayout:
     compute in another dtype than the parameters are stored in), and reused by every later layer and by
     activation-checkpoint recomputation."""
 
-    def __init__(self, cu_seqlens: list[int], requested: str) -> None:
+    def __init__(self, cu_seqlens: list[int], requested: str, shared: SharedPrompts | None = None) -> None:
         self.cu_seqlens = cu_seqlens
         self.requested = requested
+        self.shared = shared
         self._plans: dict[tuple[torch.device, torch.dtype], PackedPlan] = {}
 
     def plan(self, query: Tensor) -> PackedPlan:
@@ -189,7 +226,7 @@ class PackedLayout:
         if key not in self._plans:
             needs_grad = torch.is_grad_enabled() and query.requires_grad
             backend = select_backend(self.requested, query.device, compute_dtype(query), needs_grad)
-            self._plans[key] = make_plan(backend, self.cu_seqlens, query.device)
+            self._plans[key] = make_plan(backend, self.cu_seqlens, query.device, self.shared)
         return self._plans[key]
 
 
@@ -458,9 +495,13 @@ def _packed_attention(
 ) -> Tensor:
     """``q (N, H, D)``, ``k``/``v (N, H_kv, D)`` → ``(N, H, D)`` by the layout's backend. Never traced by
     ``torch.compile`` (a compiled decoder layer breaks its graph here): the plan reads sequence
-    lengths on the host, which would otherwise recompile for every new set of lengths."""
+    lengths on the host, which would otherwise recompile for every new set of lengths. With shared
+    prompts the backend sees the full sequences (T tokens) and each stored token keeps its own output."""
     plan = layout.plan(q)
-    return PACKED_ATTENTION.get(plan.backend).attend(q, k, v, plan, scale, dropout)
+    if plan.expand is not None:
+        q, k, v = q[plan.expand], k[plan.expand], v[plan.expand]  # (T, ·, D)
+    out = PACKED_ATTENTION.get(plan.backend).attend(q, k, v, plan, scale, dropout)
+    return out if plan.unique is None else out[plan.unique]  # (N, H, D)
 
 
 def register() -> None:

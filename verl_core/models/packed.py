@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from verl_core.models import attention as attention_lib
+from verl_core.models.attention import SharedPrompts
 from verl_core.models.loading import unwrap
 
 
@@ -57,7 +58,11 @@ def next_token_targets(input_ids: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, T
 
 
 def varlen_kwargs(
-    model: nn.Module, cu_seqlens: list[int], device: torch.device, attention: str = "auto"
+    model: nn.Module,
+    cu_seqlens: list[int],
+    device: torch.device,
+    attention: str = "auto",
+    shared: SharedPrompts | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments that make a decoder attend within each packed sequence.
 
@@ -69,14 +74,22 @@ def varlen_kwargs(
     impl = unwrap(model).config._attn_implementation
     if impl == attention_lib.NAME:
         return {
-            "packed_layout": attention_lib.PackedLayout(cu_seqlens, attention),
+            "packed_layout": attention_lib.PackedLayout(cu_seqlens, attention, shared),
             "attention_mask": torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
         }
+    if shared is not None:
+        raise ValueError(f"shared prompts need attn_implementation sdpa (varlen_sdpa), not {impl!r}")
     if impl not in ("flash_attention_2", "flash_attention_3"):
         return {}
     max_len = max((b - a for a, b in itertools.pairwise(cu_seqlens)), default=0)
     cu = torch.tensor(cu_seqlens, dtype=torch.int32, device=device)
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
+
+
+def shares_prompts(model: nn.Module) -> bool:
+    """Whether ``model``'s packed forwards can store shared prompts once (:class:`SharedPrompts`):
+    models on ``varlen_sdpa``; others compute every sequence in full (same results)."""
+    return bool(unwrap(model).config._attn_implementation == attention_lib.NAME)
 
 
 def use_varlen_attention(model: nn.Module) -> None:
@@ -87,27 +100,40 @@ def use_varlen_attention(model: nn.Module) -> None:
 
 
 def packed_inputs(
-    model: nn.Module, input_ids: Tensor, cu_seqlens: Tensor, attention: str = "auto"
+    model: nn.Module,
+    input_ids: Tensor,
+    cu_seqlens: Tensor,
+    attention: str = "auto",
+    shared: SharedPrompts | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of a packed decoder call for ``input_ids (N,)``, ``cu_seqlens (S+1,)``:
-    ``input_ids``/``position_ids (1, N)``, ``use_cache=False`` and :func:`varlen_kwargs`. Reads
+    """Keyword arguments of a packed decoder call for ``input_ids (T,)``, ``cu_seqlens (S+1,)``:
+    ``input_ids``/``position_ids (1, T)``, ``use_cache=False`` and :func:`varlen_kwargs`; with
+    ``shared`` prompts the N stored tokens ``input_ids[shared.unique]`` and their positions. Reads
     ``cu_seqlens`` on the host once: the only host synchronisation of a packed forward."""
     cu = [int(x) for x in cu_seqlens.tolist()]
-    position_ids = position_ids_from_cu_seqlens(torch.tensor(cu, dtype=torch.long))  # (N,), on the host
+    position_ids = position_ids_from_cu_seqlens(torch.tensor(cu, dtype=torch.long))  # (T,), on the host
+    position_ids = position_ids.to(input_ids.device, non_blocking=True)
+    if shared is not None:
+        input_ids, position_ids = input_ids[shared.unique], position_ids[shared.unique]  # (N,)
     return {
         "input_ids": input_ids[None],
-        "position_ids": position_ids.to(input_ids.device, non_blocking=True)[None],
+        "position_ids": position_ids[None],
         "use_cache": False,
-        **varlen_kwargs(model, cu, input_ids.device, attention),
+        **varlen_kwargs(model, cu, input_ids.device, attention, shared),
     }
 
 
 def packed_hidden_states(
-    model: nn.Module, input_ids: Tensor, cu_seqlens: Tensor, attention: str = "auto"
+    model: nn.Module,
+    input_ids: Tensor,
+    cu_seqlens: Tensor,
+    attention: str = "auto",
+    shared: SharedPrompts | None = None,
 ) -> Tensor:
-    """Final hidden states ``(N, H)`` of a causal LM (or its PEFT wrapper) for packed ``input_ids (N,)``."""
+    """Final hidden states ``(T, H)`` of a causal LM (or its PEFT wrapper) for packed ``input_ids (T,)``;
+    with ``shared`` prompts those of the N stored tokens, ``(N, H)`` (token t's is row ``expand[t]``)."""
     decoder = unwrap(model).get_decoder()
-    out = decoder(**packed_inputs(model, input_ids, cu_seqlens, attention))
+    out = decoder(**packed_inputs(model, input_ids, cu_seqlens, attention, shared))
     return out.last_hidden_state[0]
 
 
@@ -199,9 +225,12 @@ def packed_log_probs(
     entropy_grad: bool = True,
     attention: str = "auto",
     positions: Tensor | None = None,
+    shared: SharedPrompts | None = None,
 ) -> tuple[TokenLogProbs, Tensor]:
     """Packed forward + chunked next-token log-probs; ``attention`` names the packed attention backend
-    (:data:`verl_core.models.attention.PACKED_ATTENTION`, or ``auto``).
+    (:data:`verl_core.models.attention.PACKED_ATTENTION`, or ``auto``); ``shared``: prompts stored
+    once (:class:`SharedPrompts`; results as without, to float rounding; ignored where
+    :func:`shares_prompts` is False).
 
     Args: ``input_ids (N,)``, ``cu_seqlens (S+1,)``, ``positions (P,)`` (optional): the packed
     positions whose log-probs are wanted (e.g. those predicting response tokens); the LM head then
@@ -209,11 +238,16 @@ def packed_log_probs(
     (N,) tensors — (P,) with positions —, has_target (N,) | (P,) bool)``: position ``t`` holds
     ``log p(input_ids[t+1] | input_ids[..t])`` of its own sequence, and is meaningless (``has_target``
     False) at each sequence's last token."""
-    hidden = packed_hidden_states(model, input_ids, cu_seqlens, attention)  # (N, H)
+    shared = shared if shared is not None and shares_prompts(model) else None
+    hidden = packed_hidden_states(model, input_ids, cu_seqlens, attention, shared)  # (N, H)
     weight, bias, softcap = output_head(model)
     targets, has_target = next_token_targets(input_ids, cu_seqlens)
     if positions is not None:
-        hidden, targets, has_target = hidden[positions], targets[positions], has_target[positions]  # (P, ·)
+        targets, has_target = targets[positions], has_target[positions]  # (P,)
+    if shared is not None:  # stored row of each wanted position
+        positions = shared.expand if positions is None else shared.expand[positions]
+    if positions is not None:
+        hidden = hidden[positions]  # (P, H)
     out = chunked_log_probs(
         hidden,
         weight,
@@ -228,14 +262,22 @@ def packed_log_probs(
     return out, has_target
 
 
-def packed_scores(model: nn.Module, input_ids: Tensor, cu_seqlens: Tensor, attention: str = "auto") -> Tensor:
-    """Per-token scalar outputs ``(N,)`` of a token/sequence classification model with one label
+def packed_scores(
+    model: nn.Module,
+    input_ids: Tensor,
+    cu_seqlens: Tensor,
+    attention: str = "auto",
+    shared: SharedPrompts | None = None,
+) -> Tensor:
+    """Per-token scalar outputs ``(T,)`` of a token/sequence classification model with one label
     (a critic's values, a reward model's scores), computed packed: backbone hidden states through
-    the model's ``score`` head."""
+    the model's ``score`` head; ``shared`` as in :func:`packed_log_probs`."""
     base: Any = unwrap(model)
     backbone = getattr(base, base.base_model_prefix)
-    hidden = backbone(**packed_inputs(model, input_ids, cu_seqlens, attention))
-    return base.score(hidden.last_hidden_state[0]).squeeze(-1).float()
+    shared = shared if shared is not None and shares_prompts(model) else None
+    hidden = backbone(**packed_inputs(model, input_ids, cu_seqlens, attention, shared))
+    scores = base.score(hidden.last_hidden_state[0]).squeeze(-1).float()  # (N,)
+    return scores if shared is None else scores[shared.expand]  # (T,)
 
 
 # decoder-layer class → its subclass whose packed forwards run compiled (one per class: the layers of
@@ -305,6 +347,7 @@ class PackedCausalLM(nn.Module):
         with_entropy: bool = True,
         entropy_grad: bool = True,
         positions: Tensor | None = None,
+        shared: SharedPrompts | None = None,
     ) -> tuple[TokenLogProbs, Tensor]:
         return packed_log_probs(
             self.lm,
@@ -316,6 +359,7 @@ class PackedCausalLM(nn.Module):
             entropy_grad=entropy_grad,
             attention=self.attention,
             positions=positions,
+            shared=shared,
         )
 
     def decoder_layers(self) -> nn.ModuleList:
@@ -336,8 +380,8 @@ class PackedScoreModel(nn.Module):
         if compile_layers:
             compile_decoder_layers(self.decoder_layers())
 
-    def forward(self, input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
-        return packed_scores(self.model, input_ids, cu_seqlens, self.attention)
+    def forward(self, input_ids: Tensor, cu_seqlens: Tensor, shared: SharedPrompts | None = None) -> Tensor:
+        return packed_scores(self.model, input_ids, cu_seqlens, self.attention, shared)
 
     def decoder_layers(self) -> nn.ModuleList:
         base: Any = unwrap(self.model)

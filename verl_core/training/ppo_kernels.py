@@ -30,6 +30,7 @@ from verl_core.algorithms import (
     get_policy_loss,
     masked_mean,
 )
+from verl_core.models.attention import SharedPrompts
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel, TokenLogProbs
 
 
@@ -40,30 +41,40 @@ class PPOBatch(NamedTuple):
     cu_seqlens    (S+1,)  int32 offsets of the samples
     gather_index  (S, R)  packed position predicting response token j of sample s (0 where padded)
     response_mask (S, R)  1.0 on real response tokens
+    shared        samples with the same prompt store it once in the forward passes
+                  (:class:`~verl_core.models.attention.SharedPrompts`), or None
     """
 
     input_ids: Tensor
     cu_seqlens: Tensor
     gather_index: Tensor
     response_mask: Tensor
+    shared: SharedPrompts | None = None
 
     def to(self, device: torch.device | str) -> PPOBatch:
-        return PPOBatch(*(t.to(device) for t in self))
+        shared = None if self.shared is None else SharedPrompts(*(t.to(device) for t in self.shared))
+        return PPOBatch(*(t.to(device) for t in self[:4]), shared)
 
 
 def make_ppo_batch(
     prompts: Sequence[Sequence[int]],
     responses: Sequence[Sequence[int]],
     loss_masks: Sequence[Tensor] | None = None,
+    share_prompts: bool = False,
 ) -> PPOBatch:
     """Pack ``prompts[s] + responses[s]``. Every prompt needs ≥ 1 token (something predicts the first
     response token); an empty response gives an all-zero mask row. ``loss_masks[s]`` (``(≥ len(r_s),)``,
-    1 on tokens the policy generated) zeroes the mask where the policy did not generate the token."""
+    1 on tokens the policy generated) zeroes the mask where the policy did not generate the token.
+    ``share_prompts``: samples whose prompt equals an earlier sample's store it once (``shared``;
+    None when no two prompts are equal)."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
     r_max = max((len(r) for r in responses), default=0)
     ids: list[int] = []
     starts = [0]
+    expand: list[int] = []  # stored position of each packed token
+    unique: list[int] = []  # packed position of each stored token
+    stored: dict[tuple[int, ...], int] = {}  # prompt → stored position of its first token
     gather = torch.zeros(len(prompts), max(r_max, 1), dtype=torch.long)
     mask = torch.zeros(len(prompts), max(r_max, 1))
     for s, (p, r) in enumerate(zip(prompts, responses, strict=True)):
@@ -72,17 +83,28 @@ def make_ppo_batch(
         first = starts[-1] + len(p) - 1  # position predicting response token 0
         gather[s, : len(r)] = torch.arange(first, first + len(r))
         mask[s, : len(r)] = 1.0 if loss_masks is None else loss_masks[s][: len(r)].float()
+        if share_prompts:
+            key = tuple(p)
+            if key not in stored:
+                stored[key] = len(unique)
+                unique.extend(range(starts[-1], starts[-1] + len(p)))
+            expand.extend(range(stored[key], stored[key] + len(p)))
+            expand.extend(range(len(unique), len(unique) + len(r)))
+            unique.extend(range(starts[-1] + len(p), starts[-1] + len(p) + len(r)))
         ids.extend(p)
         ids.extend(r)
         starts.append(len(ids))
+    shared = None
+    if len(unique) < len(expand):
+        shared = SharedPrompts(torch.tensor(expand, dtype=torch.long), torch.tensor(unique, dtype=torch.long))
     return PPOBatch(
-        torch.tensor(ids, dtype=torch.long), torch.tensor(starts, dtype=torch.int32), gather, mask
+        torch.tensor(ids, dtype=torch.long), torch.tensor(starts, dtype=torch.int32), gather, mask, shared
     )
 
 
 LogProbModel = Callable[..., tuple[TokenLogProbs, Tensor]]
 """A packed causal LM: ``(input_ids (N,), cu_seqlens (S+1,), temperature=, with_entropy=,
-entropy_grad=, positions=)`` → ``(TokenLogProbs, has_target)`` (:class:`PackedCausalLM`, or
+entropy_grad=, positions=, shared=)`` → ``(TokenLogProbs, has_target)`` (:class:`PackedCausalLM`, or
 :class:`AdapterDisabledPolicy`)."""
 
 
@@ -103,6 +125,7 @@ def response_log_probs(
         with_entropy=with_entropy,
         entropy_grad=entropy_grad,
         positions=batch.gather_index.flatten(),  # (S·R,)
+        shared=batch.shared,
     )
     shape = batch.gather_index.shape
     logp = out.log_probs.view(shape) * batch.response_mask
@@ -112,7 +135,7 @@ def response_log_probs(
 
 def response_values(critic: PackedScoreModel, batch: PPOBatch) -> Tensor:
     """``(S, R)`` values V(state before response token j), 0 where masked."""
-    values = critic(batch.input_ids, batch.cu_seqlens)  # (N,)
+    values = critic(batch.input_ids, batch.cu_seqlens, shared=batch.shared)  # (N,)
     return values[batch.gather_index] * batch.response_mask
 
 

@@ -82,6 +82,22 @@ def test_make_ppo_batch_empty_response_and_errors() -> None:
         make_ppo_batch([[1], [2]], [[3]])
 
 
+def test_make_ppo_batch_shared_prompts_by_hand() -> None:
+    b = make_ppo_batch([[1, 2], [1, 2], [7], [1, 2]], [[3, 4], [5], [8], []], share_prompts=True)
+    # full stream [1 2 3 4 | 1 2 5 | 7 8 | 1 2], positions 0..3 | 4..6 | 7..8 | 9..10: unchanged
+    assert b.input_ids.tolist() == [1, 2, 3, 4, 1, 2, 5, 7, 8, 1, 2]
+    assert b.cu_seqlens.tolist() == [0, 4, 7, 9, 11]
+    assert b.gather_index.tolist() == [[1, 2], [5, 0], [7, 0], [0, 0]]
+    assert b.shared is not None
+    # stored: [1 2 3 4 5 7 8], the prompt [1 2] once (samples 1 and 3 read stored 0, 1)
+    assert b.shared.unique.tolist() == [0, 1, 2, 3, 6, 7, 8]
+    assert b.shared.expand.tolist() == [0, 1, 2, 3, 0, 1, 4, 5, 6, 0, 1]
+    assert b.input_ids[b.shared.unique][b.shared.expand].tolist() == b.input_ids.tolist()
+    # nothing to share: no layout
+    assert make_ppo_batch([[1], [2]], [[3], [4]], share_prompts=True).shared is None
+    assert make_ppo_batch([[1], [1]], [[3], [4]]).shared is None
+
+
 # --- log-probs and values against a plain per-sample forward --------------------------------------------
 
 
@@ -128,6 +144,46 @@ def test_response_values_equal_per_sample_token_classification() -> None:
     for s, r in enumerate(RESPONSES):
         torch.testing.assert_close(values[s, : len(r)], ref[s].float(), atol=1e-5, rtol=0)
         assert (values[s, len(r) :] == 0).all()
+
+
+# prompt groups, ragged, one response empty and one of a single token
+GROUP_PROMPTS = [[1, 2], [7, 8, 9], [1, 2], [7, 8, 9], [1, 2], [11]]
+GROUP_RESPONSES = [[3, 4, 5], [10], [6], [12, 13, 14, 15], [], [16, 17]]
+
+
+@pytest.mark.parametrize("attention", ["bucketed", "padded"])
+def test_shared_prompts_give_the_log_probs_entropies_and_gradients_of_full_sequences(attention: str) -> None:
+    lm = tiny_lm()
+    ref_lp, ref_ent = reference_response_log_probs(lm, GROUP_PROMPTS, GROUP_RESPONSES, 1.0)
+    ref_loss = torch.cat(ref_lp).sum() + 0.1 * torch.cat(ref_ent).sum()
+    ref_grads = torch.autograd.grad(ref_loss, list(lm.parameters()))
+    batch = make_ppo_batch(GROUP_PROMPTS, GROUP_RESPONSES, share_prompts=True)
+    assert (
+        batch.shared is not None and len(batch.shared.unique) == 24 - 7
+    )  # 13 prompt + 11 response tokens; [1 2] ×2, [7 8 9] ×1 saved
+    logp, ent = response_log_probs(PackedCausalLM(lm, attention=attention), batch, with_entropy=True)
+    assert ent is not None
+    for s, r in enumerate(GROUP_RESPONSES):
+        torch.testing.assert_close(logp[s, : len(r)], ref_lp[s], atol=1e-5, rtol=0)
+        torch.testing.assert_close(ent[s, : len(r)], ref_ent[s], atol=1e-5, rtol=0)
+    grads = torch.autograd.grad(logp.sum() + 0.1 * ent.sum(), list(lm.parameters()))
+    for g_ref, g in zip(ref_grads, grads, strict=True):
+        torch.testing.assert_close(g, g_ref, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prompts_with_a_gathering_backend_and_critic_values() -> None:
+    # flex (CPU: no-grad only) is a backend that gathers q/k/v of the full sequences itself
+    lm = tiny_lm()
+    full = make_ppo_batch(GROUP_PROMPTS, GROUP_RESPONSES)
+    shared = make_ppo_batch(GROUP_PROMPTS, GROUP_RESPONSES, share_prompts=True)
+    with torch.no_grad():
+        want = response_log_probs(PackedCausalLM(lm, attention="padded"), full)[0]
+        got = response_log_probs(PackedCausalLM(lm, attention="flex"), shared)[0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    critic = PackedScoreModel(value_model_from_policy(lm, seed=3).eval())
+    values = response_values(critic, shared)
+    torch.testing.assert_close(values, response_values(critic, full), atol=1e-5, rtol=0)
+    values.sum().backward()  # the critic trains on shared prompts too
 
 
 # --- token rewards -------------------------------------------------------------------------------------

@@ -304,6 +304,32 @@ def test_weights_and_metrics_do_not_depend_on_micro_batching(loss_agg_mode: str)
             torch.testing.assert_close(other[k], v, atol=1e-3, rtol=1e-3, msg=k)
 
 
+def test_shared_prompts_train_like_full_sequences() -> None:
+    # model.share_prompts: each group's prompt (PROMPTS come in pairs) is stored once in the old/ref
+    # log-prob, value, actor and critic forwards; same first gradients, metrics and weights
+    assert make_batch().micro(range(6), share_prompts=True).shared is not None
+    results, grads, finals = [], [], []
+    for share in (False, True):
+        models = make_models(critic=True, ref=True)
+        assert models.critic_engine is not None and models.critic is not None
+        actor_grads, critic_grads = (
+            record_gradients(models.actor_engine),
+            record_gradients(models.critic_engine),
+        )
+        spec = make_spec(adv_estimator="gae", use_kl_loss=True, entropy_coeff=0.01, share_prompts=share)
+        results.append(run(models, spec))
+        grads.append([actor_grads[0], critic_grads[0]])
+        finals.append({**weights(models.actor), **weights(models.critic)})
+    for name in INVARIANT:
+        assert results[1].metrics[name] == pytest.approx(results[0].metrics[name], rel=1e-4, abs=1e-6), name
+    torch.testing.assert_close(results[1].advantages, results[0].advantages, atol=1e-5, rtol=1e-4)
+    for got, want in zip(grads[1], grads[0], strict=True):
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
+    for k, v in finals[0].items():  # tolerance: see the micro-batching test above
+        torch.testing.assert_close(finals[1][k], v, atol=1e-3, rtol=1e-3, msg=k)
+
+
 def test_logged_losses_are_mini_batch_losses() -> None:
     # the pg loss of the first step at ratio 1 is −(token-mean advantage) of its mini-batch: with one
     # epoch and all 3 groups in one mini-batch it is −Σ_s A_s·R_s / Σ_s R_s. GRPO: A = (r − mean)/(std +
