@@ -11,6 +11,12 @@ whose next-token prediction is response token j of sample s (``cu_seqlens[s] + P
 and the critic's value of the state before token j is ``values[gather_index[s, j]]`` (verl's
 ``values[:, -R-1:-1]``). Each loss is a micro-batch's share of its mini-batch loss (``norm``: the
 mini-batch's :class:`AggNorm`), so the shares sum to the mini-batch loss.
+
+With ``share_prompts`` the n samples of a prompt group in one micro-batch run their prompt through
+the model once (:class:`~verl_core.models.attention.SharedPrompts`): the layout above (``input_ids``,
+``gather_index``) still describes the full sequences; the forward computes the N stored tokens (each
+prompt once, every response) and attention sees the full sequences. At the quickstart's geometry (8
+samples of ~30 prompt + ~20 response tokens) that is ~190 tokens per group instead of ~400.
 """
 
 from __future__ import annotations
