@@ -10,8 +10,10 @@ built from scratch with vocab 32,000, not 151,936: the token ids come from the s
 so only the embedding/LM-head size would change, and 32k keeps it within a 24 GiB CPU box).
 ``--packed-attention`` runs the packed path with one backend of ``model.packed_attention`` (``all``:
 each one that can run on the device, for training or, if it has no backward there, skipped).
-``--profile`` prints torch.profiler's top ops by self time for one packed training step and one
-no-grad log-prob pass, and the host-synchronisation count of each: calls of ``Tensor.item``,
+``--compile`` runs the packed path with ``model.torch_compile``'s compiled decoder layers (compiled
+during the untimed warm-up step; the padded path stays eager). ``--profile`` prints torch.profiler's
+top ops by self time for one packed training step and one no-grad log-prob pass, and the
+host-synchronisation count of each: calls of ``Tensor.item``,
 ``Tensor.tolist``, ``int()/float()/bool()`` of a tensor (each one a device→host sync on CUDA; on CUDA
 ``torch.cuda.set_sync_debug_mode`` reports them as well).
 
