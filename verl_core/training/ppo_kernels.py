@@ -59,7 +59,13 @@ class PPOBatch(NamedTuple):
 
     def to(self, device: torch.device | str) -> PPOBatch:
         shared = None if self.shared is None else SharedPrompts(*(t.to(device) for t in self.shared))
-        return PPOBatch(*(t.to(device) for t in self[:4]), shared)
+        return PPOBatch(
+            self.input_ids.to(device),
+            self.cu_seqlens.to(device),
+            self.gather_index.to(device),
+            self.response_mask.to(device),
+            shared,
+        )
 
 
 def make_ppo_batch(
