@@ -118,7 +118,8 @@ prompt group's ~30-token prompt once per micro-batch for its 8 samples of ~20 re
 TRL computes it 8 times; ``--no-share-prompts`` turns it off) (23 Nov 2026, idle 2-core machine, load
 ~0.9, 1 thread, ``--batch 32 --n 8 --mini 8 --repeats 3``): **3.04× TRL samples/s**, 3.51× generated
 tok/s (364.5 vs 120.1 samples/s); training phases **3.13×** TRL's (0.504 s: old log-probs 0.086 + ref
-0.117 + actor update 0.301, vs TRL's 0.622 + 0.958 = 1.579 s; the issue's CPU target 2.5×: met). The
+0.117 + actor update 0.301, vs TRL's 0.622 + 0.958 = 1.579 s; the issue's CPU target 2.5×: met);
+right after, ``--no-share-prompts``: 2.25× samples/s, training phases 2.13× (0.754 vs 1.609 s). The
 same A/B on one captured 32×8 batch, ours only (6 iterations, medians): 0.802/0.834 s without,
 0.465/0.454 s with shared prompts. ``model.torch_compile`` on top: 0.487 s (slower on this CPU at this
 size; the first forward compiles in ~13 s).
