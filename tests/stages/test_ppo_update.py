@@ -40,6 +40,12 @@ def _weights(ctx: RunContext) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in get_state(ctx).lm.state_dict().items()}
 
 
+def _critic_weights(ctx: RunContext) -> dict[str, torch.Tensor]:
+    critic = get_state(ctx).critic
+    assert critic is not None
+    return {f"critic.{k}": v.detach().clone() for k, v in critic.state_dict().items()}
+
+
 def test_update_advances_the_policy_and_commits_with_the_checkpoint(
     ctx: RunContext, tiny_rl: tuple[Path, str]
 ) -> None:
@@ -105,9 +111,18 @@ def test_the_update_stage_stays_a_short_recipe() -> None:
     assert len(lines) <= 120, f"stages/ppo_update.py has {len(lines)} lines (≤ 120)"
 
 
-def test_compiled_layers_update_like_eager(tiny_rl: tuple[Path, str]) -> None:
+def test_compiled_layers_update_like_eager(
+    tiny_rl: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # model.torch_compile: the same rollout (generation stays eager), then the update with compiled
     # actor, reference and critic layers moves the weights as the eager update does, to float rounding
+    import verl_core.models.packed as packed_lib
+
+    compiled_calls = []  # the compiled layers' dispatch: True → the compiled callable ran
+    is_packed = packed_lib._is_packed_call
+    monkeypatch.setattr(
+        packed_lib, "_is_packed_call", lambda kw: compiled_calls.append(is_packed(kw)) or compiled_calls[-1]
+    )
     start, weights, rollouts = {}, {}, {}
     for compiled in (False, True):
         settings = TINY_RL.model_dump()
@@ -120,12 +135,17 @@ def test_compiled_layers_update_like_eager(tiny_rl: tuple[Path, str]) -> None:
             state = get_state(run)
             layer = type(state.lm.model.layers[0]).__name__
             assert layer == ("PackedCompiledQwen2DecoderLayer" if compiled else "Qwen2DecoderLayer")
-            start[compiled] = _weights(run)
+            start[compiled] = {**_weights(run), **_critic_weights(run)}
+            compiled_calls.clear()
             r = rollout.fn(run, config.data, config.rollout, tiny_rl[1], 0, state.lineage)
             w = reward.fn(run, config.reward, r, 0, config.data.max_response_length, sandbox=SandboxConfig())
             rollouts[compiled] = run.store().read_table(run.store().read_manifest(r), "rollouts.parquet")
             ppo_update.fn(run, config, r, w, 0)
-            weights[compiled] = _weights(run)
+            weights[compiled] = {**_weights(run), **_critic_weights(run)}
+            # compiled: generation ran eager (False), the actor/reference/critic forwards compiled (True)
+            assert (True in compiled_calls, False in compiled_calls) == (
+                (True, True) if compiled else (False, False)
+            )
         finally:
             drop_state(run.run_id)
     assert rollouts[True].column("response_ids").equals(rollouts[False].column("response_ids"))

@@ -315,6 +315,17 @@ def _precision(cfg: VerlFlowConfig) -> list[str]:
             "model.torch_compile: compiles the packed forwards of sdpa and flash_attention_2 models; "
             "model.attn_implementation=eager has none (set it to sdpa)"
         )
+    if cfg.model.torch_compile:
+        untested = [
+            f"{r}.strategy deepspeed" for r in ("actor", "critic") if getattr(cfg, r).strategy == "deepspeed"
+        ]
+        if cfg.actor.tensor_parallel_size > 1:
+            untested.append(f"actor.tensor_parallel_size {cfg.actor.tensor_parallel_size}")
+        if untested:
+            out.append(
+                f"model.torch_compile: not tested with {', '.join(untested)} (ZeRO's parameter hooks, "
+                "DTensor projections); turn it off there"
+            )
     cxx = os.environ.get("CXX", "g++")
     if cfg.model.torch_compile and cfg.trainer.device == "cpu" and not shutil.which(cxx):
         out.append(

@@ -210,7 +210,8 @@ class ModelConfig(Section):
         True,
         "PPO/GRPO forwards (old/reference log-probs, values, actor and critic updates) store the prompt "
         "of a micro-batch's samples of one prompt group once: exact under causal attention (equal to "
-        "float rounding); packed attention (attn_implementation sdpa) only, others compute every sample",
+        "float rounding; with dropout the samples share the prompt's dropout mask); packed attention "
+        "(attn_implementation sdpa) only, others compute every sample",
     )
     lora_rank: NonNegInt = _f(0, "LoRA rank (0: full fine-tuning)")
     lora_alpha: PositiveInt = _f(16, "LoRA scaling numerator")

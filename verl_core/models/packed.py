@@ -86,10 +86,11 @@ def varlen_kwargs(
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
 
 
-def shares_prompts(model: nn.Module) -> bool:
-    """Whether ``model``'s packed forwards can store shared prompts once (:class:`SharedPrompts`):
-    models on ``varlen_sdpa``; others compute every sequence in full (same results)."""
-    return bool(unwrap(model).config._attn_implementation == attention_lib.NAME)
+def shared_prompts_for(model: nn.Module, shared: SharedPrompts | None) -> SharedPrompts | None:
+    """``shared`` where ``model``'s packed forwards can store prompts once (:class:`SharedPrompts`):
+    models on ``varlen_sdpa``; None for the others, which compute every sequence in full (same
+    results)."""
+    return shared if unwrap(model).config._attn_implementation == attention_lib.NAME else None
 
 
 def use_varlen_attention(model: nn.Module) -> None:
@@ -230,16 +231,17 @@ def packed_log_probs(
     """Packed forward + chunked next-token log-probs; ``attention`` names the packed attention backend
     (:data:`verl_core.models.attention.PACKED_ATTENTION`, or ``auto``); ``shared``: prompts stored
     once (:class:`SharedPrompts`; results as without, to float rounding; ignored where
-    :func:`shares_prompts` is False).
+    :func:`shared_prompts_for` says so).
 
-    Args: ``input_ids (N,)``, ``cu_seqlens (S+1,)``, ``positions (P,)`` (optional): the packed
-    positions whose log-probs are wanted (e.g. those predicting response tokens); the LM head then
-    runs on those P positions only (prompt logits are never computed). Returns ``(TokenLogProbs with
-    (N,) tensors — (P,) with positions —, has_target (N,) | (P,) bool)``: position ``t`` holds
+    Args: ``input_ids (T,)``, ``cu_seqlens (S+1,)`` (the full sequences, also with ``shared``),
+    ``positions (P,)`` (optional): the packed positions whose log-probs are wanted (e.g. those
+    predicting response tokens); the LM head then runs on those P positions only (prompt logits are
+    never computed). Returns ``(TokenLogProbs with (T,) tensors — (P,) with positions —, has_target
+    (T,) | (P,) bool)``: position ``t`` holds
     ``log p(input_ids[t+1] | input_ids[..t])`` of its own sequence, and is meaningless (``has_target``
     False) at each sequence's last token."""
-    shared = shared if shared is not None and shares_prompts(model) else None
-    hidden = packed_hidden_states(model, input_ids, cu_seqlens, attention, shared)  # (N, H)
+    shared = shared_prompts_for(model, shared)
+    hidden = packed_hidden_states(model, input_ids, cu_seqlens, attention, shared)  # (T | N, H)
     weight, bias, softcap = output_head(model)
     targets, has_target = next_token_targets(input_ids, cu_seqlens)
     if positions is not None:
@@ -274,7 +276,7 @@ def packed_scores(
     the model's ``score`` head; ``shared`` as in :func:`packed_log_probs`."""
     base: Any = unwrap(model)
     backbone = getattr(base, base.base_model_prefix)
-    shared = shared if shared is not None and shares_prompts(model) else None
+    shared = shared_prompts_for(model, shared)
     hidden = backbone(**packed_inputs(model, input_ids, cu_seqlens, attention, shared))
     scores = base.score(hidden.last_hidden_state[0]).squeeze(-1).float()  # (N,)
     return scores if shared is None else scores[shared.expand]  # (T,)
@@ -369,8 +371,9 @@ class PackedCausalLM(nn.Module):
 
 
 class PackedScoreModel(nn.Module):
-    """A one-label token/sequence classification model run packed: ``forward(input_ids (N,),
-    cu_seqlens (S+1,))`` → per-token scores ``(N,)`` (critic values, reward-model scores)."""
+    """A one-label token/sequence classification model run packed: ``forward(input_ids (T,),
+    cu_seqlens (S+1,), shared=None)`` → per-token scores ``(T,)`` (critic values, reward-model
+    scores); ``shared`` prompts as in :func:`packed_scores`."""
 
     def __init__(self, model: nn.Module, attention: str = "auto", compile_layers: bool = False) -> None:
         super().__init__()

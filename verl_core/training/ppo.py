@@ -258,7 +258,7 @@ class PPOSpec:
     update_actor: bool = True  # False during critic warm-up
     use_rollout_logprobs: bool = False  # old log-probs = the engine's behaviour log-probs
     rollout_correction: RolloutCorrectionSpec = field(default_factory=RolloutCorrectionSpec)
-    share_prompts: bool = False  # a micro-batch's samples of one prompt store it once (same math)
+    share_prompts: bool = True  # a micro-batch's samples of one prompt store it once (same math)
 
 
 class PPOIterationResult(NamedTuple):

@@ -141,6 +141,10 @@ from verl_core.errors import ConfigError
             ["model.use_liger=true", "trainer.device=cpu"],
             "model.use_liger: true needs a CUDA device (liger's kernels are Triton), not trainer.device=cpu",
         ),
+        (
+            ["model.torch_compile=true", "actor.strategy=deepspeed", "rollout.share_weights=false"],
+            "model.torch_compile: not tested with actor.strategy deepspeed (ZeRO's parameter hooks",
+        ),
         (  # eager attention gets no packed-call keywords: nothing would run compiled
             ["model.torch_compile=true", "model.attn_implementation=eager"],
             "model.torch_compile: compiles the packed forwards of sdpa and flash_attention_2 models",

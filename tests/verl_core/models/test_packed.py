@@ -179,11 +179,20 @@ def test_varlen_model_generates_like_sdpa() -> None:
     assert torch.equal(out_ref, out_var)
 
 
-def test_compiled_layers_match_the_reference_and_leave_generation_eager() -> None:
+def test_compiled_layers_match_the_reference_and_leave_generation_eager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # model.torch_compile: packed forwards run the compiled layer forward (fused, so equal to float
     # rounding); generation (KV cache, no packed keywords) stays eager and compiles nothing
     from torch._dynamo.utils import counters
 
+    import verl_core.models.packed as packed_lib
+
+    packed_calls = []  # the compiled layer forward's dispatch: True → the compiled callable ran
+    is_packed = packed_lib._is_packed_call
+    monkeypatch.setattr(
+        packed_lib, "_is_packed_call", lambda kw: packed_calls.append(is_packed(kw)) or packed_calls[-1]
+    )
     model = tiny("qwen2")
     eager = copy.deepcopy(model)
     keys = list(model.state_dict())
@@ -207,11 +216,12 @@ def test_compiled_layers_match_the_reference_and_leave_generation_eager() -> Non
         for g_ref, g in zip(ref_grads, grads, strict=True):
             torch.testing.assert_close(g, g_ref, atol=1e-5, rtol=1e-4)
         graphs.append(counters["stats"]["unique_graphs"])
-    assert graphs[0] > 0 and graphs[1] == graphs[0]
+    assert packed_calls == [True] * 4  # 2 batches × 2 layers took the compiled forward
 
     ids = torch.tensor([[5, 6, 7]])
     kw = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0, "use_cache": True}
     assert torch.equal(model.generate(input_ids=ids, **kw), eager.generate(input_ids=ids, **kw))
+    assert packed_calls[4:] and not any(packed_calls[4:])  # every generation step ran eager
     assert counters["stats"]["unique_graphs"] == graphs[1]
 
     # a copy is compiled too and runs its own weights

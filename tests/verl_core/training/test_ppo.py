@@ -151,17 +151,45 @@ GROUP_PROMPTS = [[1, 2], [7, 8, 9], [1, 2], [7, 8, 9], [1, 2], [11]]
 GROUP_RESPONSES = [[3, 4, 5], [10], [6], [12, 13, 14, 15], [], [16, 17]]
 
 
-@pytest.mark.parametrize("attention", ["bucketed", "padded"])
-def test_shared_prompts_give_the_log_probs_entropies_and_gradients_of_full_sequences(attention: str) -> None:
+def decoder_token_counts(model: torch.nn.Module) -> list[int]:
+    """Tokens each call of ``model``'s decoder runs on (recorded by a forward pre-hook)."""
+    counts: list[int] = []
+    backbone = getattr(model, model.base_model_prefix)
+    backbone.register_forward_pre_hook(
+        lambda _m, _a, kw: counts.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    return counts
+
+
+def reference_backend(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A packed backend that attends through the readable per-sequence reference on the plan's full
+    sequences: like varlen/flash_attn (CUDA) it gets q/k/v gathered by ``expand``, and unlike flex it
+    has a CPU backward."""
+    from verl_core.models import attention as att
+
+    def attend(q, k, v, plan, scale, dropout):  # type: ignore[no-untyped-def]
+        return att.reference_attention(q, k, v, plan.cu_seqlens.tolist(), scale)
+
+    monkeypatch.setitem(att.PACKED_ATTENTION._entries, "gathering", att.Backend(lambda *_: None, attend))
+    return "gathering"
+
+
+@pytest.mark.parametrize("attention", ["bucketed", "padded", "gathering"])
+def test_shared_prompts_give_the_log_probs_entropies_and_gradients_of_full_sequences(
+    attention: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if attention == "gathering":
+        reference_backend(monkeypatch)
     lm = tiny_lm()
     ref_lp, ref_ent = reference_response_log_probs(lm, GROUP_PROMPTS, GROUP_RESPONSES, 1.0)
     ref_loss = torch.cat(ref_lp).sum() + 0.1 * torch.cat(ref_ent).sum()
     ref_grads = torch.autograd.grad(ref_loss, list(lm.parameters()))
     batch = make_ppo_batch(GROUP_PROMPTS, GROUP_RESPONSES, share_prompts=True)
-    assert (
-        batch.shared is not None and len(batch.shared.unique) == 24 - 7
-    )  # 13 prompt + 11 response tokens; [1 2] ×2, [7 8 9] ×1 saved
+    # 13 prompt + 11 response tokens; [1 2] stored once for 3 samples, [7 8 9] once for 2: 7 saved
+    assert batch.shared is not None and len(batch.shared.unique) == 24 - 7
+    seen = decoder_token_counts(lm)
     logp, ent = response_log_probs(PackedCausalLM(lm, attention=attention), batch, with_entropy=True)
+    assert seen == [17]  # the model ran on the stored tokens
     assert ent is not None
     for s, r in enumerate(GROUP_RESPONSES):
         torch.testing.assert_close(logp[s, : len(r)], ref_lp[s], atol=1e-5, rtol=0)
@@ -171,19 +199,37 @@ def test_shared_prompts_give_the_log_probs_entropies_and_gradients_of_full_seque
         torch.testing.assert_close(g, g_ref, atol=1e-5, rtol=1e-4)
 
 
-def test_shared_prompts_with_a_gathering_backend_and_critic_values() -> None:
-    # flex (CPU: no-grad only) is a backend that gathers q/k/v of the full sequences itself
+def test_shared_prompts_with_flex() -> None:
+    # flex (CPU: no-grad only) gathers q/k/v of the full sequences and masks by their block mask
     lm = tiny_lm()
     full = make_ppo_batch(GROUP_PROMPTS, GROUP_RESPONSES)
     shared = make_ppo_batch(GROUP_PROMPTS, GROUP_RESPONSES, share_prompts=True)
+    seen = decoder_token_counts(lm)
     with torch.no_grad():
         want = response_log_probs(PackedCausalLM(lm, attention="padded"), full)[0]
         got = response_log_probs(PackedCausalLM(lm, attention="flex"), shared)[0]
+    assert seen == [24, 17]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
-    critic = PackedScoreModel(value_model_from_policy(lm, seed=3).eval())
-    values = response_values(critic, shared)
-    torch.testing.assert_close(values, response_values(critic, full), atol=1e-5, rtol=0)
-    values.sum().backward()  # the critic trains on shared prompts too
+
+
+@pytest.mark.parametrize("attention", ["bucketed", "gathering"])
+def test_shared_prompts_give_the_values_and_gradients_of_full_sequences(
+    attention: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if attention == "gathering":
+        reference_backend(monkeypatch)
+    model = value_model_from_policy(tiny_lm(), seed=3).eval()
+    critic = PackedScoreModel(model, attention="padded")
+    want = response_values(critic, make_ppo_batch(GROUP_PROMPTS, GROUP_RESPONSES))
+    want_grads = torch.autograd.grad(want.pow(2).sum(), list(model.parameters()))
+    critic.attention = attention
+    seen = decoder_token_counts(model)
+    got = response_values(critic, make_ppo_batch(GROUP_PROMPTS, GROUP_RESPONSES, share_prompts=True))
+    assert seen == [17]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    grads = torch.autograd.grad(got.pow(2).sum(), list(model.parameters()))
+    for g, w in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
 
 
 # --- token rewards -------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tests.verl_core.training.test_ppo import decoder_token_counts
 from verl_core.algorithms import make_kl_controller
 from verl_core.models.heads import value_model_from_policy
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
@@ -307,11 +308,12 @@ def test_weights_and_metrics_do_not_depend_on_micro_batching(loss_agg_mode: str)
 def test_shared_prompts_train_like_full_sequences() -> None:
     # model.share_prompts: each group's prompt (PROMPTS come in pairs) is stored once in the old/ref
     # log-prob, value, actor and critic forwards; same first gradients, metrics and weights
-    assert make_batch().micro(range(6), share_prompts=True).shared is not None
-    results, grads, finals = [], [], []
+    results, grads, finals, tokens = [], [], [], []
     for share in (False, True):
         models = make_models(critic=True, ref=True)
         assert models.critic_engine is not None and models.critic is not None
+        assert isinstance(models.ref, PackedCausalLM)
+        seen = [decoder_token_counts(m) for m in (models.actor.lm, models.ref.lm, models.critic.model)]
         actor_grads, critic_grads = (
             record_gradients(models.actor_engine),
             record_gradients(models.critic_engine),
@@ -320,6 +322,10 @@ def test_shared_prompts_train_like_full_sequences() -> None:
         results.append(run(models, spec))
         grads.append([actor_grads[0], critic_grads[0]])
         finals.append({**weights(models.actor), **weights(models.critic)})
+        tokens.append([sum(counts) for counts in seen])
+    # actor, reference and critic forwards: the 6 samples are 3 pairs with one prompt each (2, 3 and 1
+    # tokens), stored once per micro-batch that holds the pair
+    assert all(shared < full for shared, full in zip(tokens[1], tokens[0], strict=True)), tokens
     for name in INVARIANT:
         assert results[1].metrics[name] == pytest.approx(results[0].metrics[name], rel=1e-4, abs=1e-6), name
     torch.testing.assert_close(results[1].advantages, results[0].advantages, atol=1e-5, rtol=1e-4)
