@@ -59,16 +59,51 @@ def dp_view(engine: Any) -> DPView:
 
 
 def micro_batches(
-    rows: Sequence[int], lengths: Sequence[int], budget: int, fixed: int | None = None
+    rows: Sequence[int],
+    lengths: Sequence[int],
+    budget: int,
+    fixed: int | None = None,
+    prompts: Sequence[Sequence[int]] | None = None,
 ) -> list[list[int]]:
     """Micro-batches (lists of sample rows) of ``rows``: ``fixed`` samples each, or balanced
-    token-budget ones (verl's ``use_dynamic_bsz``; a sample longer than ``budget`` gets its own)."""
+    token-budget ones (verl's ``use_dynamic_bsz``; a sample longer than ``budget`` gets its own).
+
+    With ``prompts`` (each row's prompt ids; shared-prompt forwards) the budget counts the tokens a
+    forward computes: rows with the same prompt are kept together, a unit costing ``P + Σ R`` (the
+    prompt once), split into consecutive rows only where one unit is over the budget."""
     if not rows:
         return []
     if fixed is not None:
         return [list(rows[i : i + fixed]) for i in range(0, len(rows), fixed)]
-    parts = dynamic_micro_batches([lengths[r] for r in rows], max(budget, max(lengths[r] for r in rows)))
-    return [[rows[i] for i in p] for p in parts]
+    units: list[list[int]] = [[r] for r in rows]
+    costs = [lengths[r] for r in rows]
+    if prompts is not None:
+        units, costs = _prompt_units(rows, lengths, budget, prompts)
+    parts = dynamic_micro_batches(costs, max(budget, max(costs)))
+    return [[r for i in p for r in units[i]] for p in parts]
+
+
+def _prompt_units(
+    rows: Sequence[int], lengths: Sequence[int], budget: int, prompts: Sequence[Sequence[int]]
+) -> tuple[list[list[int]], list[int]]:
+    """``rows`` grouped by prompt (first-appearance order), each group cut into runs of rows whose
+    ``P + Σ R`` fits ``budget`` (a row alone may exceed it); ``(units, their costs)``."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for r in rows:
+        by_prompt.setdefault(tuple(prompts[r]), []).append(r)
+    units: list[list[int]] = []
+    costs: list[int] = []
+    for prompt, members in by_prompt.items():
+        p = len(prompt)
+        for r in members:
+            response = lengths[r] - p
+            if units and units[-1][0] in members and costs[-1] + response <= budget:
+                units[-1].append(r)
+                costs[-1] += response
+            else:
+                units.append([r])
+                costs.append(p + response)
+    return units, costs
 
 
 def dp_split(rows: Sequence[int], lengths: Sequence[int], dp_size: int) -> list[list[int]]:
@@ -81,11 +116,18 @@ def dp_split(rows: Sequence[int], lengths: Sequence[int], dp_size: int) -> list[
 
 
 def dp_micro_batches(
-    rows: Sequence[int], lengths: Sequence[int], budget: int, dp: DPView, fixed: int | None = None
+    rows: Sequence[int],
+    lengths: Sequence[int],
+    budget: int,
+    dp: DPView,
+    fixed: int | None = None,
+    prompts: Sequence[Sequence[int]] | None = None,
 ) -> list[MicroBatch]:
     """This rank's micro-batches of ``rows`` (the same ``rows`` on every rank), padded to the count
-    of the rank with the most: the padding micro-batch is the shortest row of ``rows``, weight 0."""
-    plans = [micro_batches(part, lengths, budget, fixed) for part in dp_split(rows, lengths, dp.size)]
+    of the rank with the most: the padding micro-batch is the shortest row of ``rows``, weight 0.
+    ``prompts``: see :func:`micro_batches` (within each rank's share)."""
+    parts = dp_split(rows, lengths, dp.size)
+    plans = [micro_batches(part, lengths, budget, fixed, prompts) for part in parts]
     count = max(len(p) for p in plans)  # what every rank runs
     mine = plans[dp.rank]
     pad = min(rows, key=lambda r: (lengths[r], r))

@@ -345,13 +345,14 @@ def ppo_iteration(
     # 3. Critic, then actor: epochs × shuffled mini-batches of whole groups × micro-batches
     log = _MetricLog()
     metrics = {**rewards.metrics, **corr.metrics}
+    prompts = batch.prompt_ids if spec.share_prompts else None  # budgets count stored tokens
     if models.critic is not None and models.critic_engine is not None and values is not None:
         critic_loss_fn = partial(_critic_micro_loss, models.critic, batch, spec, values, adv.returns, log)
         with timed(timing, "update_critic"):
             for rows in minibatches(batch.group_ids, spec.critic_mini_batch_groups, spec.critic_epochs, seed):
                 norm = _agg_norm(mask[rows], spec.horizon)  # the whole mini-batch, all ranks
                 mbs = dp_micro_batches(
-                    rows, batch.lengths, spec.critic_token_budget, dp, spec.micro_batch_size
+                    rows, batch.lengths, spec.critic_token_budget, dp, spec.micro_batch_size, prompts
                 )
                 stats = models.critic_engine.step(
                     mbs, partial(critic_loss_fn, norm, models.device), where=f"{where} critic"
@@ -368,7 +369,7 @@ def ppo_iteration(
                 # the whole mini-batch, all ranks; rejected tokens count in no denominator
                 norm = _agg_norm(corr.response_mask[rows], spec.horizon)
                 mbs = dp_micro_batches(
-                    rows, batch.lengths, spec.actor_token_budget, dp, spec.micro_batch_size
+                    rows, batch.lengths, spec.actor_token_budget, dp, spec.micro_batch_size, prompts
                 )
                 # step 0 with on-policy rows: each micro-batch writes its π_old (this rank's rows)
                 fill = torch.zeros_like(old_logp) if step == 0 and on_policy else None
@@ -675,7 +676,8 @@ def _forward(
     todo = range(len(batch)) if rows is None else rows
     if not todo:
         return out  # every rank skips alike (rows are the same on every rank): no collective
-    for mb in dp_micro_batches(todo, batch.lengths, budget, dp):
+    prompts = batch.prompt_ids if share_prompts else None  # budgets count stored tokens
+    for mb in dp_micro_batches(todo, batch.lengths, budget, dp, prompts=prompts):
         value = fn(batch.micro(mb.rows, share_prompts).to(device))  # (B, R_mb)
         if mb.weight:
             out[mb.rows, : value.shape[1]] = value.float()

@@ -12,7 +12,14 @@ import torch
 import torch.distributed as dist
 
 from verl_core.errors import ConfigError
-from verl_core.training.data_parallel import DPView, MicroBatch, dp_micro_batches, dp_split, dp_view
+from verl_core.training.data_parallel import (
+    DPView,
+    MicroBatch,
+    dp_micro_batches,
+    dp_split,
+    dp_view,
+    micro_batches,
+)
 from verl_core.training.engine import OptimSpec, SingleStrategy, TrainEngine
 from verl_core.training.sft import sft_step_plan
 from verl_core.training.strategies import build_train_engine, prepare_frozen
@@ -139,3 +146,18 @@ def test_a_padding_micro_batch_adds_exactly_zero_gradient() -> None:
     (loss_a, wa), (loss_b, wb) = results
     assert loss_a == loss_b
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_shared_prompt_micro_batches_keep_groups_and_count_stored_tokens() -> None:
+    # rows 0-2: prompt A (10 tokens) + responses of 5; rows 3-4: prompt B (10) + responses of 20
+    prompts = [[1] * 10] * 3 + [[2] * 10] * 2
+    lengths = [15, 15, 15, 30, 30]
+    # A costs 10 + 3·5 = 25 stored tokens; B = 10 + 2·20 = 50 > 40, so B is cut into runs that fit:
+    # [3] (30) and [4] (30). Units 25, 30, 30 (85) → ceil(85/40) = 3 micro-batches, one unit each.
+    parts = micro_batches([0, 1, 2, 3, 4], lengths, 40, prompts=prompts)
+    assert sorted(parts) == [[0, 1, 2], [3], [4]]
+    # at 60 B fits whole (50): 25 + 50 = 75 → 2 micro-batches; without prompts the rows' full
+    # lengths (105) would need 2 and split the groups by length balance
+    assert sorted(micro_batches([0, 1, 2, 3, 4], lengths, 60, prompts=prompts)) == [[0, 1, 2], [3, 4]]
+    # fixed sizes ignore prompts
+    assert micro_batches([0, 1, 2, 3, 4], lengths, 40, fixed=2, prompts=prompts) == [[0, 1], [2, 3], [4]]
