@@ -327,7 +327,7 @@ def _precision(cfg: VerlFlowConfig) -> list[str]:
                 "DTensor projections); turn it off there"
             )
     cxx = os.environ.get("CXX", "g++")
-    if cfg.model.torch_compile and cfg.trainer.device == "cpu" and not shutil.which(cxx):
+    if cfg.model.torch_compile and cfg.trainer.device == "cpu" and not shutil.which(cxx.split()[-1]):
         out.append(
             f"model.torch_compile: true on trainer.device=cpu needs a C++ compiler for inductor's CPU "
             f"code, and {cxx!r} (the CXX environment variable, default g++) is not on PATH"

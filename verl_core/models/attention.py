@@ -398,8 +398,11 @@ def self_check(name: str, device: torch.device, dtype: torch.dtype, needs_grad: 
         return _checked[key]
     reason = PACKED_ATTENTION.get(name).unavailable(device, dtype, needs_grad)
     if reason is None:
-        # the backend at ``dtype`` itself, and an fp32 reference: a caller's autocast must not recast them
-        with torch.autocast("cpu", enabled=False), torch.autocast(device.type, enabled=False):
+        # the backend at ``dtype`` itself, and an fp32 reference: a caller's autocast must not recast them;
+        # identity saved-tensor hooks: the first call may come from inside an activation-checkpointed
+        # layer, whose own hooks would take this check's tensors
+        identity = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+        with torch.autocast("cpu", enabled=False), torch.autocast(device.type, enabled=False), identity:
             reason = _compare_to_reference(name, device, dtype, needs_grad)
     _checked[key] = reason
     return reason

@@ -235,3 +235,26 @@ def test_compiled_layers_match_the_reference_and_leave_generation_eager(
         ref_lp, _ = reference_log_probs(eager, seqs)
     assert type(twin.model.layers[0]).__name__ == "PackedCompiledQwen2DecoderLayer"
     torch.testing.assert_close(out.log_probs[has], torch.cat(ref_lp), atol=1e-5, rtol=0)
+
+
+def test_checkpointed_packed_forward_selects_its_backend_inside_the_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # model.gradient_checkpointing with packed attention: the first grad-enabled layer call runs the
+    # backend self-check (its own autograd.grad) inside the checkpointed layer; it used to fail there
+    from verl_core.models import attention as att
+    from verl_core.models.loading import enable_gradient_checkpointing
+
+    monkeypatch.setattr(att, "_checked", {})  # no cached check from earlier tests
+    plain, ckpt = tiny("qwen2"), tiny("qwen2")
+    enable_gradient_checkpointing(ckpt)
+    _, flat, cu = ragged_batch(lengths=[7, 1, 8, 8, 6, 3])
+    results = []
+    for m in (ckpt, plain):  # the checkpointed one first: its first layer call runs the check
+        m.train()
+        out, has = PackedCausalLM(m)(flat, cu, with_entropy=False)
+        loss = out.log_probs[has].sum()
+        results.append((loss, torch.autograd.grad(loss, list(m.parameters()))))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    for a, b in zip(results[1][1], results[0][1], strict=True):
+        torch.testing.assert_close(a, b)
