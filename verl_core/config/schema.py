@@ -354,7 +354,28 @@ class RolloutConfig(Section):
         "hf engine: sample from the trainer's live module (true) or from its own copy that receives the new "
         "weights after every update (false, as vLLM always does)",
     )
-    gpu_memory_utilization: float = _f(0.5, "vLLM share of GPU memory", gt=0, le=1)
+    gpu_memory_utilization: float = _f(
+        0.5, "vLLM share of accelerator memory (weights + KV cache) when kv_cache_gib is None", gt=0, le=1
+    )
+    kv_cache_gib: PositiveFloat | None = _f(
+        None, "vLLM KV cache in GiB (None: gpu_memory_utilization on an accelerator, cpu_kv_cache_gib on CPU)"
+    )
+    cpu_kv_cache_gib: PositiveFloat = _f(
+        1.0,
+        "vLLM KV cache in GiB on its CPU platform, where gpu_memory_utilization would be a share of the "
+        "machine's RAM (vLLM's 0.92 fails beside other processes)",
+    )
+    vllm_enforce_eager: bool = _f(
+        False, "vLLM: no torch.compile / CUDA graphs (engine start ~35 s instead of ~55 s on a 2-core CPU)"
+    )
+    vllm_python: str = _f(
+        "auto",
+        "Python of the vLLM environment, used when vllm does not import in the stage's process (auto: "
+        "$VERL_FLOW_VLLM_PYTHON, else .venv-vllm/bin/python built by `make .venv-vllm`)",
+    )
+    weight_sync_bucket_mb: PositiveInt = _f(
+        512, "vLLM weight sync: tensors are staged in files of at most this many MiB (the trainer's extra memory)"
+    )
     log_prob_max_token_len_per_gpu: PositiveInt = _f(8192, "Token budget of one log-prob forward")
     max_batch_size: PositiveInt = _f(256, "HF engine: most sequences generated in one batch")
     decode: Literal["auto", "loop", "compiled", "generate"] = _f(

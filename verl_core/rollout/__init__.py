@@ -1,12 +1,14 @@
 """Rollout engines behind one :class:`RolloutEngine` protocol, chosen by name with :func:`make_engine`.
 
 ``HFEngine`` (transformers generate, CPU or one GPU, colocated with the trainer) and ``VLLMEngine``
-(GPU worker image; vllm is imported only when one is built)."""
+(vLLM, in its own environment: in this process where vllm imports, else through
+``VLLMProcessEngine``'s subprocess; vllm is imported only when one is built)."""
 
 from verl_core.rollout.base import Completion, RolloutEngine, SamplingParams
 from verl_core.rollout.hf import HFEngine
 from verl_core.rollout.registry import ENGINES, make_engine, register_engine
 from verl_core.rollout.vllm import VLLMEngine
+from verl_core.rollout.vllm_process import VLLMProcessEngine
 
 __all__ = [
     "ENGINES",
@@ -15,6 +17,7 @@ __all__ = [
     "RolloutEngine",
     "SamplingParams",
     "VLLMEngine",
+    "VLLMProcessEngine",
     "make_engine",
     "register_engine",
 ]

