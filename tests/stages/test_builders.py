@@ -26,9 +26,20 @@ from verl_core.seeding import derive_seed
 def test_every_rollout_engine_has_its_kwargs_builder() -> None:
     assert set(ENGINE_KWARGS.names()) == set(ENGINES.names())
     cfg = load_config(None, ["rollout.max_batch_size=17", "rollout.gpu_memory_utilization=0.3"])
-    assert engine_kwargs(cfg.rollout) == {"max_batch_size": 17, "share_weights": True, "decode": "auto"}
-    vllm = cfg.rollout.model_copy(update={"name": "vllm", "tensor_parallel_size": 2})
-    assert engine_kwargs(vllm) == {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.3}
+    hf = {"max_batch_size": 17, "share_weights": True, "decode": "auto"}
+    assert engine_kwargs(cfg.rollout, cfg.model) == hf
+    vllm = cfg.rollout.model_copy(update={"name": "vllm", "tensor_parallel_size": 2, "kv_cache_gib": 2.0})
+    assert engine_kwargs(vllm, cfg.model) == {
+        "dtype": "float32",  # the trainer's (model.dtype), not vLLM's auto
+        "trust_remote_code": False,
+        "tensor_parallel_size": 2,
+        "gpu_memory_utilization": 0.3,
+        "kv_cache_gib": 2.0,
+        "cpu_kv_cache_gib": 1.0,
+        "enforce_eager": False,
+        "weight_sync_bucket_mb": 512,
+        "vllm_python": "auto",
+    }
 
 
 def test_ppo_spec_of_an_iteration() -> None:

@@ -16,10 +16,10 @@ import torch
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-from verl_core.data.templates import HERMES, render  # noqa: E402
-from verl_core.data.tokenizer import train_tokenizer  # noqa: E402
-from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config  # noqa: E402
-from verl_core.rollout.vllm import vllm_available  # noqa: E402
+from verl_core.data.templates import HERMES, render
+from verl_core.data.tokenizer import train_tokenizer
+from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
+from verl_core.rollout.vllm import vllm_available
 
 if not vllm_available():  # pragma: no cover - the pipeline's env never collects this package
     pytest.fail("tests/vllm runs in the vLLM environment: make pytest-vllm", pytrace=False)

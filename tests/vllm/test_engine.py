@@ -7,8 +7,8 @@ this model (STACK_NOTES), so TOL = 1e-5 leaves room for summation order and noth
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -49,7 +49,10 @@ def max_logprob_gap(model: torch.nn.Module, done: Sequence[Completion], temperat
 
 def assert_engine_holds(engine: Any, model: torch.nn.Module, prompts: list[list[int]]) -> None:
     """The engine samples from ``model``'s weights: its greedy and sampled log-probs are the trainer's."""
-    for params in (SamplingParams(temperature=0, max_new_tokens=12), SamplingParams(n=2, max_new_tokens=12, seed=3)):
+    for params in (
+        SamplingParams(temperature=0, max_new_tokens=12),
+        SamplingParams(n=2, max_new_tokens=12, seed=3),
+    ):
         done = engine.generate(prompts, params)
         gap = max_logprob_gap(model, done, params.temperature)
         assert gap < TOL, f"engine log-probs differ from the model's by {gap:.2e} (T={params.temperature})"
@@ -79,7 +82,9 @@ def holding(engine: VLLMEngine, model: torch.nn.Module, then: torch.nn.Module) -
 
 @pytest.fixture(scope="module")
 def engine(overfit: torch.nn.Module, tok: Any) -> Iterator[VLLMEngine]:
-    e = VLLMEngine(overfit, tok, dtype="float32", enforce_eager=True, cpu_kv_cache_gib=0.25, max_model_len=256)
+    e = VLLMEngine(
+        overfit, tok, dtype="float32", enforce_eager=True, cpu_kv_cache_gib=0.25, max_model_len=256
+    )
     yield e
     e.close()
 
@@ -161,7 +166,11 @@ def test_a_sync_that_does_nothing_fails_the_content_check(
     [("lm_head.weight", None), ("model.layers.1.mlp.down_proj.weight", None), (None, "model.extra.weight")],
 )
 def test_an_incomplete_or_foreign_payload_fails_loudly_and_changes_nothing(
-    engine: VLLMEngine, overfit: torch.nn.Module, prompt_ids: list[list[int]], drop: str | None, add: str | None
+    engine: VLLMEngine,
+    overfit: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    drop: str | None,
+    add: str | None,
 ) -> None:
     new = real_update(overfit, prompt_ids)
     weights = merged_state_dict(new)
@@ -203,7 +212,9 @@ def test_multi_turn_tool_rollouts_through_vllm_equal_the_hf_engine(
     ref = multi_turn_generate(HFEngine(overfit, tok), tok, prompt_ids, params, tools, spec, renderer)
     # the model replayed its conversations: two called the calculator and answered with its result
     assert [t.completion.response_text for t in got] == ["408", "4368", "7"]
-    assert [[t.role for t in tr.turns] for tr in got] == [["assistant", "tool", "assistant"]] * 2 + [["assistant"]]
+    assert [[t.role for t in tr.turns] for tr in got] == [["assistant", "tool", "assistant"]] * 2 + [
+        ["assistant"]
+    ]
     assert [(t.completion.response_ids, t.loss_mask) for t in got] == [
         (t.completion.response_ids, t.loss_mask) for t in ref
     ]

@@ -374,7 +374,7 @@ class RolloutConfig(Section):
         "$VERL_FLOW_VLLM_PYTHON, else .venv-vllm/bin/python built by `make .venv-vllm`)",
     )
     weight_sync_bucket_mb: PositiveInt = _f(
-        512, "vLLM weight sync: tensors are staged in files of at most this many MiB (the trainer's extra memory)"
+        512, "vLLM weight sync: tensors are staged in files of at most this many MiB (the trainer's extra)"
     )
     log_prob_max_token_len_per_gpu: PositiveInt = _f(8192, "Token budget of one log-prob forward")
     max_batch_size: PositiveInt = _f(256, "HF engine: most sequences generated in one batch")

@@ -118,7 +118,9 @@ class VLLMProcessEngine:
             path = model
         else:
             if tokenizer is None:
-                raise ConfigError("VLLMEngine: a live model needs its tokenizer (make_engine(name, model, tok))")
+                raise ConfigError(
+                    "VLLMEngine: a live model needs its tokenizer (make_engine(name, model, tok))"
+                )
             path = os.path.join(self._tmp, "init")
             save_for_engine(model, tokenizer, path, base_only=lora)
         if lora:
@@ -142,7 +144,7 @@ class VLLMProcessEngine:
             timeout_s=start_timeout_s,
         )
         self.can_sleep = bool(self.info["can_sleep"])
-        if lora:
+        if lora and not isinstance(model, str):
             self.update_weights(model, policy_version)
 
     # -- RolloutEngine ----------------------------------------------------------------------------
@@ -164,7 +166,7 @@ class VLLMProcessEngine:
         ids = encode_prompts(self.tokenizer, prompts) if self.tokenizer is not None else prompts
         request = {
             "op": "generate",
-            "prompts": [list(map(int, p)) for p in ids],  # type: ignore[arg-type]
+            "prompts": [list(map(int, p)) for p in ids],
             "params": asdict(params),
             "prompt_keys": None if prompt_keys is None else [int(k) for k in prompt_keys],
         }
@@ -220,7 +222,7 @@ class VLLMProcessEngine:
         proc = getattr(self, "_proc", None)
         if proc is not None and proc.poll() is None:
             try:
-                write_frame(proc.stdin, {"op": "close"})  # type: ignore[arg-type]
+                write_frame(proc.stdin, {"op": "close"})
                 proc.wait(timeout=60)
             except (OSError, ValueError, subprocess.TimeoutExpired):
                 proc.kill()
@@ -242,20 +244,27 @@ class VLLMProcessEngine:
         try:
             write_frame(proc.stdin, request)  # type: ignore[arg-type]
         except (BrokenPipeError, ValueError):
-            raise self._died(f"the vLLM engine process is gone before {request['op']!r}") from None
+            code = proc.wait()
+            raise self._died(
+                f"the vLLM engine process exited (code {code}) before {request['op']!r}"
+            ) from None
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         out = proc.stdout
         assert out is not None
         while not select.select([out], [], [], 2.0)[0]:
             if proc.poll() is not None:
-                raise self._died(f"the vLLM engine process exited (code {proc.returncode}) during {request['op']!r}")
+                raise self._died(
+                    f"the vLLM engine process exited (code {proc.returncode}) during {request['op']!r}"
+                )
             if deadline is not None and time.monotonic() > deadline:
                 proc.kill()
                 raise self._died(f"the vLLM engine did not answer {request['op']!r} within {timeout_s:.0f} s")
         answer = read_frame(out)
         if answer is None:
             proc.wait()
-            raise self._died(f"the vLLM engine process exited (code {proc.returncode}) during {request['op']!r}")
+            raise self._died(
+                f"the vLLM engine process exited (code {proc.returncode}) during {request['op']!r}"
+            )
         if not answer.get("ok"):
             kind, message = answer.get("error", "Error"), answer.get("message", "")
             if kind == "ConfigError":
