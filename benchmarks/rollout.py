@@ -33,6 +33,16 @@ two batched matmuls instead of sdpa's CPU kernel (:func:`verl_core.rollout.decod
 the baseline before them (the step is the model's own small ops). Almost no row stops early in this
 workload (random weights), so dropping finished rows barely shows here.
 ``--shape 0.5b --vocab 32000`` runs on CPU (tiny workloads only), compiled path included.
+
+``--engines vllm`` (or ``hf,vllm``) adds the vLLM engine on the same model and prompts, built with
+``make_engine("vllm", ...)``: in this process where vllm imports (run the script with the vLLM
+environment's interpreter, ``.venv-vllm/bin/python``, as below), else through its subprocess (the
+pipeline's shape, JSON over pipes). Its engine start (import, load, warm-up) is timed apart; its
+tokens/s come from the same repeats as the others. ``rollout.name: auto`` picks between the engines
+per device from these figures (:data:`verl_core.rollout.registry.AUTO_ENGINE`).
+
+    .venv-vllm/bin/python benchmarks/rollout.py --threads 1 --engines hf,vllm --paths loop
+    .venv-vllm/bin/python benchmarks/rollout.py --threads 1 --engines hf,vllm --paths loop --shape cpu-large
 """
 
 from __future__ import annotations
@@ -49,7 +59,7 @@ from _hw import device_name, matmul_flops, matmul_params, of_dense_peak, peak_me
 
 from verl_core.data.tokenizer import train_tokenizer
 from verl_core.models.loading import ScratchSpec, count_parameters, init_causal_lm, scratch_config
-from verl_core.rollout import HFEngine, SamplingParams
+from verl_core.rollout import HFEngine, RolloutEngine, SamplingParams, make_engine
 
 NAMES = (  # noqa: SIM905
     "Tom Ann Bob Eve Max Lia Sam Joe Kim Ray Ada Ben Cal Dan Eli Fay Gus Hal Ivy Jan Natalia Weng Betty "
@@ -82,6 +92,8 @@ def arithmetic_texts(n: int, seed: int) -> list[str]:
 SHAPES = {  # name → (ScratchSpec, vocabulary or None for the tokenizer's, prompt lengths)
     "quickstart": (ScratchSpec("qwen2", 128, 2, 4, 2, 256, 256), None, (20, 60)),
     "0.5b": (ScratchSpec("qwen2", 896, 24, 14, 2, 4864, 1024), 151936, (128, 128)),
+    # a larger model a CPU still rolls out in seconds: ~25M parameters, 8 heads of 64
+    "cpu-large": (ScratchSpec("qwen2", 512, 6, 8, 2, 1408, 1024), 32000, (64, 128)),
 }
 
 
@@ -138,6 +150,9 @@ def main() -> None:
     ap.add_argument("--shape", default="quickstart", choices=sorted(SHAPES))
     ap.add_argument("--vocab", type=int, default=0, help="override the shape's vocabulary size (0: keep)")
     ap.add_argument("--paths", default="generate,loop,compiled", help="engine decode paths, comma-separated")
+    ap.add_argument("--engines", default="hf", help="hf, vllm or hf,vllm (the HF engine runs --paths)")
+    ap.add_argument("--vllm-eager", action="store_true", help="vLLM without torch.compile (faster start)")
+    ap.add_argument("--kv-cache-gib", type=float, default=1.0, help="vLLM KV cache on CPU (GiB)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -164,9 +179,18 @@ def main() -> None:
         "baseline": lambda: baseline(model, prompts, args.n, args.max_new_tokens, tok.eos_token_id)
     }
     engines = {}
-    for path in args.paths.split(","):
+    wanted = args.engines.split(",")
+    for path in args.paths.split(",") if "hf" in wanted else []:
         engines[path] = HFEngine(model, tok, max_batch_size=args.max_batch_size, decode=path)
         runs[f"engine-{path}"] = partial(_engine_run, engines[path], prompts, params)
+    if "vllm" in wanted:
+        t0 = time.perf_counter()
+        vllm = make_engine(
+            "vllm", model, tok, dtype=args.dtype, enforce_eager=args.vllm_eager,
+            cpu_kv_cache_gib=args.kv_cache_gib, max_model_len=max(lengths) + args.max_new_tokens,
+        )  # fmt: skip
+        print(f"vllm engine ({type(vllm).__name__}) started in {time.perf_counter() - t0:.1f} s")
+        runs["vllm"] = partial(_engine_run, vllm, prompts, params)
     best = dict.fromkeys(runs, float("inf"))
     cpu = dict.fromkeys(runs, float("inf"))  # process CPU seconds: steadier than wall time on a shared box
     tokens = dict.fromkeys(runs, 0)
@@ -206,6 +230,10 @@ def main() -> None:
             extra += f"; fell back to eager: {step.fallback}"
         print(f"engine-{path}: ran as {engine.decode}{extra}")
         _ratio(f"engine-{path}", "baseline", rate, tokens, cpu)
+    if "vllm" in runs:
+        for k in runs:
+            if k != "vllm":
+                _ratio("vllm", k, rate, tokens, cpu)
     if "generate" in engines:
         for path in engines:
             if path != "generate":
@@ -218,7 +246,7 @@ def _ratio(a: str, b: str, rate: dict[str, float], tokens: dict[str, int], cpu: 
     print(f"{a} / {b}: {rate[a] / rate[b]:.2f}× wall, {per_cpu:.2f}× per CPU second")
 
 
-def _engine_run(engine: HFEngine, prompts: list[list[int]], params: SamplingParams) -> int:
+def _engine_run(engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams) -> int:
     return sum(len(c.response_ids) for c in engine.generate(prompts, params))
 
 

@@ -5,6 +5,7 @@ The content checks (log-probs = the trainer's, tolerance) are in checks.py."""
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -95,6 +96,23 @@ def test_per_request_seeds_reproduce_and_split_calls_equal_one_call(
     assert [(c.response_ids, c.logprobs) for c in first + rest] == key
     assert len({tuple(c.response_ids) for c in whole}) > 6
     assert [c.response_ids for c in other] != [c.response_ids for c in whole]
+
+
+def test_a_batch_larger_than_one_step_samples_with_seeds(
+    engine: VLLMEngine, overfit: torch.nn.Module, tok: Any, prompt_ids: list[list[int]]
+) -> None:
+    # 128 distinct prompts of 20-60 tokens x 4 samples (no prefix-cache hits): more prompt tokens than
+    # one scheduler step takes. With chunked prefill on, vLLM 0.32 rewinds a seeded request's
+    # generator, which the CPU one cannot do ("CPU Generator does not use offset": the engine process
+    # died); the engine turns chunked prefill off there.
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, len(tok)) for _ in range(rng.randint(20, 60))] for _ in range(128)]
+    params = SamplingParams(n=4, max_new_tokens=4, seed=2)
+    with holding(engine, tiny_qwen2(tok, seed=1).eval(), overfit):
+        done = engine.generate(prompts, params)
+        again = engine.generate(prompts[:3], params)
+    assert len(done) == 512 and all(len(c.response_ids) > 0 for c in done)
+    assert done[:12] == again  # each row's samples depend on its seed alone, not on the batch
 
 
 def test_weight_sync_moves_the_engine_to_the_new_weights(

