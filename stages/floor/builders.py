@@ -318,6 +318,12 @@ def _vllm_engine_kwargs(rollout: RolloutConfig, model: ModelConfig) -> dict[str,
     }
 
 
+@ENGINE_KWARGS.register("auto")
+def _auto_engine_kwargs(rollout: RolloutConfig, model: ModelConfig) -> dict[str, Any]:
+    """Both engines' arguments: ``auto`` picks one when it is built (it knows the device then)."""
+    return {"hf": _hf_engine_kwargs(rollout, model), "vllm": _vllm_engine_kwargs(rollout, model)}
+
+
 def engine_kwargs(rollout: RolloutConfig, model: ModelConfig) -> dict[str, Any]:
     """Keyword arguments of ``verl_core.rollout.make_engine(rollout.name, ...)``."""
     return ENGINE_KWARGS.get(rollout.name)(rollout, model)

@@ -45,7 +45,7 @@ def test_unknown_key_exits_2_with_suggestion() -> None:
 def test_run_validates_config_before_any_work(tmp_path: Path) -> None:
     result = runner.invoke(app, ["run", QUICKSTART, f"store.url={tmp_path}", "rollout.name=vlm"])
     assert result.exit_code == 2
-    assert "rollout.name: got 'vlm', expected one of 'hf' or 'vllm'" in result.stderr
+    assert "rollout.name: got 'vlm', expected one of 'hf', 'vllm' or 'auto'" in result.stderr
     assert list(tmp_path.iterdir()) == []  # nothing was written
 
 

@@ -75,11 +75,11 @@ def test_rule_scorer_lookup_error_lists_data_sources() -> None:
 
 
 def test_unknown_engine_is_a_config_error_in_the_registry_format() -> None:
-    assert ENGINES.names() == ("hf", "vllm")
+    assert ENGINES.names() == ("hf", "vllm", "auto")
     with pytest.raises(ConfigError) as err:
         make_engine("vlm", "some/model")
     assert str(err.value) == (
-        "rollout.name: Unknown rollout engine 'vlm'. Valid names: hf, vllm. Did you mean 'vllm'?"
+        "rollout.name: Unknown rollout engine 'vlm'. Valid names: auto, hf, vllm. Did you mean 'vllm'?"
     )
 
 

@@ -267,7 +267,7 @@ def _distributed(cfg: VerlFlowConfig) -> list[str]:
             f"model.lora_rank: LoRA with {' and '.join(sharded)} {a.strategy!r} is not supported yet "
             "(train LoRA with strategy 'single', or full weights sharded)"
         )
-    if cfg.rollout.name == "hf" and cfg.rollout.share_weights and a.strategy != "single":
+    if cfg.rollout.name in ("hf", "auto") and cfg.rollout.share_weights and a.strategy != "single":
         out.append(
             f"rollout.share_weights: the hf engine cannot generate from the actor's sharded weights "
             f"(actor.strategy {a.strategy!r}): set rollout.share_weights=false (its own full copy, synced "

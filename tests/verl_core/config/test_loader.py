@@ -43,7 +43,7 @@ def test_string_fields_keep_override_text_verbatim() -> None:
         (["actor.lr=abc"], "actor.lr: got 'abc', expected a number"),
         (["actr.lr=1"], "unknown key 'actr' (did you mean 'actor'?)"),
         (["actor.lrr=1"], "unknown key 'actor.lrr' (did you mean 'actor.lr'?)"),
-        (["rollout.name=vlm"], "rollout.name: got 'vlm', expected one of 'hf' or 'vllm'"),
+        (["rollout.name=vlm"], "rollout.name: got 'vlm', expected one of 'hf', 'vllm' or 'auto'"),
         (
             ["algorithm.adv_estimator=ppo"],
             "algorithm.adv_estimator: got 'ppo', expected one of 'gae', 'grpo'",

@@ -26,7 +26,7 @@ def test_make_engine_hf(model: Any, tok: Any) -> None:
 
 def test_unknown_engine_name_lists_valid_names(model: Any, tok: Any) -> None:
     with pytest.raises(
-        ConfigError, match=r"^rollout.name: Unknown rollout engine 'sglang'. Valid names: hf, vllm\."
+        ConfigError, match=r"^rollout.name: Unknown rollout engine 'sglang'. Valid names: auto, hf, vllm\."
     ):
         make_engine("sglang", model, tok)
 
@@ -64,3 +64,24 @@ def test_merged_state_dict_equals_merge_and_unload_without_touching_the_model(to
     base_only = merged_state_dict(peft, base_only=True)
     q = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(base_only[q], merged[q])
+
+
+def test_auto_picks_the_measured_engine_for_the_device(
+    model: Any, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from verl_core.rollout import registry
+
+    # CPU: the HF engine (its loop measured 2.6x vLLM's tokens/s at the quickstart shape)
+    assert registry.AUTO_ENGINE["cpu"] == "hf"
+    kwargs = {"hf": {"max_batch_size": 8}, "vllm": {"vllm_python": "/nonexistent/python"}}
+    engine = make_engine("auto", model, tok, **kwargs)
+    assert isinstance(engine, HFEngine) and engine.max_batch_size == 8
+    # where the table says vllm but vLLM is not available: the hf engine, not an error
+    monkeypatch.setitem(registry.AUTO_ENGINE, "cpu", "vllm")
+    monkeypatch.setattr(registry, "_vllm_ready", lambda python: False)
+    assert isinstance(make_engine("auto", model, tok, **kwargs), HFEngine)
+    built: dict[str, Any] = {}
+    monkeypatch.setattr(registry, "_vllm_ready", lambda python: True)
+    monkeypatch.setitem(registry.ENGINES._entries, "vllm", lambda m, t, **kw: built.setdefault("vllm", kw))
+    make_engine("auto", model, tok, **kwargs)
+    assert built == {"vllm": {"vllm_python": "/nonexistent/python"}}
