@@ -75,7 +75,7 @@ def test_rule_scorer_lookup_error_lists_data_sources() -> None:
 
 
 def test_unknown_engine_is_a_config_error_in_the_registry_format() -> None:
-    assert ENGINES.names() == ("hf", "vllm", "auto")
+    assert ENGINES.names() == ("auto", "hf", "vllm")
     with pytest.raises(ConfigError) as err:
         make_engine("vlm", "some/model")
     assert str(err.value) == (
