@@ -28,6 +28,7 @@ from verl_core.store import ArtifactStore
 if TYPE_CHECKING:
     from flows.results import PipelineResult
     from stages.floor.reports import EvalReport, EvalSample
+    from verl_core.serving import ServeConfig
 
 app = typer.Typer(
     name="verl-flow",
@@ -339,6 +340,21 @@ def _print_json(obj: object) -> None:
 
 
 RunIdArg = Annotated[str, typer.Argument(help="Run id")]
+
+
+def _serve_defaults() -> ServeConfig:
+    from verl_core.serving import ServeConfig
+
+    return ServeConfig()
+
+
+def _serve_help(name: str) -> str:
+    from verl_core.serving import ServeConfig
+
+    return ServeConfig.model_fields[name].description or ""
+
+
+_SERVE = _serve_defaults()  # `serve`'s option defaults are ServeConfig's (verl_core/serving.py)
 IterationOpt = Annotated[
     int | None,
     typer.Option(
@@ -392,6 +408,17 @@ def eval_cmd(
     model: Annotated[
         str | None, typer.Option("--model", help="An exported HF model directory instead of the run's policy")
     ] = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help="An OpenAI-compatible server (e.g. verl-flow serve's http://127.0.0.1:8000) serving a "
+            "model with the run's tokenizer, instead of the run's policy",
+        ),
+    ] = None,
+    served_model: Annotated[
+        str | None, typer.Option("--served-model", help="Model name at --endpoint (default: its first)")
+    ] = None,
     store: StoreOpt = None,
 ) -> None:
     """Evaluate a policy of RUN_ID on its held-out prompts: greedy accuracy, pass@k, per data source.
@@ -401,7 +428,7 @@ def eval_cmd(
     set_quiet_env()
     from flows.runs import attach_run
     from stages.eval import evaluate
-    from stages.floor.artifacts import dir_source, export_source, in_run_source
+    from stages.floor.artifacts import dir_source, endpoint_source, export_source, in_run_source
     from stages.floor.reports import eval_samples, read_eval_report
     from verl_core.config import with_overrides
 
@@ -411,7 +438,11 @@ def eval_cmd(
         st = ctx.store()
         tp_uri = template_pack_uri(st, run_id)
         exports = list_exports(st, run_id)
-        if model:
+        if model and endpoint:
+            raise ConfigError("--model and --endpoint: give one policy to evaluate")
+        if endpoint:
+            source = endpoint_source(endpoint, served_model)
+        elif model:
             source = dir_source(model)
         elif iteration is None and exports:
             source = export_source(st, st.manifest_uri(run_id, exports[-1]))
@@ -426,6 +457,83 @@ def eval_cmd(
         _fail(e, 1)
     _print_eval(source.label, report, samples)
     out.print(f"samples and report: {uri}")
+
+
+@app.command("serve")
+def serve_cmd(
+    target: Annotated[
+        str, typer.Argument(help="Run id (its latest export) or an exported HF model directory")
+    ],
+    host: Annotated[str, typer.Option(help=_serve_help("host"))] = _SERVE.host,
+    port: Annotated[int, typer.Option(help=_serve_help("port"))] = _SERVE.port,
+    served_model_name: Annotated[
+        str | None, typer.Option(help=_serve_help("served_model_name"))
+    ] = _SERVE.served_model_name,
+    tensor_parallel_size: Annotated[
+        int, typer.Option(help=_serve_help("tensor_parallel_size"))
+    ] = _SERVE.tensor_parallel_size,
+    dtype: Annotated[str, typer.Option(help=_serve_help("dtype"))] = _SERVE.dtype,
+    kv_cache_gib: Annotated[
+        float | None, typer.Option(help=_serve_help("kv_cache_gib"))
+    ] = _SERVE.kv_cache_gib,
+    gpu_memory_utilization: Annotated[
+        float, typer.Option(help=_serve_help("gpu_memory_utilization"))
+    ] = _SERVE.gpu_memory_utilization,
+    cpu_kv_cache_gib: Annotated[
+        int, typer.Option(help=_serve_help("cpu_kv_cache_gib"))
+    ] = _SERVE.cpu_kv_cache_gib,
+    max_model_len: Annotated[
+        int | None, typer.Option(help=_serve_help("max_model_len"))
+    ] = _SERVE.max_model_len,
+    enforce_eager: Annotated[bool, typer.Option(help=_serve_help("enforce_eager"))] = _SERVE.enforce_eager,
+    health_timeout_s: Annotated[
+        float, typer.Option(help=_serve_help("health_timeout_s"))
+    ] = _SERVE.health_timeout_s,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Leave the server running in the background and return")
+    ] = False,
+    store: StoreOpt = None,
+) -> None:
+    """Serve TARGET with vLLM's OpenAI-compatible server (vLLM environment: make .venv-vllm): waits for
+    /health, prints the URL and a curl line, then runs until Ctrl-C (or --detach)."""
+    import tempfile
+
+    from pydantic import ValidationError
+
+    from flows.serving import resolve_model, serve
+    from verl_core.serving import ServeConfig, curl_example
+
+    settings = dict(locals())
+    try:
+        cfg = ServeConfig(**{k: settings[k] for k in ServeConfig.model_fields if k in settings})
+    except ValidationError as e:
+        _fail(e, 2, one_line=False)
+    workdir = tempfile.mkdtemp(prefix="verl-flow-serve-")
+    try:
+        model = resolve_model(target, store or StoreConfig().url, workdir)
+        out.print(f"starting vLLM on {model.model_dir} (log {workdir}/server.log) ...", highlight=False)
+        handle = serve(model, cfg, f"{workdir}/server.log")
+    except ConfigError as e:
+        _fail(e, 2)
+    except VerlFlowError as e:
+        _fail(e, 1, one_line=False)
+    out.print(f"serving {handle.model} at {handle.url}/v1 (OpenAI-compatible)", highlight=False)
+    sys.stdout.write(curl_example(handle) + "\n")
+    sys.stdout.flush()
+    if detach:
+        out.print(f"detached: pid {handle.process.pid}; stop with kill -TERM -{handle.process.pid}")
+        return
+    try:
+        code = handle.wait()
+    except KeyboardInterrupt:
+        handle.stop()
+        out.print("stopped")
+        return
+    _fail(
+        f"the vLLM server exited with code {code}; log {handle.log_path}:\n{handle.log_tail()}",
+        1,
+        one_line=False,
+    )
 
 
 def _print_eval(label: str, report: EvalReport, samples: list[EvalSample]) -> None:

@@ -1,9 +1,12 @@
 """Eval stage: a policy on the run's held-out prompts (for GSM8K, its test split), greedy and sampled.
 
 The policy (a :class:`~stages.floor.artifacts.EvalSource`) is an export of the run (``export/...``,
-what the pipeline evaluates last), an in-run checkpoint (``ckpt/iter-XXXX`` or the SFT policy), or any
-exported HF directory; the prompts and the run's tokenizer come from the template_pack stage whose URI
-the stage is given. Writes under ``eval/{label}``::
+what the pipeline evaluates last), an in-run checkpoint (``ckpt/iter-XXXX`` or the SFT policy), any
+exported HF directory, or a model behind an OpenAI-compatible server (``verl-flow serve``; its
+completions through :class:`~verl_core.rollout.endpoint.EndpointEngine`, the prompts as the run's
+token ids, always re-evaluated since the server's model can change behind its URL); the prompts and
+the run's tokenizer come from the template_pack stage whose URI the stage is given. The same scoring
+and report whatever the source. Writes under ``eval/{label}``::
 
     greedy/rollouts.parquet, greedy/rewards.parquet     one greedy response per prompt
     sampled/rollouts.parquet, sampled/rewards.parquet   eval.k samples per prompt (eval.k > 1)
@@ -37,7 +40,8 @@ from verl_core.config import VerlFlowConfig
 from verl_core.evaluation import mean_by_source, pass_at_k, per_prompt_correct
 from verl_core.models.loading import load_causal_lm, resolve_device
 from verl_core.reward import batch_from_columns, rewards_table
-from verl_core.rollout import SamplingParams, make_engine
+from verl_core.rollout import RolloutEngine, SamplingParams, make_engine
+from verl_core.rollout.endpoint import EndpointEngine, check_tokenizer
 from verl_core.run import RunContext
 from verl_core.store import ArtifactStore
 
@@ -62,24 +66,27 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
         "max_response_length": cfg.data.max_response_length,
         "stop": cfg.rollout.stop,
         "model_dir": source.model_dir,
+        **({"endpoint": source.endpoint, "served_model": source.served_model} if source.endpoint else {}),
     }
-    stage = store.open_stage(ctx.run_id, eval_stage(source.label), params=params, inputs=inputs)
+    force = source.endpoint is not None  # the model behind a URL can change: never skip
+    stage = store.open_stage(ctx.run_id, eval_stage(source.label), params=params, inputs=inputs, force=force)
     if stage.done:
         log.info("eval: %s already evaluated (%s)", source.label, stage.manifest_uri)
         return stage.manifest_uri
 
-    # 2. Policy, tokenizer and the held-out prompts (tokenized with the policy's tokenizer)
-    lm, tokenizer = _load(store, cfg, source, template_pack_uri)
-    lm = lm.to(resolve_device(cfg.trainer.device)).eval()
+    # 2. Engine, tokenizer and the held-out prompts (tokenized with the policy's tokenizer)
     prompts = store.read_table(store.read_manifest(template_pack_uri), PROMPTS)
     if e.max_samples:
         prompts = prompts.slice(0, e.max_samples)
+    engine, tokenizer = _engine(store, cfg, source, template_pack_uri)
     if source.model_dir is None:  # the run's own tokenizer: the ids it was trained on
         ids = prompts.column("input_ids").to_pylist()
     else:
         texts = prompts.column("prompt_text").to_pylist()
         ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    engine = make_engine("hf", lm, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
+    if isinstance(engine, EndpointEngine) and prompts.num_rows:  # the server reads our ids as our text
+        text = prompts.column("prompt_text")[0].as_py()
+        check_tokenizer(engine, text, tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # 3. Greedy pass (accuracy) and sampled pass (pass@k), scored by the run's reward scorers
     runs = {"greedy": SamplingParams(n=1, temperature=0.0, seed=e.seed)}
@@ -111,6 +118,19 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
     ctx.tracker().log_metrics(_metrics(report), step=0)
     log.info("eval %s: greedy accuracy %.3f over %d prompts", source.label, report.accuracy, report.prompts)
     return uri
+
+
+def _engine(
+    store: ArtifactStore, cfg: VerlFlowConfig, source: EvalSource, template_pack_uri: str
+) -> tuple[RolloutEngine, Any]:
+    """The engine that answers the prompts and the tokenizer of its policy: the HF engine on the
+    loaded policy, or the server's completions with the run's tokenizer."""
+    if source.endpoint is not None:
+        tokenizer = load_tokenizer(store, template_pack_uri)
+        return EndpointEngine(source.endpoint, tokenizer, source.served_model), tokenizer
+    lm, tokenizer = _load(store, cfg, source, template_pack_uri)
+    lm = lm.to(resolve_device(cfg.trainer.device)).eval()
+    return make_engine("hf", lm, tokenizer, max_batch_size=cfg.rollout.max_batch_size), tokenizer
 
 
 def _load(

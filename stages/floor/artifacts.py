@@ -233,11 +233,14 @@ def latest_export(store: ArtifactStore, run_id: str) -> str | None:
 
 @dataclass(frozen=True)
 class EvalSource:
-    """What an eval evaluates: a committed stage of the run (an export or a checkpoint), or a directory."""
+    """What an eval evaluates: a committed stage of the run (an export or a checkpoint), a directory,
+    or an OpenAI-compatible server (``endpoint``: its base URL; ``served_model``: None, its first)."""
 
     label: str  # the eval stage is eval/{label}
     manifest_uri: str | None = None
     model_dir: str | None = None
+    endpoint: str | None = None
+    served_model: str | None = None
 
 
 def in_run_source(store: ArtifactStore, run_id: str, iteration: int | None) -> EvalSource:
@@ -257,6 +260,13 @@ def dir_source(model_dir: str) -> EvalSource:
     """An exported HF model directory (anywhere), labelled by a hash of its resolved path."""
     path = str(Path(model_dir).expanduser().resolve())
     return EvalSource(f"dir-{hashlib.sha256(path.encode()).hexdigest()[:12]}", model_dir=path)
+
+
+def endpoint_source(url: str, served_model: str | None = None) -> EvalSource:
+    """A model behind an OpenAI-compatible server at ``url``, labelled by a hash of URL and model."""
+    key = f"{url.rstrip('/')} {served_model or ''}"
+    label = f"endpoint-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    return EvalSource(label, endpoint=url.rstrip("/"), served_model=served_model)
 
 
 # --------------------------------------------------------------------------------------------------

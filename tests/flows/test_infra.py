@@ -35,6 +35,7 @@ def test_prefect_yaml_deployments() -> None:
         ("sft_flow", "gpu", "gpu"),
         ("rl_loop", "gpu", "gpu"),
         ("export_flow", "gpu", "gpu"),
+        ("serve_model", "serve-model", "gpu"),
     }
     for d in spec["deployments"]:
         config_file = d.get("parameters", {}).get("config_file")
