@@ -496,6 +496,7 @@ def serve_cmd(
 ) -> None:
     """Serve TARGET with vLLM's OpenAI-compatible server (vLLM environment: make .venv-vllm): waits for
     /health, prints the URL and a curl line, then runs until Ctrl-C (or --detach)."""
+    import shutil
     import tempfile
 
     from pydantic import ValidationError
@@ -527,6 +528,7 @@ def serve_cmd(
         code = handle.wait()
     except KeyboardInterrupt:
         handle.stop()
+        shutil.rmtree(workdir, ignore_errors=True)  # the written-out export and the log
         out.print("stopped")
         return
     _fail(
