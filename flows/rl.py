@@ -140,12 +140,12 @@ def rl_iterations(
         (init_rl_state, checkpoint, validate) if as_tasks else (init_rl_state.fn, checkpoint.fn, validate.fn)
     )
     cfg, t, store = config, config.trainer, ctx.store()
-    start = init(ctx, cfg, template_pack_uri, sft_uri)
-    lineage, total = get_state(ctx).lineage, get_state(ctx).iterations
     stall = cfg.execution.stall_timeout_s
     val: dict[int, float] = {}
     timings = {"rollout": 0.0, "reward": 0.0, "update": 0.0, "validate": 0.0}
-    try:
+    try:  # one rollout engine for the whole loop, closed when the state is dropped (a vLLM process)
+        start = init(ctx, cfg, template_pack_uri, sft_uri)
+        lineage, total = get_state(ctx).lineage, get_state(ctx).iterations
         if t.val_before_train and start == 0 and t.test_freq:
             with timed(timings, "validate"), watched(ctx, "validate", stall, 0):
                 val[0] = val_task(ctx, cfg, template_pack_uri, 0)

@@ -32,7 +32,7 @@ from stages.floor.artifacts import (
     read_policy,
     rollouts_table,
 )
-from stages.floor.builders import build_scorers, generate_rollouts, score_batch
+from stages.floor.builders import build_scorers, engine_kwargs, generate_rollouts, score_batch
 from stages.floor.locations import eval_stage, parse_export_stage
 from stages.floor.logging import stage_logger
 from stages.floor.reports import EvalReport, SourceReport
@@ -66,6 +66,7 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
         "max_response_length": cfg.data.max_response_length,
         "stop": cfg.rollout.stop,
         "model_dir": source.model_dir,
+        **({"engine": cfg.rollout.name} if cfg.rollout.name != "hf" else {}),  # hf: the keys of before
         **({"endpoint": source.endpoint, "served_model": source.served_model} if source.endpoint else {}),
     }
     force = source.endpoint is not None  # the model behind a URL can change: never skip
@@ -79,37 +80,40 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
     if e.max_samples:
         prompts = prompts.slice(0, e.max_samples)
     engine, tokenizer = _engine(store, cfg, source, template_pack_uri)
-    if source.model_dir is None:  # the run's own tokenizer: the ids it was trained on
-        ids = prompts.column("input_ids").to_pylist()
-    else:
-        texts = prompts.column("prompt_text").to_pylist()
-        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    if isinstance(engine, EndpointEngine) and prompts.num_rows:  # the server reads our ids as our text
-        text = prompts.column("prompt_text")[0].as_py()
-        check_tokenizer(engine, text, tokenizer(text, add_special_tokens=False)["input_ids"])
+    try:  # the engine is closed after the passes (a vLLM engine's process, a server connection)
+        if source.model_dir is None:  # the run's own tokenizer: the ids it was trained on
+            ids = prompts.column("input_ids").to_pylist()
+        else:
+            texts = prompts.column("prompt_text").to_pylist()
+            ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        if isinstance(engine, EndpointEngine) and prompts.num_rows:  # the server reads our ids as our text
+            text = prompts.column("prompt_text")[0].as_py()
+            check_tokenizer(engine, text, tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    # 3. Greedy pass (accuracy) and sampled pass (pass@k), scored by the run's reward scorers
-    runs = {"greedy": SamplingParams(n=1, temperature=0.0, seed=e.seed)}
-    if e.k > 1:
-        runs["sampled"] = SamplingParams(n=e.k, temperature=e.temperature, top_p=e.top_p, seed=e.seed)
-    per_prompt: dict[str, dict[int, tuple[int, int]]] = {}
-    scorers = build_scorers(cfg.reward, cfg.sandbox)
-    for name, sp in runs.items():
-        sp = SamplingParams(
-            n=sp.n, temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed,
-            max_new_tokens=cfg.data.max_response_length, stop=tuple(cfg.rollout.stop),
-        )  # fmt: skip
-        gen = generate_rollouts(
-            engine, tokenizer, ids, sp, cfg.rollout.multi_turn, cfg.data.max_response_length, cfg.sandbox
-        )
-        rollouts = rollouts_table(
-            gen.completions, prompts, iteration=-1, policy_version=-1, trajectories=gen.trajectories
-        )
-        batch = batch_from_columns(rollouts)
-        result = score_batch(cfg.reward, cfg.sandbox, batch, cfg.data.max_response_length, scorers)
-        per_prompt[name] = per_prompt_correct(batch.group_id, result.correct)  # validation's rule too
-        stage.write_table(f"{name}/rollouts.parquet", rollouts, "rollouts")
-        stage.write_table(f"{name}/rewards.parquet", rewards_table(batch, result), "rewards")
+        # 3. Greedy pass (accuracy) and sampled pass (pass@k), scored by the run's reward scorers
+        runs = {"greedy": SamplingParams(n=1, temperature=0.0, seed=e.seed)}
+        if e.k > 1:
+            runs["sampled"] = SamplingParams(n=e.k, temperature=e.temperature, top_p=e.top_p, seed=e.seed)
+        per_prompt: dict[str, dict[int, tuple[int, int]]] = {}
+        scorers = build_scorers(cfg.reward, cfg.sandbox)
+        for name, sp in runs.items():
+            sp = SamplingParams(
+                n=sp.n, temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed,
+                max_new_tokens=cfg.data.max_response_length, stop=tuple(cfg.rollout.stop),
+            )  # fmt: skip
+            gen = generate_rollouts(
+                engine, tokenizer, ids, sp, cfg.rollout.multi_turn, cfg.data.max_response_length, cfg.sandbox
+            )
+            rollouts = rollouts_table(
+                gen.completions, prompts, iteration=-1, policy_version=-1, trajectories=gen.trajectories
+            )
+            batch = batch_from_columns(rollouts)
+            result = score_batch(cfg.reward, cfg.sandbox, batch, cfg.data.max_response_length, scorers)
+            per_prompt[name] = per_prompt_correct(batch.group_id, result.correct)  # validation's rule too
+            stage.write_table(f"{name}/rollouts.parquet", rollouts, "rollouts")
+            stage.write_table(f"{name}/rewards.parquet", rewards_table(batch, result), "rewards")
+    finally:
+        engine.close()
 
     # 4. Report, metrics, commit
     report = _report(source.label, prompts.column("data_source").to_pylist(), per_prompt, e.k)
@@ -123,14 +127,16 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
 def _engine(
     store: ArtifactStore, cfg: VerlFlowConfig, source: EvalSource, template_pack_uri: str
 ) -> tuple[RolloutEngine, Any]:
-    """The engine that answers the prompts and the tokenizer of its policy: the HF engine on the
-    loaded policy, or the server's completions with the run's tokenizer."""
+    """The engine that answers the prompts and the tokenizer of its policy: the run's rollout engine
+    (``rollout.name``, built like the RL loop's) on the loaded policy, or the server's completions with
+    the run's tokenizer."""
     if source.endpoint is not None:
         tokenizer = load_tokenizer(store, template_pack_uri)
         return EndpointEngine(source.endpoint, tokenizer, source.served_model), tokenizer
     lm, tokenizer = _load(store, cfg, source, template_pack_uri)
     lm = lm.to(resolve_device(cfg.trainer.device)).eval()
-    return make_engine("hf", lm, tokenizer, max_batch_size=cfg.rollout.max_batch_size), tokenizer
+    engine = make_engine(cfg.rollout.name, lm, tokenizer, **engine_kwargs(cfg.rollout, cfg.model))
+    return engine, tokenizer
 
 
 def _load(

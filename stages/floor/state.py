@@ -115,7 +115,10 @@ def get_state(ctx: RunContext) -> RLState:
 
 
 def drop_state(run_id: str) -> None:
-    _STATES.pop(run_id, None)
+    """Forget the run's RL state and close its rollout engine (a vLLM engine's process stops here)."""
+    state = _STATES.pop(run_id, None)
+    if state is not None:
+        state.engine.close()
 
 
 def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None) -> int:
@@ -166,56 +169,61 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         )  # fmt: skip
     # the rollout engine before the actor is sharded: an own-copy engine copies the whole policy
     engine = make_engine(cfg.rollout.name, lm.to(device), tokenizer, **engine_kwargs(cfg.rollout, cfg.model))
-    a = cfg.actor
-    actor_engine = build_train_engine(
-        actor, actor_spec(cfg, iterations), strategy=a.strategy, device=device, zero_stage=a.zero_stage,
-        param_offload=a.param_offload, tp_size=a.tensor_parallel_size,
-        mixed_precision=mixed_precision(a.mixed_precision),
-    )  # fmt: skip
-    if critic is not None:
-        c = cfg.critic
-        critic_engine = build_train_engine(
-            critic, critic_spec(cfg, iterations), strategy=c.strategy, device=device,
-            zero_stage=c.zero_stage, param_offload=c.param_offload,
-            mixed_precision=mixed_precision(c.mixed_precision), role="critic",
+    try:  # a failure from here on leaves no engine (a vLLM subprocess) behind
+        a = cfg.actor
+        actor_engine = build_train_engine(
+            actor, actor_spec(cfg, iterations), strategy=a.strategy, device=device, zero_stage=a.zero_stage,
+            param_offload=a.param_offload, tp_size=a.tensor_parallel_size,
+            mixed_precision=mixed_precision(a.mixed_precision),
         )  # fmt: skip
-    kl = cfg.algorithm.kl_ctrl
-    kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
-    version = 0
-    cursor = 0
-    if ckpt is not None:
-        state = load_state_bytes(
-            store.read_bytes(ckpt, "trainer_state.pt"), store.file_uri(ckpt, "trainer_state.pt")
+        if critic is not None:
+            c = cfg.critic
+            critic_engine = build_train_engine(
+                critic, critic_spec(cfg, iterations), strategy=c.strategy, device=device,
+                zero_stage=c.zero_stage, param_offload=c.param_offload,
+                mixed_precision=mixed_precision(c.mixed_precision), role="critic",
+            )  # fmt: skip
+        kl = cfg.algorithm.kl_ctrl
+        kl_ctrl = make_kl_controller(kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
+        version = 0
+        cursor = 0
+        if ckpt is not None:
+            state = load_state_bytes(
+                store.read_bytes(ckpt, "trainer_state.pt"), store.file_uri(ckpt, "trainer_state.pt")
+            )
+            actor_engine.load_state_dict(state["actor"])
+            if critic_engine is not None:
+                critic_engine.load_state_dict(state["critic"])
+            kl_ctrl.load_state_dict(state["kl_ctrl"])
+            set_rng_state(state["rng"])
+            version = int(state["iteration"])
+            # a checkpoint without a cursor is from before dynamic sampling: one batch per iteration
+            cursor = int(state.get("prompt_cursor", version * cfg.data.train_batch_size))
+            on_main(lambda: publish_pending(store, ckpt))
+            stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
+        rl = _STATES[ctx.run_id] = RLState(
+            ctx.run_id,
+            lm,
+            actor,
+            actor_engine,
+            ref,
+            critic,
+            critic_engine,
+            tokenizer,
+            engine,
+            kl_ctrl,
+            version,
+            iterations,
+            lineage,
+            device,
+            cursor,
+            rollout_ahead=cfg.trainer.rollout_ahead,
         )
-        actor_engine.load_state_dict(state["actor"])
-        if critic_engine is not None:
-            critic_engine.load_state_dict(state["critic"])
-        kl_ctrl.load_state_dict(state["kl_ctrl"])
-        set_rng_state(state["rng"])
-        version = int(state["iteration"])
-        # a checkpoint without a cursor is from before dynamic sampling: one batch per iteration
-        cursor = int(state.get("prompt_cursor", version * cfg.data.train_batch_size))
-        on_main(lambda: publish_pending(store, ckpt))
-        stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
-    rl = _STATES[ctx.run_id] = RLState(
-        ctx.run_id,
-        lm,
-        actor,
-        actor_engine,
-        ref,
-        critic,
-        critic_engine,
-        tokenizer,
-        engine,
-        kl_ctrl,
-        version,
-        iterations,
-        lineage,
-        device,
-        cursor,
-        rollout_ahead=cfg.trainer.rollout_ahead,
-    )
-    seconds = sync_rollout_weights(rl)  # the engine holds the loaded policy, as version `version`
+        seconds = sync_rollout_weights(rl)  # the engine holds the loaded policy, as version `version`
+    except BaseException:
+        _STATES.pop(ctx.run_id, None)
+        engine.close()
+        raise
     stage_logger(__name__).info("rl: rollout engine at policy version %d (sync %.2f s)", version, seconds)
     return version
 

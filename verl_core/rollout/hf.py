@@ -235,6 +235,9 @@ class HFEngine:
     def wake_up(self) -> None:
         """Nothing to restore (see :meth:`sleep`)."""
 
+    def close(self) -> None:
+        """Nothing beyond this process's memory to release."""
+
     # -- helpers ------------------------------------------------------------------------------------
 
     def _check_own_copy(self, what: str) -> None:
