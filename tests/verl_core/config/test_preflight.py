@@ -235,22 +235,3 @@ def test_compiling_on_cpu_needs_a_cpp_compiler(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("CXX", "no-such-compiler-xyz")
     with pytest.raises(ConfigError, match=r"'no-such-compiler-xyz' \(the CXX environment variable"):
         load_config(None, ["model.torch_compile=true", "trainer.device=cpu"])
-
-
-def test_vllm_under_torchrun_is_refused_where_vllm_lives_in_its_own_environment() -> None:
-    # this environment (the pipeline's) cannot import vllm: several ranks cannot each hold an engine
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm imports here: the external launcher path applies")
-    spmd = ["trainer.n_gpus_per_node=2", "actor.strategy=fsdp2", "critic.strategy=fsdp2"]
-    with pytest.raises(ConfigError) as e:
-        load_config(None, [*spmd, "rollout.name=vllm"])
-    assert any(
-        line.startswith(
-            "rollout.name: 'vllm' with trainer.nnodes × trainer.n_gpus_per_node = 2 processes needs vLLM "
-            "inside every training process (vLLM's external launcher"
-        )
-        for line in str(e.value).splitlines()
-    )
-    load_config(None, ["rollout.name=vllm"])  # one process: the engine runs in its subprocess
