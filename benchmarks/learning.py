@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/learning.py            # quickstart (PPO) + quickstart_grpo, seeds 1 2 3
     .venv/bin/python benchmarks/learning.py --configs configs/quickstart.yaml --seeds 1
     .venv/bin/python benchmarks/learning.py trainer.total_iterations=30   # overrides for every run
+    .venv/bin/python benchmarks/learning.py --configs configs/quickstart.yaml rollout.name=vllm   # on vLLM
     .venv/bin/python benchmarks/learning.py --tools   # quickstart_tools (multi-turn, calculator), seeds 1 2 3
     .venv/bin/python benchmarks/learning.py --sharpen   # quickstart_sharpen: GRPO + PPO + SFT-only control
     .venv/bin/python benchmarks/learning.py --configs configs/quickstart_grpo.yaml \
