@@ -200,6 +200,12 @@ def _fake_bin(tmp: Path) -> tuple[Path, Path]:
     logger = f"#!{sys.executable}\nimport json, os, sys\n"
     logger += f"open({str(capture)!r}, 'a').write("
     logger += 'json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")\n'
+    # a real pipeline on node 0 outlives the followers' start; the fake one waits for them (FAKE_FOLLOWERS
+    # lines of spmd-follow, 30 s at most) so that the script's kill of the followers after node 0 is not a race
+    logger += "import time\nn = int(os.environ.get('FAKE_FOLLOWERS', '0'))\n"
+    logger += "for _ in range(300 if sys.argv[1:2] == ['run'] else 0):\n"
+    logger += f"    if open({str(capture)!r}).read().count('spmd-follow') >= n: break\n"
+    logger += "    time.sleep(0.1)\n"
     scripts = {
         "verl-flow": logger,
         "prefect": logger,
@@ -327,6 +333,7 @@ def test_slurm_script_runs_pipeline_on_first_host_and_followers_elsewhere(tmp_pa
     assert subprocess.run(["bash", "-n", str(NODE_SCRIPT)], check=False).returncode == 0
     _fake_bin(tmp_path)
     env = {"SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_GPUS_PER_NODE": "8", "VERL_FLOW_HOME": str(REPO)}
+    env["FAKE_FOLLOWERS"] = "1"  # node 0's fake pipeline lasts until the follower has started
     overrides = ["actor.strategy=fsdp2", "critic.strategy=fsdp2"]
     argvs = _run(["bash", str(SLURM), "configs/gsm8k_ppo.yaml", *overrides], env, tmp_path)
     (head,) = [a for a in argvs if a[1] == "run"]
