@@ -201,7 +201,7 @@ def _fake_bin(tmp: Path) -> tuple[Path, Path]:
     logger += f"open({str(capture)!r}, 'a').write("
     logger += 'json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")\n'
     # a real pipeline on node 0 outlives the followers' start; the fake one waits for them (FAKE_FOLLOWERS
-    # lines of spmd-follow, 30 s at most) so that the script's kill of the followers after node 0 is not a race
+    # lines of spmd-follow, 30 s at most): the script's kill of the followers after node 0 is no race
     logger += "import time\nn = int(os.environ.get('FAKE_FOLLOWERS', '0'))\n"
     logger += "for _ in range(300 if sys.argv[1:2] == ['run'] else 0):\n"
     logger += f"    if open({str(capture)!r}).read().count('spmd-follow') >= n: break\n"

@@ -85,9 +85,10 @@ class Pipeline:
         overrides: Sequence[str] = (),
         kill_at: str | None = None,
         pause_at: str | None = None,
+        config: str = TINY,
     ) -> list[str]:
         kill = ["--kill-at", kill_at] if kill_at else ["--pause-at", pause_at] if pause_at else []
-        args = ["run", TINY, f"store.url={store_url}", *overrides, "--run-id", run_id]
+        args = ["run", config, f"store.url={store_url}", *overrides, "--run-id", run_id]
         return [sys.executable, "-m", "tests.reliability.runner", *kill, "--", *args]
 
     def start(
@@ -100,9 +101,10 @@ class Pipeline:
         pause_at: str | None = None,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        config: str = TINY,
     ) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            self.command(store_url, run_id, overrides, kill_at, pause_at),
+            self.command(store_url, run_id, overrides, kill_at, pause_at, config),
             cwd=str(cwd or REPO),
             env=self.env(env),
             stdout=subprocess.PIPE,
@@ -120,9 +122,12 @@ class Pipeline:
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
         timeout: float = 240,
+        config: str = TINY,
     ) -> Result:
         t0 = time.perf_counter()
-        proc = self.start(store_url, run_id, overrides=overrides, kill_at=kill_at, env=env, cwd=cwd)
+        proc = self.start(
+            store_url, run_id, overrides=overrides, kill_at=kill_at, env=env, cwd=cwd, config=config
+        )
         return finish(proc, t0, timeout)
 
 

@@ -57,6 +57,16 @@ NAME = "varlen_sdpa"
 log = logging.getLogger(__name__)
 
 
+def take(x: Tensor, index: Tensor, dim: int = 0) -> Tensor:
+    """``x`` indexed along ``dim`` by an integer ``index`` of any shape: ``x (…, M, …)``, ``index (I…)``
+    → ``(…, I…, …)``, the same values as ``x[index]`` (dim 0). Used for every gather that gradients flow
+    back through: the backward of ``index_select`` adds the rows in index order (``index_add_``), while
+    ``x[index]``'s (``index_put_`` with accumulate) adds them in CPU-thread order, so two runs of the
+    same update differ in the last bit (tests/verl_core/models/test_determinism.py)."""
+    out = x.index_select(dim, index.reshape(-1))
+    return out.view(*x.shape[:dim], *index.shape, *x.shape[dim + 1 :])
+
+
 class Bucket(NamedTuple):
     idx: Tensor  # (G, L) token index of (sequence g, position t); padding points at the sequence's start
     keep: Tensor  # (n_real,) flat positions in (G·L) of the real tokens, in bucket order
@@ -243,9 +253,9 @@ def _sdpa_buckets(
     pieces = []
     for b in plan.buckets:
         out = F.scaled_dot_product_attention(
-            qh[:, b.idx].transpose(0, 1),  # (G, H, L, D)
-            kh[:, b.idx].transpose(0, 1),  # (G, H_kv, L, D)
-            vh[:, b.idx].transpose(0, 1),
+            take(qh, b.idx, 1).transpose(0, 1),  # (G, H, L, D)
+            take(kh, b.idx, 1).transpose(0, 1),  # (G, H_kv, L, D)
+            take(vh, b.idx, 1).transpose(0, 1),
             dropout_p=dropout,
             is_causal=True,
             scale=scale,
@@ -502,9 +512,9 @@ def _packed_attention(
     prompts the backend sees the full sequences (T tokens) and each stored token keeps its own output."""
     plan = layout.plan(q)
     if plan.expand is not None:
-        q, k, v = q[plan.expand], k[plan.expand], v[plan.expand]  # (T, ·, D)
+        q, k, v = take(q, plan.expand), take(k, plan.expand), take(v, plan.expand)  # (T, ·, D)
     out = PACKED_ATTENTION.get(plan.backend).attend(q, k, v, plan, scale, dropout)
-    return out if plan.unique is None else out[plan.unique]  # (N, H, D)
+    return out if plan.unique is None else take(out, plan.unique)  # (N, H, D)
 
 
 def register() -> None:

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from verl_core.models import attention as attention_lib
-from verl_core.models.attention import SharedPrompts
+from verl_core.models.attention import SharedPrompts, take
 from verl_core.models.loading import unwrap
 
 
@@ -249,7 +249,7 @@ def packed_log_probs(
     if shared is not None:  # stored row of each wanted position
         positions = shared.expand if positions is None else shared.expand[positions]
     if positions is not None:
-        hidden = hidden[positions]  # (P, H)
+        hidden = take(hidden, positions)  # (P, H)
     out = chunked_log_probs(
         hidden,
         weight,
@@ -279,7 +279,7 @@ def packed_scores(
     shared = shared_prompts_for(model, shared)
     hidden = backbone(**packed_inputs(model, input_ids, cu_seqlens, attention, shared))
     scores = base.score(hidden.last_hidden_state[0]).squeeze(-1).float()  # (N,)
-    return scores if shared is None else scores[shared.expand]  # (T,)
+    return scores if shared is None else take(scores, shared.expand)  # (T,)
 
 
 # decoder-layer class → its subclass whose packed forwards run compiled (one per class: the layers of

@@ -36,7 +36,7 @@ from verl_core.algorithms import (
     get_policy_loss,
     masked_mean,
 )
-from verl_core.models.attention import SharedPrompts
+from verl_core.models.attention import SharedPrompts, take
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel, TokenLogProbs
 
 
@@ -148,7 +148,7 @@ def response_log_probs(
 def response_values(critic: PackedScoreModel, batch: PPOBatch) -> Tensor:
     """``(S, R)`` values V(state before response token j), 0 where masked."""
     values = critic(batch.input_ids, batch.cu_seqlens, shared=batch.shared)  # (N,)
-    return values[batch.gather_index] * batch.response_mask
+    return take(values, batch.gather_index) * batch.response_mask
 
 
 @dataclass(frozen=True)
