@@ -29,3 +29,7 @@ class ArtifactCorruptError(ArtifactError):
 
 class DataError(VerlFlowError):
     """Input data is unusable (empty after cleaning, bad row under strict mode, unreadable file)."""
+
+
+class StoreFullError(ArtifactError):
+    """The store's disk (or quota) is full; nothing of the stage being written was committed."""

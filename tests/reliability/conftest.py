@@ -86,8 +86,10 @@ class Pipeline:
         kill_at: str | None = None,
         pause_at: str | None = None,
         config: str = TINY,
+        full_at: str | None = None,
     ) -> list[str]:
         kill = ["--kill-at", kill_at] if kill_at else ["--pause-at", pause_at] if pause_at else []
+        kill = ["--full-at", full_at] if full_at else kill
         args = ["run", config, f"store.url={store_url}", *overrides, "--run-id", run_id]
         return [sys.executable, "-m", "tests.reliability.runner", *kill, "--", *args]
 
@@ -102,9 +104,10 @@ class Pipeline:
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
         config: str = TINY,
+        full_at: str | None = None,
     ) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            self.command(store_url, run_id, overrides, kill_at, pause_at, config),
+            self.command(store_url, run_id, overrides, kill_at, pause_at, config, full_at),
             cwd=str(cwd or REPO),
             env=self.env(env),
             stdout=subprocess.PIPE,
@@ -123,10 +126,18 @@ class Pipeline:
         cwd: Path | None = None,
         timeout: float = 240,
         config: str = TINY,
+        full_at: str | None = None,
     ) -> Result:
         t0 = time.perf_counter()
         proc = self.start(
-            store_url, run_id, overrides=overrides, kill_at=kill_at, env=env, cwd=cwd, config=config
+            store_url,
+            run_id,
+            overrides=overrides,
+            kill_at=kill_at,
+            env=env,
+            cwd=cwd,
+            config=config,
+            full_at=full_at,
         )
         return finish(proc, t0, timeout)
 

@@ -1,15 +1,18 @@
-"""``python -m tests.reliability.runner [--kill-at POINT | --pause-at POINT] -- <verl-flow arguments>``
+"""``python -m tests.reliability.runner [--kill-at | --pause-at | --full-at POINT] -- <verl-flow args>``
 
 Runs the real ``verl-flow`` CLI in this process; with ``--kill-at`` the process SIGKILLs itself (no
 cleanup, no ``finally``, exactly ``kill -9``) at one named point of the commit protocol; with
-``--pause-at`` it stops there (holding its run lease) until someone else kills it. Production code
-has no fault hooks: the points are installed here by wrapping the store's write methods. At the
-point it prints ``KILLED-AT <point>`` / ``PAUSED-AT <point>`` (and creates the file named by
+``--pause-at`` it stops there (holding its run lease) until someone else kills it; with ``--full-at``
+the disk is full from that point on: the ``fsync`` of every later local store write fails with
+``ENOSPC`` after its bytes went to the temporary file (as a full disk with delayed allocation does).
+Production code has no fault hooks: the points are installed here by wrapping the store's write
+methods. At the point it prints ``KILLED-AT <point>`` / ``PAUSED-AT <point>`` (and creates the file named by
 ``$RELIABILITY_MARKER``, if set), so the test can tell the intended kill from a crash.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import re
@@ -100,9 +103,36 @@ def install(point: str, pause: bool = False) -> None:
         store_mod.ArtifactStore.publish = publish  # type: ignore[method-assign]
 
 
+def install_full(point: str) -> None:
+    kp = KILL_POINTS[point]
+    assert kp.method == "_put", f"{point}: --full-at needs a file-write point"
+    stage_re = re.compile(kp.stage)
+    real_put: Callable[..., Any] = store_mod.StageWriter._put
+    real_fsync = os.fsync
+    full = [False]
+
+    def put(self: store_mod.StageWriter, name: str, data: bytes, *args: Any, **kw: Any) -> Any:
+        if stage_re.match(self.stage) and (kp.name is None or re.fullmatch(kp.name, name)):
+            if not full[0]:
+                print(f"FULL-AT {point}", flush=True)
+            full[0] = True
+        return real_put(self, name, data, *args, **kw)
+
+    def fsync(fd: int) -> None:
+        if full[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    store_mod.StageWriter._put = put  # type: ignore[method-assign]
+    os.fsync = fsync
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] in (["--kill-at"], ["--pause-at"]):
         install(argv[1], pause=argv[0] == "--pause-at")
+        argv = argv[2:]
+    elif argv[:1] == ["--full-at"]:
+        install_full(argv[1])
         argv = argv[2:]
     if argv[:1] == ["--"]:
         argv = argv[1:]

@@ -5,6 +5,7 @@ Runs against memory://, a local directory and a real S3-compatible HTTP endpoint
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verl_core.errors import ArtifactCorruptError, ArtifactNotFoundError, ArtifactSchemaError
+from verl_core.errors import ArtifactCorruptError, ArtifactNotFoundError, ArtifactSchemaError, StoreFullError
 from verl_core.store import ArtifactStore, get_schema, normalize_url, register_schema
 from verl_core.store.schemas import TOKEN_FLOATS, TOKEN_IDS
 
@@ -276,3 +277,37 @@ def test_invalid_names_are_refused(tmp_path: Path) -> None:
 
 def test_registered_schemas_use_narrow_token_types() -> None:
     assert get_schema("test_tokens").field("ids").type == pa.list_(pa.int32())
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_is_one_error_naming_the_store_and_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    store = ArtifactStore(str(tmp_path))
+    path = store.path("runs", "r", "stage", "attempt-1", "big.bin")
+
+    def full(fd: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(StoreFullError) as e:
+        store.put_atomic(path, b"x" * 10)
+    where = "runs/r/stage/attempt-1/big.bin"
+    assert str(e.value).startswith(
+        f"store file://{tmp_path}: no space left on the device writing {where} (10 bytes)"
+    )
+    assert os.listdir(os.path.dirname(path)) == []  # the temporary copy is gone, nothing renamed into place
+
+
+def test_other_write_errors_are_not_called_a_full_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore(str(tmp_path))
+
+    def broken(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", broken)
+    with pytest.raises(OSError) as e:
+        store.put_atomic(store.path("runs", "r", "f.bin"), b"x")
+    assert e.value.errno == errno.EIO and not isinstance(e.value, StoreFullError)

@@ -19,6 +19,7 @@ and are never logged.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -36,7 +37,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from verl_core.errors import ArtifactCorruptError, ArtifactError, ArtifactNotFoundError
+from verl_core.errors import ArtifactCorruptError, ArtifactError, ArtifactNotFoundError, StoreFullError
 from verl_core.store.manifest import FileEntry, Manifest, Producer
 from verl_core.store.schemas import check_schema, conform
 from verl_core.version import code_version
@@ -121,13 +122,24 @@ class ArtifactStore:
         write-then-rename locally, one PUT on object stores."""
         if self._local:
             parent = posixpath.dirname(path)
-            os.makedirs(parent, exist_ok=True)
             tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            try:
+                os.makedirs(parent, exist_ok=True)
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                if os.path.exists(tmp):
+                    os.remove(tmp)  # the partial copy would only hold space the rerun needs
+                where = posixpath.relpath(path, self.root)
+                raise StoreFullError(
+                    f"store {self.url}: no space left on the device writing {where} ({len(data)} bytes); "
+                    "what was committed before is intact: free space and rerun to resume"
+                ) from None
         else:
             self.fs.pipe_file(path, data)
 
