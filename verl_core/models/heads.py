@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from verl_core.errors import VerlFlowError
-from verl_core.models.loading import ModelLoadError, torch_dtype, unwrap
+from verl_core.models.loading import ModelLoadError, own_memory, torch_dtype, unwrap
 from verl_core.models.packed import packed_scores
 
 
@@ -61,7 +61,7 @@ def load_value_model(path: str, *, dtype: str = "float32", trust_remote_code: bo
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"critic.path: cannot load {path!r}: {str(e).splitlines()[0]}") from None
     model.config.use_cache = False
-    return model
+    return own_memory(model)
 
 
 def load_reward_model(path: str, *, dtype: str = "float32", trust_remote_code: bool = False) -> nn.Module:
@@ -75,7 +75,7 @@ def load_reward_model(path: str, *, dtype: str = "float32", trust_remote_code: b
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"reward.model_path: cannot load {path!r}: {str(e).splitlines()[0]}") from None
     model.config.use_cache = False
-    return model
+    return own_memory(model)
 
 
 def packed_sequence_scores(model: nn.Module, input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:

@@ -157,6 +157,24 @@ def load_causal_lm(
     model.config.use_cache = False
     if quantization is not None:
         _disable_avx512_bf16_repack(model)
+    else:
+        own_memory(model)
+    return model
+
+
+def own_memory(model: nn.Module) -> nn.Module:
+    """Give every parameter and buffer of a model read from files a fresh allocation of its own.
+    ``from_pretrained`` leaves the tensors as views into the safetensors buffer, at the alignment the
+    file's layout gives (16 bytes), while tensors built in memory are 64-byte aligned, and MKL's GEMMs
+    round differently for the two: a run resumed with its critic read back from a checkpoint updated
+    it differently in the last bit from the run that built the critic in memory. Tied parameters stay
+    tied (each parameter object once)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.clone(memory_format=torch.contiguous_format)
+        for module in model.modules():
+            for name, buf in module.named_buffers(recurse=False):
+                module._buffers[name] = buf.clone(memory_format=torch.contiguous_format)
     return model
 
 

@@ -54,6 +54,24 @@ def test_save_and_reload_round_trip(tmp_path: Path) -> None:
         torch.testing.assert_close(again(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
+def test_models_read_from_files_own_aligned_memory(tmp_path: Path) -> None:
+    # from_pretrained leaves views into the safetensors buffer (16-byte aligned here); MKL rounds a GEMM
+    # on such a tensor differently from one on a 64-byte-aligned tensor built in memory, which made a
+    # resumed run's critic update differ in the last bit (tests/reliability/test_determinism.py)
+    from verl_core.models.heads import load_value_model, value_model_from_policy
+
+    model = tiny()  # tied embeddings
+    directory = write_files(model_files(model), tmp_path / "m")
+    again = load_causal_lm(str(directory))
+    critic_dir = write_files(model_files(value_model_from_policy(model, seed=1)), tmp_path / "c")
+    for loaded in (again, load_value_model(str(critic_dir))):
+        tensors = [*loaded.parameters(), *loaded.buffers()]
+        assert tensors and all(t.data_ptr() % 64 == 0 for t in tensors)
+    assert again.lm_head.weight is again.model.embed_tokens.weight  # still tied
+    for (name, p), q in zip(model.named_parameters(), again.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
 def test_missing_and_corrupt_checkpoints_name_the_path(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match=r"model.path: '/nonexistent/model' is not a directory"):
         load_causal_lm("/nonexistent/model")
