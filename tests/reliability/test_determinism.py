@@ -1,11 +1,12 @@
 """The determinism contract at the quickstart's geometry (configs/quickstart.yaml: its model, batch of
 32 prompts × 4 samples, PPO with a GAE critic; a short SFT and 3 RL iterations): two runs started
-together (each the other's CPU load) and a run killed with SIGKILL at its second checkpoint and
-resumed beside a busy loop all end with the same fingerprint — every committed table and tensor
-(``conftest.fingerprint``: sha256 per file, wall-clock values left out). The tiny config's runs do not
-show float differences (too few rows per gather for a second thread); this geometry did, from the
-first update on, until the training gathers stopped accumulating in thread order
-(tests/verl_core/models/test_determinism.py)."""
+together (each the other's CPU load), one uninterrupted and one killed with SIGKILL at its second
+checkpoint, the latter resumed beside a busy loop, end with the same fingerprint — every committed
+table and tensor (``conftest.fingerprint``: sha256 per file, wall-clock values left out). The tiny
+config's runs do not show the float differences this geometry showed: reruns differed from the first
+update on (training gathers accumulated in thread order, tests/verl_core/models/test_determinism.py),
+and resumed runs in the critic (read back from the checkpoint at another memory alignment,
+tests/verl_core/models/test_loading.py)."""
 
 from __future__ import annotations
 
@@ -37,29 +38,21 @@ def _differences(mine: dict[str, str], reference: dict[str, str]) -> list[str]:
 def test_quickstart_reruns_and_a_killed_run_give_identical_artifacts(
     pipeline: Pipeline, tmp_path: Path
 ) -> None:
-    stores = {name: str(tmp_path / name) for name in ("first", "second", "killed")}
+    stores = {name: str(tmp_path / name) for name in ("first", "killed")}
+    point = "checkpoint-save"  # ckpt/iter-0002: policy and critic written, trainer state not
     t0 = time.perf_counter()
-    procs = {
-        name: pipeline.start(stores[name], "det", overrides=SHORT, config=QUICKSTART)
-        for name in ("first", "second")
-    }
-    for name, proc in procs.items():
-        r = finish(proc, t0, timeout=600)
-        assert r.returncode == 0, f"{name}:\n{r.output[-4000:]}"
+    first = pipeline.start(stores["first"], "det", overrides=SHORT, config=QUICKSTART)
+    killed = pipeline.start(stores["killed"], "det", overrides=SHORT, config=QUICKSTART, kill_at=point)
+    done, died = finish(first, t0, timeout=600), finish(killed, t0, timeout=600)
+    assert done.returncode == 0, done.output[-4000:]
+    assert died.returncode == -signal.SIGKILL and died.killed_at() == point, died.output[-4000:]
     reference = fingerprint(stores["first"], "det")
-    assert any(k.endswith("policy/model.safetensors") for k in reference)
-    assert _differences(fingerprint(stores["second"], "det"), reference) == []
+    assert any(k.endswith("critic/model.safetensors") for k in reference)
+    before = attempts(stores["killed"], "det")
+    assert "ckpt/iter-0001" in before and "ckpt/iter-0002" not in before
 
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # CPU load beside the resume
     try:
-        point = "checkpoint-save"  # ckpt/iter-0002: policy and critic written, trainer state not
-        killed = pipeline.run(
-            stores["killed"], "det", overrides=SHORT, config=QUICKSTART, kill_at=point, timeout=600
-        )
-        assert killed.returncode == -signal.SIGKILL, killed.output[-4000:]
-        assert killed.killed_at() == point, killed.output[-4000:]
-        before = attempts(stores["killed"], "det")
-        assert "ckpt/iter-0001" in before and "ckpt/iter-0002" not in before
         resumed = pipeline.run(stores["killed"], "det", overrides=SHORT, config=QUICKSTART, timeout=600)
         assert resumed.returncode == 0, resumed.output[-4000:]
     finally:
