@@ -212,7 +212,7 @@ def fingerprint(store_url: str, run_id: str) -> dict[str, str]:
 
     * ``*.pt`` trainer states: the tensors, numbers and torch RNG, without ``rng.python*``: Python's
       ``random`` state, which nothing in training draws from and no stage seeds, so it differs between
-      any two processes;
+      any two processes; and an SFT state's ``history`` without its ``perf/*`` rows;
     * ``sft/metrics.parquet``: without the ``perf/*`` rows (tokens per second);
     * ``ckpt/*/pending/*.json``: a sealed manifest: its stage and its files' sha256, without the
       producer's pid and time and the input key (a hash of input manifests, which hold the same);
@@ -227,7 +227,7 @@ def fingerprint(store_url: str, run_id: str) -> dict[str, str]:
             data = store.read_bytes(m, f.name)  # raises ArtifactCorruptError on a mismatch
             key = f"{m.stage}/{f.name}"
             if f.name.endswith(".pt"):
-                out[key] = _digest(_without_python_rng(load_state_bytes(data, key)))
+                out[key] = _digest(_without_process_values(load_state_bytes(data, key)))
             elif m.stage == "sft" and f.name == "metrics.parquet":
                 rows = pq.read_table(pa.BufferReader(data)).to_pylist()
                 out[key] = _digest([r for r in rows if not str(r["name"]).startswith("perf/")])
@@ -251,9 +251,12 @@ def _wall_clock(metric: str) -> bool:
     return metric == "iteration_s" or metric.startswith(("timing_s/", "perf/"))
 
 
-def _without_python_rng(state: dict[str, Any]) -> dict[str, Any]:
+def _without_process_values(state: dict[str, Any]) -> dict[str, Any]:
     rng = {k: v for k, v in state.get("rng", {}).items() if not k.startswith("python")}
-    return {**state, "rng": rng}
+    out = {**state, "rng": rng}
+    if "history" in state:  # an SFT trainer state: its (step, metric, value) rows, tokens per second left out
+        out["history"] = [row for row in state["history"] if not str(row[1]).startswith("perf/")]
+    return out
 
 
 def _digest(obj: Any) -> str:
