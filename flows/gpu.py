@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from prefect import flow
 
+from flows.dispatch import heartbeat
 from flows.spmd import SpmdJob, needs_spmd, run_job
 from stages.export import export_model
 from stages.floor.environment import check_environment
@@ -25,12 +26,15 @@ from verl_core.run import RunContext
 @flow(name="sft-warmup", log_prints=True)
 def sft_flow(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str) -> str:
     """SFT warm-up of the run; returns the sft stage's manifest URI."""
-    check_environment(config)  # this worker's packages and torch build can run the config (no network)
-    if needs_spmd(config):  # every rank runs sft_warmup (flows.spmd), rank 0 as this flow run's task
-        job = SpmdJob(stage="sft", ctx=ctx, config=config, template_pack_uri=template_pack_uri, final=False)
-        return str(run_job(job)["sft_uri"])
-    with watched(ctx, "sft", config.execution.stall_timeout_s):
-        return sft_warmup(ctx, config.model, config.sft, config.trainer, template_pack_uri, config.actor)
+    with heartbeat(ctx, config):  # dispatched: the pipeline tells it alive from preempted by this
+        check_environment(config)  # this worker's packages and torch build can run the config (no network)
+        if needs_spmd(config):  # every rank runs sft_warmup (flows.spmd), rank 0 as this flow run's task
+            job = SpmdJob(
+                stage="sft", ctx=ctx, config=config, template_pack_uri=template_pack_uri, final=False
+            )
+            return str(run_job(job)["sft_uri"])
+        with watched(ctx, "sft", config.execution.stall_timeout_s):
+            return sft_warmup(ctx, config.model, config.sft, config.trainer, template_pack_uri, config.actor)
 
 
 @flow(name="export-model", log_prints=True)
@@ -39,6 +43,7 @@ def export_flow(
 ) -> str:
     """Merged HF export of a policy checkpoint (None: the latest) with the run's tokenizer (from
     ``template_pack_uri``); returns the export's manifest URI."""
-    check_environment(config)
-    with watched(ctx, "export", config.execution.stall_timeout_s, iteration):
-        return export_model(ctx, config, template_pack_uri, iteration)
+    with heartbeat(ctx, config):
+        check_environment(config)
+        with watched(ctx, "export", config.execution.stall_timeout_s, iteration):
+            return export_model(ctx, config, template_pack_uri, iteration)

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import torch
 from prefect import flow, task
 
+from flows.dispatch import heartbeat
 from flows.sampling import sample_iteration
 from flows.spmd import SpmdJob, needs_spmd, run_job
 from stages.floor.environment import check_environment
@@ -117,13 +118,14 @@ def run_iteration(
 @flow(name="rl-loop", log_prints=True)
 def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None) -> RLResult:
     """Run the RL iterations; returns the final checkpoint URI, validation accuracies and timings."""
-    check_environment(config)  # this worker's packages and torch build can run the config (no network)
-    if needs_spmd(config):
-        job = SpmdJob(
-            stage="rl-loop", ctx=ctx, config=config, template_pack_uri=template_pack_uri, sft_uri=sft_uri
-        )
-        return RLResult.from_json(run_job(job))
-    return rl_iterations(ctx, config, template_pack_uri, sft_uri)
+    with heartbeat(ctx, config):  # dispatched: the pipeline tells it alive from preempted by this
+        check_environment(config)  # this worker's packages and torch build can run the config (no network)
+        if needs_spmd(config):
+            job = SpmdJob(
+                stage="rl-loop", ctx=ctx, config=config, template_pack_uri=template_pack_uri, sft_uri=sft_uri
+            )
+            return RLResult.from_json(run_job(job))
+        return rl_iterations(ctx, config, template_pack_uri, sft_uri)
 
 
 def rl_iterations(

@@ -1,15 +1,23 @@
 """The CI path, for real: a Prefect server on 127.0.0.1, the cpu/gpu pools from infra/, `prefect deploy
---all` from prefect.yaml, one process worker per pool, and `prefect deployment run
-'rlhf-pipeline/quickstart' --watch` for a tiny config in deployments mode against an S3-compatible
-endpoint (moto) on 127.0.0.1. Checks that the run completed, that SFT / RL / export ran as flow runs
-on the gpu pool and were picked up by the gpu worker, that the artifacts and the MLflow run exist,
-and the nightly deployment's schedule. Every process it starts is stopped by its process group id.
+--all` from prefect.yaml, process workers, and `prefect deployment run 'rlhf-pipeline/quickstart'
+--watch` for a tiny config in deployments mode against an S3-compatible endpoint (moto) on 127.0.0.1.
 
-Select it with `pytest -m deployments`; it takes ~2-3 minutes on 2 cores (each flow run is a fresh
+The gpu worker is preempted twice, as spot instances are: the first gpu worker and its flow-run
+process are killed with SIGKILL in the middle of SFT (its first checkpoint committed), the second in
+the middle of the RL loop (while writing the checkpoint after two updates); a fresh gpu worker is
+started after each kill. The pipeline must notice each lost flow run by its silent heartbeat, mark it
+Crashed, dispatch the stage again, and finish with artifacts identical to an uninterrupted run's,
+redoing no committed stage. Also checks that SFT / RL / export ran on the gpu pool, the artifacts and
+the MLflow run, the nightly deployment's schedule, and that a stage dispatched while no gpu worker is
+online fails in one line after ``execution.redispatch_timeout_s``. Every process it starts is stopped
+by its process group id (kills: the whole process tree).
+
+Select it with `pytest -m deployments`; it takes ~4-5 minutes on 2 cores (each flow run is a fresh
 Python process that imports torch, transformers and MLflow)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,21 +31,31 @@ from typing import IO, Any
 
 import pytest
 
+from flows.dispatch import StageRunError, run_stage_deployment
 from tests.prefect_server import wait_healthy
+from tests.reliability.conftest import attempts, fingerprint
+from verl_core.config import ExecutionConfig, VerlFlowConfig
+from verl_core.run import RunContext
 from verl_core.store import ArtifactStore
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
 pytestmark = pytest.mark.deployments
 
-TINY = [
+DEPLOYED = [
     "execution.mode=deployments",
     "execution.shared_filesystem=true",  # for the sqlite MLflow file; the store itself is S3
     "execution.poll_interval_s=1",
+    "execution.lost_after_s=15",  # a process start on a loaded 2-core box takes ~10-20 s (allowed 2 x)
+]
+TINY = [
     "data.arithmetic_train_size=64",
     "data.arithmetic_val_size=8",
-    "sft.max_steps=2",
-    "trainer.total_iterations=1",
+    "sft.max_steps=6",
+    "sft.batch_size=8",
+    "sft.save_every=2",  # checkpoints at steps 2, 4, 6: the first preemption comes at the second
+    "trainer.total_iterations=3",
+    "trainer.save_freq=1",  # the second preemption: while writing ckpt/iter-0002
     "trainer.test_freq=1",
     "trainer.val_before_train=false",
     "data.train_batch_size=8",
@@ -55,6 +73,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 class Processes:
     """Processes started by this test, each in its own session so that its group id is its PID and
     stopping it also stops the flow-run processes a worker spawned."""
@@ -62,15 +95,27 @@ class Processes:
     def __init__(self, env: dict[str, str], logs: Path) -> None:
         self.env, self.logs = env, logs
         self.started: list[tuple[subprocess.Popen[bytes], IO[bytes]]] = []
+        self.by_name: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, *args: str) -> Path:
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Path:
         log = self.logs / f"{name}.log"
         f = log.open("wb")
         p = subprocess.Popen(
-            args, cwd=REPO, env=self.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            args, cwd=REPO, env={**self.env, **(env or {})}, stdout=f, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
         self.started.append((p, f))
+        self.by_name[name] = p
         return log
+
+    def kill_tree(self, name: str) -> None:
+        """SIGKILL a process and every descendant at once (a preempted machine: no cleanup anywhere)."""
+        root = self.by_name[name]
+        pids = [root.pid, *_descendants(root.pid)]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        root.wait(timeout=10)
 
     def stop_all(self) -> None:
         for p, _ in reversed(self.started):
@@ -137,57 +182,149 @@ def _api(api: str, path: str, body: dict[str, Any]) -> Any:
         return json.loads(r.read())
 
 
-def test_pipeline_deployment_runs_gpu_stages_on_the_gpu_pool(
+def _wait_for(path: Path, pipeline: subprocess.Popen[bytes], timeout: float) -> None:
+    """Until ``path`` exists (a paused flow-run process wrote it); fails if the pipeline ends first."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert pipeline.poll() is None, f"the pipeline ended ({pipeline.returncode}) before {path.name}"
+        assert time.monotonic() < deadline, f"no {path.name} after {timeout:g} s"
+        time.sleep(0.5)
+
+
+def _unclaimed_dispatch_fails_in_one_line(api: str, store_url: str) -> None:
+    """No gpu worker online: a dispatched stage waits ``execution.redispatch_timeout_s`` and fails in
+    one line naming the pool; its flow run is cancelled (no worker starting later picks it up)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    ctx = RunContext(run_id="no-worker", store_url=store_url)
+    params = {
+        "ctx": ctx.model_dump(mode="json"),
+        "config": VerlFlowConfig().model_dump(mode="json"),
+        "template_pack_uri": f"{store_url}/unused",
+        "iteration": None,
+    }
+    execution = ExecutionConfig(poll_interval_s=0.5, redispatch_timeout_s=3)
+    t0 = time.monotonic()
+    with temporary_settings({PREFECT_API_URL: api}), pytest.raises(StageRunError) as e:
+        run_stage_deployment(
+            "export-model/gpu",
+            params,
+            execution=execution,
+            field="execution.export_deployment",
+            store=ArtifactStore(store_url),
+            run_id="no-worker",
+        )
+    elapsed = time.monotonic() - t0
+    message = str(e.value)
+    assert "\n" not in message and "no worker of work pool 'gpu'" in message, message
+    assert "execution.redispatch_timeout_s" in message and "prefect worker start --pool gpu" in message
+    assert 3 < elapsed < 60, elapsed
+    [run] = _api(api, "/flow_runs/filter", {"limit": 5})
+    assert run["state_type"] == "CANCELLED", run["state"]
+
+
+def _flow_runs(api: str) -> dict[str, list[dict[str, Any]]]:
+    """Every flow run on the server by flow name, oldest first."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for fr in _api(api, "/flow_runs/filter", {"limit": 50, "sort": "EXPECTED_START_TIME_ASC"}):
+        flow = _api(api, "/flows/filter", {"flows": {"id": {"any_": [fr["flow_id"]]}}})[0]["name"]
+        runs.setdefault(flow, []).append(fr)
+    return runs
+
+
+def test_pipeline_on_the_gpu_pool_survives_two_preempted_gpu_workers(
     prefect_env: tuple[dict[str, str], Processes, str], tmp_path: Path, s3_bucket: str
 ) -> None:
     env, procs, api = prefect_env
     prefect = str(BIN / "prefect")
     _run(env, "bash", str(REPO / "infra/prefect/create_pools.sh"), "1")
     _run(env, prefect, "--no-prompt", "deploy", "--all", timeout=180)
-    procs.start("worker-cpu", prefect, "worker", "start", "--pool", "cpu", "--name", "ci-cpu-worker")
-    gpu_log = procs.start(
-        "worker-gpu", prefect, "worker", "start", "--pool", "gpu", "--name", "ci-gpu-worker"
-    )
+    _unclaimed_dispatch_fails_in_one_line(api, f"{s3_bucket}/no-worker")
 
-    store_url = f"{s3_bucket}/ci"
+    procs.start("worker-cpu", prefect, "worker", "start", "--pool", "cpu", "--name", "ci-cpu-worker")
+    gpu = [prefect, "worker", "start", "--pool", "gpu"]
+    paused = [tmp_path / "paused-sft", tmp_path / "paused-rl"]
+
+    def preemptible(point: str, marker: Path) -> dict[str, str]:  # pauses its flow runs at `point`
+        hooks = f"{REPO / 'tests' / 'flows' / 'preempt'}:{REPO}"
+        return {"PYTHONPATH": hooks, "RELIABILITY_PAUSE_AT": point, "RELIABILITY_MARKER": str(marker)}
+
+    procs.start("worker-gpu-1", *gpu, "--name", "gpu-1", env=preemptible("sft-second-checkpoint", paused[0]))
+
+    store_url, run_id = f"{s3_bucket}/ci", "ci-deploy"
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     params = {
-        "overrides": [*TINY, f"store.url={store_url}", f"tracking.uri={tracking}"],
-        "run_id": "ci-deploy",
+        "overrides": [*DEPLOYED, *TINY, f"store.url={store_url}", f"tracking.uri={tracking}"],
+        "run_id": run_id,
     }
-    run = subprocess.run(
+    watch_log = (tmp_path / "pipeline.log").open("wb")
+    pipeline = subprocess.Popen(
         [prefect, "deployment", "run", "rlhf-pipeline/quickstart", "--params", json.dumps(params),
-         "--watch", "--watch-interval", "2", "--watch-timeout", "420"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=450,
+         "--watch", "--watch-interval", "2", "--watch-timeout", "900"],
+        cwd=REPO, env=env, stdout=watch_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    logs = "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(tmp_path.glob("worker-*.log")))
-    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}\n{logs}"
+    try:
+        # preemption 1: SFT paused while publishing its second checkpoint; worker and flow run killed
+        _wait_for(paused[0], pipeline, 300)
+        before_sft = attempts(store_url, run_id)
+        assert "sft-ckpt" in before_sft and "sft" not in before_sft
+        procs.kill_tree("worker-gpu-1")
+        procs.start("worker-gpu-2", *gpu, "--name", "gpu-2", env=preemptible("checkpoint-save", paused[1]))
+        # preemption 2: the RL loop paused while writing the checkpoint after two updates
+        _wait_for(paused[1], pipeline, 300)
+        before_rl = attempts(store_url, run_id)
+        assert {"sft", "ckpt/iter-0001"} <= set(before_rl) and "ckpt/iter-0002" not in before_rl
+        procs.kill_tree("worker-gpu-2")
+        procs.start("worker-gpu-3", *gpu, "--name", "gpu-3")
+        pipeline.wait(timeout=600)
+    finally:
+        if pipeline.poll() is None:
+            pipeline.kill()
+        watch_log.close()
+    logs = {p.stem: p.read_text(errors="replace") for p in sorted(tmp_path.glob("*.log"))}
+    tails = "\n".join(f"--- {k}\n{v[-3000:]}" for k, v in logs.items() if k != "server")
+    assert pipeline.returncode == 0, tails
 
-    # SFT, RL loop and export ran as completed flow runs on the gpu pool, taken by the gpu worker
-    runs = _api(api, "/flow_runs/filter", {"limit": 50})
-    by_flow = {}
-    for fr in runs:
-        flow = _api(api, "/flows/filter", {"flows": {"id": {"any_": [fr["flow_id"]]}}})[0]["name"]
-        by_flow[flow] = fr
-    for name in ("sft-warmup", "rl-loop", "export-model"):
-        assert by_flow[name]["state_type"] == "COMPLETED", by_flow[name]["state"]
-        assert by_flow[name]["work_pool_name"] == "gpu"
-        assert by_flow[name]["id"] in gpu_log.read_text(errors="replace")
-    assert by_flow["rlhf-pipeline"]["work_pool_name"] == "cpu"
-    assert by_flow["rlhf-pipeline"]["parent_task_run_id"] is None
+    # each preempted stage: one flow run Crashed by the pipeline (silent heartbeat), one completed on
+    # the next worker; nothing else dispatched again
+    runs = _flow_runs(api)
+    for flow, worker in (("sft-warmup", "worker-gpu-2"), ("rl-loop", "worker-gpu-3")):
+        lost, done = runs[flow]
+        assert lost["state_type"] == "CRASHED" and "lost: no heartbeat" in lost["state"]["message"], lost
+        assert done["state_type"] == "COMPLETED", done["state"]
+        assert done["work_pool_name"] == "gpu" and done["id"] in logs[worker]
+    unclaimed, export = runs["export-model"]  # the first: dispatched while no gpu worker was online
+    assert unclaimed["state_type"] == "CANCELLED"
+    assert export["state_type"] == "COMPLETED" and export["id"] in logs["worker-gpu-3"]
+    [parent] = runs["rlhf-pipeline"]
+    assert parent["work_pool_name"] == "cpu" and parent["parent_task_run_id"] is None
     artifacts = _api(api, "/artifacts/filter", {"artifacts": {"key": {"any_": ["rlhf-run-summary"]}}})
-    assert artifacts and "ci-deploy" in artifacts[0]["data"]
+    assert artifacts and run_id in artifacts[0]["data"]
 
-    # artifacts in the S3 store, the MLflow run finished with a registered model
-    store = ArtifactStore(store_url)
-    stages = {m.stage for m in store.list_manifests("ci-deploy")}
-    assert {"preprocess", "template_pack", "sft", "iter-0000/update", "ckpt/iter-0001"} <= stages
-    assert {"export/iter-0001", "eval/export-iter-0001", "report"} <= stages
+    # no committed stage was redone: every stage committed at a kill keeps its attempt (old RL
+    # checkpoints are pruned by trainer.max_ckpt_to_keep; sft-ckpt is SFT's latest checkpoint, each
+    # save replaces it, so the resumed SFT replaced it with its later ones)
+    after = attempts(store_url, run_id)
+    for before in (before_sft, before_rl):
+        kept = {s: a for s, a in before.items() if s in after and s != "sft-ckpt"}
+        assert kept == {s: after[s] for s in kept}
+        assert set(before) - set(after) <= {"ckpt/iter-0001"}
+    assert {"preprocess", "template_pack", "sft", "iter-0002/update", "ckpt/iter-0003"} <= set(after)
+    assert {"export/iter-0003", "eval/export-iter-0003", "report"} <= set(after)
+
+    # identical to an uninterrupted run of the same config (local mode, same machine)
+    ref_url = f"{s3_bucket}/reference"
+    ref_tracking = f"sqlite:///{tmp_path / 'mlflow-ref.db'}"
+    _run(env, str(BIN / "verl-flow"), "run", "configs/quickstart.yaml", *TINY, f"store.url={ref_url}",
+         f"tracking.uri={ref_tracking}", "--run-id", run_id, timeout=300)  # fmt: skip
+    assert fingerprint(store_url, run_id) == fingerprint(ref_url, run_id)
+
+    # the MLflow run finished with a registered model
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking)
     found = client.search_runs(
-        [client.get_experiment_by_name("verl-flow").experiment_id], "tags.`verl_flow.run_id` = 'ci-deploy'"
+        [client.get_experiment_by_name("verl-flow").experiment_id], f"tags.`verl_flow.run_id` = '{run_id}'"
     )
     assert len(found) == 1 and found[0].info.status == "FINISHED"
     assert found[0].data.tags["verl_flow.registered_model"].startswith("verl-flow-quickstart/")

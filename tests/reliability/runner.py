@@ -35,6 +35,7 @@ class KillPoint(NamedTuple):
     name: str | None = None
     torn: bool = False
     what: str = ""
+    skip: int = 0  # matches to let through first (the point is the skip+1-th)
 
 
 KILL_POINTS = {
@@ -56,6 +57,9 @@ KILL_POINTS = {
     ),
     "pending-publish": KillPoint(
         "publish", r"^iter-0000/update$", what="checkpoint committed, the updates it covers not yet"
+    ),
+    "sft-second-checkpoint": KillPoint(
+        "publish", r"^sft-ckpt$", skip=1, what="SFT: its first checkpoint committed, the second not"
     ),
     "export": KillPoint(
         "_put", r"^export/", r".*model\.safetensors$", what="export: config files written, weights not"
@@ -79,11 +83,21 @@ def _stop(point: str, pause: bool) -> None:
 def install(point: str, pause: bool = False) -> None:
     kp = KILL_POINTS[point]
     stage_re = re.compile(kp.stage)
+    seen = [0]
+
+    def _at_point() -> bool:
+        seen[0] += 1
+        return seen[0] > kp.skip
+
     if kp.method == "_put":
         real_put: Callable[..., Any] = store_mod.StageWriter._put
 
         def put(self: store_mod.StageWriter, name: str, data: bytes, *args: Any, **kw: Any) -> Any:
-            if stage_re.match(self.stage) and (kp.name is None or re.fullmatch(kp.name, name)):
+            if (
+                stage_re.match(self.stage)
+                and (kp.name is None or re.fullmatch(kp.name, name))
+                and _at_point()
+            ):
                 if kp.torn:
                     path = posixpath.join(self._stage_dir(), self.attempt, name)
                     self.store.fs.makedirs(posixpath.dirname(path), exist_ok=True)
@@ -96,7 +110,7 @@ def install(point: str, pause: bool = False) -> None:
         real_publish: Callable[..., Any] = store_mod.ArtifactStore.publish
 
         def publish(self: store_mod.ArtifactStore, manifest: Any) -> Any:
-            if stage_re.match(manifest.stage):
+            if stage_re.match(manifest.stage) and _at_point():
                 _stop(point, pause)
             return real_publish(self, manifest)
 

@@ -739,6 +739,23 @@ class ExecutionConfig(Section):
     rl_deployment: str = _f("rl-loop/gpu", "deployments: the RL loop flow's deployment (flow/name)")
     export_deployment: str = _f("export-model/gpu", "deployments: the export flow's deployment (flow/name)")
     poll_interval_s: PositiveFloat = _f(5.0, "deployments: seconds between checks of a dispatched flow run")
+    lost_after_s: PositiveFloat = _f(
+        120.0,
+        "deployments: a dispatched stage flow run whose heartbeat (its stage lease in the store, renewed "
+        "every lost_after_s/3) stood still this long, or that has not started 2 x this long after a worker "
+        "took it, is lost (its worker preempted): marked Crashed and dispatched again",
+    )
+    redispatch_retries: NonNegInt = _f(
+        2, "deployments: times a lost or crashed stage flow run is dispatched again (it resumes from its checkpoint)"
+    )
+    redispatch_timeout_s: PositiveFloat = _f(
+        600.0,
+        "deployments: fail when a dispatched stage flow run has waited this long for a worker while no "
+        "worker of its pool is online",
+    )
+    api_outage_s: PositiveFloat = _f(
+        300.0, "deployments: fail when the Prefect API has not answered the dispatcher for this long"
+    )
     task_retries: NonNegInt = _f(2, "Prefect retries of I/O-bound stage tasks")
     retry_delay_s: NonNegFloat = _f(5.0, "Seconds between task retries")
     stall_timeout_s: NonNegFloat = _f(

@@ -24,6 +24,13 @@ A holder killed with ``kill -9`` leaves its lease behind: on the same host it is
 (the pid is dead), from another host after ``ttl_s`` at most - a crashed holder never blocks a run id
 for ever. Within one process the lease is re-entrant (reference counted), so a flow may be called
 twice in a row, e.g. by tests. Expiry compares wall clocks: hosts must agree to well within ``ttl_s``.
+
+A stage flow run dispatched to a worker (``execution.mode=deployments``) holds a second lease of the
+run, :data:`STAGE_LEASE`, with its flow run id as the holder: its renewals are the heartbeat by which
+the dispatching pipeline tells a live stage from one whose worker was preempted
+(:mod:`flows.dispatch`), and the pipeline revokes it (:func:`revoke_lease`) before dispatching the
+stage again, so a holder that was only slow stops itself (``on_lost``) instead of writing beside its
+successor.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import posixpath
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
@@ -43,6 +51,7 @@ from verl_core.store.cas import Versioned, conditional_writes
 from verl_core.store.store import ArtifactStore
 
 LEASE = "lease.json"
+STAGE_LEASE = "stage-lease.json"  # held by a stage flow run dispatched to a worker (flows.dispatch)
 log = logging.getLogger(__name__)
 
 
@@ -66,11 +75,24 @@ class LeaseRecord:
 class RunLease:
     """The lease of ``run_id`` in ``store`` for this process (see the module docstring)."""
 
-    def __init__(self, store: ArtifactStore, run_id: str, ttl_s: float) -> None:
+    def __init__(
+        self,
+        store: ArtifactStore,
+        run_id: str,
+        ttl_s: float,
+        *,
+        name: str = LEASE,
+        token: str | None = None,
+        on_lost: Callable[[], None] | None = None,
+    ) -> None:
+        """``name``: the lease's object under the run (another name is another lease, e.g. a
+        dispatched stage flow run's :data:`STAGE_LEASE`); ``token``: the holder's id (default random);
+        ``on_lost``: called from the renewal thread when the lease was taken over or revoked."""
         self.store, self.run_id, self.ttl_s = store, run_id, ttl_s
-        self.path = posixpath.join(store.run_dir(run_id), LEASE)
+        self.path = posixpath.join(store.run_dir(run_id), name)
         self.cas = conditional_writes(store.fs, store.url)  # refuses a store without conditional writes
-        self.token = uuid.uuid4().hex
+        self.token = token or uuid.uuid4().hex
+        self.on_lost = on_lost
         self.version: str | None = None  # of the lease as this process last wrote it
         self._acquired_at = 0.0
         self._stop = threading.Event()
@@ -154,6 +176,8 @@ class RunLease:
                     continue  # still ours (a renewal lost its answer twice): again at the next beat
                 holder = current.describe() if current else "nobody (deleted)"
                 log.error("run %s: lease taken over by %s; renewal stopped", self.run_id, holder)
+                if self.on_lost is not None:
+                    self.on_lost()
                 return
             except Exception as e:  # a flaky store: try again at the next beat, the TTL has slack
                 log.warning("run %s: could not renew the lease (%s)", self.run_id, e)
@@ -194,6 +218,20 @@ def release_run_lease(store_url: str, run_id: str) -> None:
             _HELD[key] = (lease, count - 1)
             return
     lease.release()
+
+
+def read_lease(store: ArtifactStore, run_id: str, name: str = LEASE) -> tuple[LeaseRecord | None, str] | None:
+    """The lease ``name`` of ``run_id`` as it is now: its record (None if unreadable) and version, or
+    None when nobody holds it."""
+    found = conditional_writes(store.fs, store.url).read(posixpath.join(store.run_dir(run_id), name))
+    return (_parse(found), found.version) if found else None
+
+
+def revoke_lease(store: ArtifactStore, run_id: str, name: str, version: str) -> bool:
+    """Delete the lease ``name`` if it is still at ``version`` (the holder's next renewal fails and
+    it stops, see ``on_lost``); False when it moved on meanwhile."""
+    path = posixpath.join(store.run_dir(run_id), name)
+    return conditional_writes(store.fs, store.url).delete(path, version)
 
 
 def _parse(found: Versioned) -> LeaseRecord | None:

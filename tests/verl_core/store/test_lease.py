@@ -1,6 +1,7 @@
 """Run leases on memory://, a local directory and S3 (moto): an expired holder is taken over and can
 no longer renew; a release deletes only our own lease; a write whose answer was lost (reset after S3
-applied it, then retried) is recognised as ours; stores without conditional writes are refused.
+applied it, then retried) is recognised as ours; stores without conditional writes are refused; a
+revoked stage lease stops its holder.
 Refusal, dead-pid takeover, renewal and re-entrancy: tests/reliability/test_isolation.py; the
 two-process race: tests/reliability/test_lease_race.py."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -15,7 +17,14 @@ import pytest
 from tests.reliability.fault_proxy import FaultProxy
 from verl_core.errors import ConfigError
 from verl_core.store import ArtifactStore
-from verl_core.store.lease import RunInUseError, RunLease, acquire_run_lease
+from verl_core.store.lease import (
+    STAGE_LEASE,
+    RunInUseError,
+    RunLease,
+    acquire_run_lease,
+    read_lease,
+    revoke_lease,
+)
 
 
 def test_an_expired_holder_is_taken_over_and_cannot_renew(store: ArtifactStore) -> None:
@@ -66,3 +75,27 @@ def test_a_write_whose_answer_was_lost_is_recognised(s3_bucket: str, monkeypatch
 def test_a_store_without_conditional_writes_holds_no_lease() -> None:
     with pytest.raises(ConfigError, match="offers no conditional write"):
         acquire_run_lease(ArtifactStore("nocas://runs"), "r", ttl_s=60)
+
+
+def test_a_revoked_stage_lease_stops_its_holder(store: ArtifactStore) -> None:
+    # a dispatched stage flow run's lease: its own object beside the run's lease, its flow run id as
+    # holder; the dispatcher revokes it at the version it read and the holder's next renewal calls on_lost
+    lost = threading.Event()
+    run_lease = RunLease(store, "r", ttl_s=60)
+    run_lease.acquire()
+    stage = RunLease(store, "r", ttl_s=0.3, name=STAGE_LEASE, token="flow-run-1", on_lost=lost.set)
+    stage.acquire()  # a second lease of the same run: no conflict with the run's own
+    found = read_lease(store, "r", STAGE_LEASE)
+    assert found is not None and found[0] is not None and found[0].holder == "flow-run-1"
+    assert not revoke_lease(store, "r", STAGE_LEASE, "not-its-version")  # moved on: kept
+    found = read_lease(store, "r", STAGE_LEASE)  # renewals move the version: read it again
+    assert found is not None
+    while not revoke_lease(store, "r", STAGE_LEASE, found[1]):
+        found = read_lease(store, "r", STAGE_LEASE)  # renewed meanwhile (every 0.1 s)
+        assert found is not None
+    assert lost.wait(2)  # within one renewal period (0.1 s) on memory/local; S3 round trips slower
+    assert read_lease(store, "r", STAGE_LEASE) is None
+    current = run_lease.read()
+    assert current is not None and current.holder == run_lease.token  # the run's lease untouched
+    stage.release()
+    run_lease.release()
