@@ -105,7 +105,10 @@ def rlhf_pipeline(
         publish(ctx, result, cfg.eval.table_rows)
         finish_run_task(ctx, result, "FINISHED")
     except BaseException:
-        finish_run_task(ctx, result, "FAILED")
+        try:
+            finish_run_task(ctx, result, "FAILED")
+        except Exception as e:  # e.g. the store still down: the error that stopped the run is the news
+            get_run_logger().warning("run %s: not marked FAILED, lease not released (%s)", ctx.run_id, e)
         raise
     return result
 

@@ -26,6 +26,7 @@ def attach_run(store_url: str, run_id: str) -> tuple[RunContext, VerlFlowConfig]
         run_id=run_id,
         store_url=store.url,
         store_max_attempts=cfg.store.max_attempts,
+        store_outage_budget_s=cfg.store.outage_budget_s,
         tracking_uri=tracking_uri if mlflow_run_id else None,
         mlflow_run_id=mlflow_run_id,
         **wandb_fields(cfg, store.url, run_id),

@@ -33,3 +33,8 @@ class DataError(VerlFlowError):
 
 class StoreFullError(ArtifactError):
     """The store's disk (or quota) is full; nothing of the stage being written was committed."""
+
+
+class StoreUnavailableError(VerlFlowError):
+    """The artifact store's endpoint stayed unreachable for longer than ``store.outage_budget_s``;
+    nothing half-written was committed, a rerun resumes."""

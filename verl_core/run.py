@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from verl_core.config import VerlFlowConfig, flatten_config
+from verl_core.config.schema import StoreConfig
 from verl_core.store import ArtifactStore
 from verl_core.store.lease import acquire_run_lease, release_run_lease
 from verl_core.tracking import FanOutTracker, MlflowTracker, NullTracker, Tracker, default_tracking_uri
@@ -28,6 +29,7 @@ class RunContext(BaseModel):
     run_id: str
     store_url: str
     store_max_attempts: int = 10
+    store_outage_budget_s: float = StoreConfig().outage_budget_s
     tracking_uri: str | None = None
     mlflow_run_id: str | None = None
     wandb_run_id: str | None = None  # None: no W&B tracking
@@ -36,7 +38,11 @@ class RunContext(BaseModel):
     config_hash: str = ""
 
     def store(self) -> ArtifactStore:
-        return ArtifactStore(self.store_url, max_attempts=self.store_max_attempts)
+        return ArtifactStore(
+            self.store_url,
+            max_attempts=self.store_max_attempts,
+            outage_budget_s=self.store_outage_budget_s,
+        )
 
     def tracker(self) -> Tracker:
         """The run's tracker: MLflow, W&B, both (:class:`FanOutTracker`) or none."""
@@ -80,7 +86,9 @@ def start_run(cfg: VerlFlowConfig, run_id: str | None = None) -> RunContext:
     run_id = run_id or default_run_id(cfg)
     if cfg.tracking.enabled and "wandb" in cfg.tracking.backends:
         require_wandb()  # before any work: one line naming the fix
-    store = ArtifactStore(cfg.store.url, max_attempts=cfg.store.max_attempts)
+    store = ArtifactStore(
+        cfg.store.url, max_attempts=cfg.store.max_attempts, outage_budget_s=cfg.store.outage_budget_s
+    )
     acquire_run_lease(store, run_id, cfg.store.lease_ttl_s)  # refuses a run id another process holds
     try:
         return _start(cfg, store, run_id)
@@ -119,6 +127,7 @@ def _start(cfg: VerlFlowConfig, store: ArtifactStore, run_id: str) -> RunContext
         run_id=run_id,
         store_url=store.url,
         store_max_attempts=cfg.store.max_attempts,
+        store_outage_budget_s=cfg.store.outage_budget_s,
         tracking_uri=tracking_uri,
         mlflow_run_id=mlflow_run_id,
         **wandb,

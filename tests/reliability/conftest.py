@@ -205,6 +205,19 @@ def attempts(store_url: str, run_id: str) -> dict[str, str]:
     return {m.stage: m.attempt for m in ArtifactStore(store_url).list_manifests(run_id)}
 
 
+def uncommitted(store_url: str, run_id: str) -> list[str]:
+    """Objects of the run that are neither its run record, a manifest nor a file a manifest lists: a
+    partial attempt of a retried or interrupted write, a leftover lease."""
+    store = ArtifactStore(store_url)
+    run_dir = store.run_dir(run_id)
+    allowed = {f"{run_dir}/run.json"}
+    for m in store.list_manifests(run_id):
+        stage_dir = f"{run_dir}/{m.stage}"
+        allowed.add(f"{stage_dir}/manifest.json")
+        allowed.update(f"{stage_dir}/{f.path}" for f in m.files)
+    return sorted(set(store.fs.find(run_dir)) - allowed)
+
+
 def fingerprint(store_url: str, run_id: str) -> dict[str, str]:
     """``{"stage/file": digest}`` of every committed artifact, each read back and checked against its
     manifest. The digest is the file's sha256, except for three kinds of file that legitimately hold

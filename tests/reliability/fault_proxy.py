@@ -13,6 +13,11 @@ Only requests whose method is in ``methods`` (all when None) draw a fault; every
 unchanged. ``counts`` holds the faults injected by kind, ``requests``
 the requests seen. The clients under test are expected to survive through their configured retries
 (botocore's standard retry mode through s3fs, Prefect task retries) - nothing here retries.
+
+An outage instead of per-request faults: between :meth:`FaultProxy.down` and :meth:`FaultProxy.up`
+(or during :meth:`FaultProxy.outage`) the endpoint is gone: the listening socket is closed, so every
+connection is refused, and open keep-alive connections are cut (``dropped`` counts them). ``up``
+listens on the same port again.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -51,16 +58,26 @@ class FaultProxy:
         self.rate, self.kinds, self.delay_s, self.methods = rate, kinds, delay_s, methods
         self.counts: Counter[str] = Counter()
         self.requests = 0
+        self.dropped = 0  # open connections cut by down()
+        self.is_down = False
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
+        self._connections: set[socket.socket] = set()
+        self._server = self._listen(0)
+        self._port = int(self._server.server_address[1])
+        self._thread = self._serve_thread()
+
+    def _listen(self, port: int) -> ThreadingHTTPServer:
+        server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))  # SO_REUSEADDR: rebinds at once
+        server.daemon_threads = True
+        return server
+
+    def _serve_thread(self) -> threading.Thread:
+        return threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._port}"
 
     @property
     def faults(self) -> int:
@@ -71,8 +88,48 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        if not self.is_down:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def down(self) -> None:
+        """The endpoint is gone: new connections are refused, open ones are cut."""
+        with self._lock:
+            self.is_down = True
+            open_now = list(self._connections)
         self._server.shutdown()
         self._server.server_close()
+        for conn in open_now:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)  # wakes the handler blocked reading the next request
+            except OSError:
+                continue
+            self.dropped += 1
+
+    def up(self) -> None:
+        """The endpoint is back, on the same port."""
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self._server = self._listen(self._port)
+                break
+            except OSError:  # e.g. a client's ephemeral port took it meanwhile: rare, brief
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        with self._lock:
+            self.is_down = False
+        self._thread = self._serve_thread()
+        self._thread.start()
+
+    @contextmanager
+    def outage(self) -> Iterator[None]:
+        """Down for the ``with`` block, then up."""
+        self.down()
+        try:
+            yield
+        finally:
+            self.up()
 
     def __enter__(self) -> FaultProxy:
         return self.start()
@@ -99,6 +156,17 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, format: str, *args: object) -> None:  # quiet
             pass
+
+        def setup(self) -> None:
+            super().setup()
+            with proxy._lock:
+                proxy._connections.add(self.connection)
+
+        def finish(self) -> None:
+            with proxy._lock:
+                proxy._connections.discard(self.connection)
+            with suppress(OSError):  # cut by down()
+                super().finish()
 
         def _body(self) -> bytes:
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -149,11 +217,14 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
         def _handle(self) -> None:
             try:
                 self._proxy()
-            except (BrokenPipeError, ConnectionResetError):  # the client went away (e.g. killed)
+            except OSError:  # the client went away (e.g. killed), or down() cut the connection
                 self.close_connection = True
 
         def _proxy(self) -> None:
             body = self._body()
+            if proxy.is_down:  # accepted just before down(): cut like the rest
+                self._reset()
+                return
             fault = proxy.draw(self.command)
             if fault in ("500", "503"):
                 self._error(int(fault))

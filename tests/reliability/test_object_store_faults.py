@@ -6,8 +6,7 @@ run, and leave nothing uncommitted in view."""
 
 from __future__ import annotations
 
-from tests.reliability.conftest import FAULT_RATE, Reference, S3Run, fingerprint
-from verl_core.store import ArtifactStore
+from tests.reliability.conftest import FAULT_RATE, Reference, S3Run, fingerprint, uncommitted
 
 
 def test_pipeline_survives_a_flaky_object_store(s3_faulty_run: S3Run, reference: Reference) -> None:
@@ -25,15 +24,6 @@ def test_pipeline_survives_a_flaky_object_store(s3_faulty_run: S3Run, reference:
 
 
 def test_nothing_uncommitted_is_left_in_view(s3_faulty_run: S3Run) -> None:
-    run = s3_faulty_run
-    store = ArtifactStore(run.store_url)
-    run_dir = store.run_dir(run.run_id)
-    manifests = store.list_manifests(run.run_id)
-    allowed = {f"{run_dir}/run.json"}
-    for m in manifests:
-        stage_dir = f"{run_dir}/{m.stage}"
-        allowed.add(f"{stage_dir}/manifest.json")
-        allowed.update(f"{stage_dir}/{f.path}" for f in m.files)
     # every object is the run record, a manifest or a file a manifest lists: no partial attempt of a
     # retried write, no leftover lease
-    assert sorted(set(store.fs.find(run_dir)) - allowed) == []
+    assert uncommitted(s3_faulty_run.store_url, s3_faulty_run.run_id) == []

@@ -672,6 +672,11 @@ class StoreConfig(Section):
         "(S3 endpoint and credentials come from the environment only)",
     )
     max_attempts: PositiveInt = _f(10, "botocore attempts per S3 request (standard retry mode)")
+    outage_budget_s: PositiveFloat = _f(
+        300.0,
+        "Seconds an unreachable S3 endpoint is waited for (requests retried with backoff) before the run "
+        "fails in one line; a rerun resumes",
+    )
     lease_ttl_s: PositiveFloat = _f(
         120.0, "Seconds a run's lease outlives its last renewal (a crashed holder on another host)"
     )
@@ -746,7 +751,9 @@ class ExecutionConfig(Section):
         "took it, is lost (its worker preempted): marked Crashed and dispatched again",
     )
     redispatch_retries: NonNegInt = _f(
-        2, "deployments: times a lost or crashed stage flow run is dispatched again (it resumes from its checkpoint)"
+        2,
+        "deployments: times a lost or crashed stage flow run is dispatched again (resuming from its "
+        "checkpoint)",
     )
     redispatch_timeout_s: PositiveFloat = _f(
         600.0,

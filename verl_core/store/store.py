@@ -91,9 +91,17 @@ class RunRecord:
 class ArtifactStore:
     """Artifacts of every run under one root URL (``file://``, ``s3://``, ``memory://``)."""
 
-    def __init__(self, url: str, *, max_attempts: int = 10) -> None:
+    def __init__(self, url: str, *, max_attempts: int = 10, outage_budget_s: float = 300.0) -> None:
+        """``max_attempts``: botocore attempts per S3 request; ``outage_budget_s``: how long an
+        unreachable S3 endpoint is waited for (:mod:`verl_core.store.s3`). Both: ``store.*``."""
         self.url = normalize_url(url)
-        self.fs, self.root = fsspec.core.url_to_fs(self.url, **storage_options(self.url, max_attempts))
+        options = storage_options(self.url, max_attempts)
+        if self.url.startswith(("s3://", "s3a://")):
+            from verl_core.store.s3 import s3_filesystem
+
+            self.fs, self.root = s3_filesystem(self.url, options, outage_budget_s)
+        else:
+            self.fs, self.root = fsspec.core.url_to_fs(self.url, **options)
         self._local = "file" in _protocols(self.fs)
 
     def __repr__(self) -> str:
