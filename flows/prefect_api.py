@@ -73,3 +73,29 @@ def _start_command(url: str) -> str:
     if parts.hostname in ("127.0.0.1", "localhost"):
         return f"`infra/local/prefect_server.sh {parts.port or 4200}`"
     return f"`prefect server start` on {parts.hostname}"
+
+
+def api_failure(exc: BaseException) -> str | None:
+    """One line for a run that failed because the Prefect API stopped answering mid-run (the server
+    restarted for longer than the client's retries, or went away), naming the server; None when
+    ``exc`` (or what it was raised from or during) is not a connection failure."""
+    import httpx
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, httpx.TransportError):
+            api = configured_api()
+            error = f"{type(cause).__name__}: {' '.join(str(cause).split()) or 'no answer'}"
+            if api is None:
+                return (
+                    f"the run's temporary Prefect server stopped answering mid-run ({error}): rerun to resume"
+                )
+            return (
+                f"the Prefect API {api.url} (from {api.origin}) stopped answering mid-run ({error}): what "
+                f"was committed is intact; when it answers again ({_start_command(api.url)}), rerun the "
+                "same command to resume"
+            )
+        cause = cause.__cause__ or cause.__context__
+    return None

@@ -122,7 +122,11 @@ class RunLog:
                 import traceback
 
                 traceback.print_exception(exc, file=sys.stderr)
-        what = str(exc) if isinstance(exc, VerlFlowError) else f"{type(exc).__name__}: {exc}"
+        from flows.prefect_api import api_failure
+
+        what = api_failure(exc) or (
+            str(exc) if isinstance(exc, VerlFlowError) else f"{type(exc).__name__}: {exc}"
+        )
         prefix = f"{where.describe()}: " if where else ""
         return f"{prefix}{' '.join(what.split())} (full log: {self.path})"
 

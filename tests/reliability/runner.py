@@ -2,7 +2,8 @@
 
 Runs the real ``verl-flow`` CLI in this process; with ``--kill-at`` the process SIGKILLs itself (no
 cleanup, no ``finally``, exactly ``kill -9``) at one named point of the commit protocol; with
-``--pause-at`` it stops there (holding its run lease) until someone else kills it; with ``--full-at``
+``--pause-at`` it stops there (holding its run lease) until someone else kills it, or, with
+``$RELIABILITY_RELEASE`` set, until that file exists (then it goes on); with ``--full-at``
 the disk is full from that point on: the ``fsync`` of every later local store write fails with
 ``ENOSPC`` after its bytes went to the temporary file (as a full disk with delayed allocation does).
 Production code has no fault hooks: the points are installed here by wrapping the store's write
@@ -74,9 +75,11 @@ def _stop(point: str, pause: bool) -> None:
     if marker:
         with open(marker, "w") as f:
             f.write(point)
-    if pause:
-        while True:  # hold everything (the run lease included) until killed from outside
-            time.sleep(3600)
+    if pause:  # hold everything (the run lease included) until killed, or until $RELIABILITY_RELEASE exists
+        release = os.environ.get("RELIABILITY_RELEASE")
+        while not (release and os.path.exists(release)):
+            time.sleep(0.2 if release else 3600)
+        return
     os.kill(os.getpid(), signal.SIGKILL)
 
 
