@@ -92,8 +92,10 @@ typecheck: $(STAMP)
 
 # The pipeline-side vLLM tests (the pipeline on vLLM, serving) start engines in .venv-vllm: with
 # VERL_FLOW_REQUIRE_VLLM=1 they fail instead of skipping when it is missing.
+# Two pytest-xdist workers, a test file per worker at a time (tests/conftest.py): most of the suite's
+# time is processes starting and waiting on each other, so two at once fit on 2 cores.
 pytest: $(STAMP) $(VLLM_STAMP) bwrap
-	VERL_FLOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) VERL_FLOW_REQUIRE_VLLM=1 $(PY) -m pytest
+	VERL_FLOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) VERL_FLOW_REQUIRE_VLLM=1 $(PY) -m pytest -n 2 --dist loadgroup
 
 # The engine's own tests run inside the vLLM environment (tests/vllm imports vllm).
 pytest-vllm: $(VLLM_STAMP)

@@ -7,6 +7,8 @@ shared store."""
 from __future__ import annotations
 
 import enum
+import json
+import posixpath
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +39,7 @@ class Verdict(enum.Enum):
     UNCLAIMED = "unclaimed"  # no worker of its pool online for execution.redispatch_timeout_s
 
 
+REVOKED = "stage-revoked.json"  # flow runs of the run given up as lost: a late start of one stops
 UNKNOWN = object()  # a lease that could not be read (the store did not answer)
 _CLAIMED = {"PENDING", "RUNNING"}  # a worker took the flow run
 _ENDED_BADLY = {"FAILED", "CANCELLED", "CANCELLING"}
@@ -49,6 +52,7 @@ class Watch:
 
     flow_run_id: str
     lost_after_s: float
+    start_timeout_s: float
     unclaimed_after_s: float
     claimed_at: float | None = None  # first seen PENDING or RUNNING
     beat_at: float | None = None  # last time its stage lease moved (or could not be read)
@@ -61,7 +65,7 @@ class Watch:
         ``workers_online``: whether its pool has a worker online (None: not asked).
 
         Lost when, claimed, its lease has not moved for ``lost_after_s`` (or, never renewed, it has not
-        started within 2 x ``lost_after_s`` of the claim). Unclaimed when it has waited with no worker
+        started within ``start_timeout_s`` of the claim). Unclaimed when it has waited with no worker
         online for ``unclaimed_after_s``. An unreadable lease counts as a beat: a store outage says
         nothing about the holder."""
         if state == "COMPLETED":
@@ -85,7 +89,7 @@ class Watch:
                 self.no_worker_since = None
         if self.claimed_at is not None and state != "PAUSED":
             if self.beat_at is None:
-                if now - self.claimed_at > 2 * self.lost_after_s:
+                if now - self.claimed_at > self.start_timeout_s:
                     return Verdict.LOST
             elif now - self.beat_at > self.lost_after_s:
                 return Verdict.LOST
@@ -111,9 +115,14 @@ def heartbeat(ctx: RunContext, config: VerlFlowConfig) -> Iterator[None]:
         stage_logger(__name__).error("flow run %s: its stage lease was revoked; stopping", run_id)
         _thread.interrupt_main()
 
-    ttl = config.execution.lost_after_s
-    lease = RunLease(ctx.store(), ctx.run_id, ttl, name=STAGE_LEASE, token=str(run_id), on_lost=lost)
+    ttl, store = config.execution.lost_after_s, ctx.store()
+    lease = RunLease(store, ctx.run_id, ttl, name=STAGE_LEASE, token=str(run_id), on_lost=lost)
     lease.acquire()
+    try:
+        check_not_given_up(store, ctx.run_id, str(run_id))
+    except StageRunError:
+        lease.release()
+        raise
     try:
         yield
     finally:
@@ -133,8 +142,9 @@ def run_stage_deployment(
     return its wall time in seconds; raise :class:`StageRunError` unless it completed. ``field`` is
     the config field naming the deployment (for the error when it does not exist).
 
-    A flow run that is lost (see :class:`Watch`) or crashed is marked Crashed, its stage lease is
-    revoked, and the deployment is run again (``execution.redispatch_retries`` times): the new flow
+    A flow run that is lost (see :class:`Watch`) or crashed is marked Crashed and fenced off
+    (:func:`_give_up`; Prefect lets a Crashed run that was only slow go on to Running, the fence stops
+    it), and the deployment is run again (``execution.redispatch_retries`` times): the new flow
     run resumes from the last committed checkpoint wherever a worker picks it up."""
     t0 = time.perf_counter()
     log = stage_logger(__name__)
@@ -176,7 +186,9 @@ def _supervise(
     from prefect.settings import PREFECT_API_URL
     from prefect.states import Cancelled, Crashed
 
-    watch = Watch(str(flow_run_id), execution.lost_after_s, execution.redispatch_timeout_s)
+    watch = Watch(
+        str(flow_run_id), execution.lost_after_s, execution.start_timeout_s, execution.redispatch_timeout_s
+    )
     api_down_since: float | None = None
     with get_client(sync_client=True) as client:
         while True:
@@ -223,9 +235,39 @@ def _supervise(
                 client.set_flow_run_state(flow_run_id, Crashed(message=why), force=True)
             else:
                 why = f"crashed{': ' + message if message else ''}"
-            if isinstance(lease, tuple) and lease[0] == str(flow_run_id):
-                revoke_lease(store, run_id, STAGE_LEASE, lease[1])
+            _give_up(store, run_id, str(flow_run_id))
             return verdict, why
+
+
+def _give_up(store: ArtifactStore, run_id: str, flow_run_id: str) -> None:
+    """Fence a flow run given up as lost or crashed: add it to the run's revoked flow runs (a late start
+    of it stops at once, see :func:`heartbeat`), then revoke its stage lease if it holds it (a start that
+    read the list just before stops at its next renewal)."""
+    revoked = _revoked(store, run_id)
+    if flow_run_id not in revoked:
+        data = json.dumps({"revoked": [*revoked, flow_run_id]}, indent=2).encode()
+        store.put_atomic(posixpath.join(store.run_dir(run_id), REVOKED), data)
+    found = read_lease(store, run_id, STAGE_LEASE)
+    if found is not None and found[0] is not None and found[0].holder == flow_run_id:
+        revoke_lease(store, run_id, STAGE_LEASE, found[1])
+
+
+def check_not_given_up(store: ArtifactStore, run_id: str, flow_run_id: str) -> None:
+    """Raise :class:`StageRunError` if the pipeline gave ``flow_run_id`` up (a start so late that it was
+    declared lost and the stage dispatched again)."""
+    if flow_run_id in _revoked(store, run_id):
+        raise StageRunError(
+            f"flow run {flow_run_id}: the pipeline gave it up as lost (no heartbeat within "
+            "execution.start_timeout_s / lost_after_s) and dispatched the stage again; this late start stops"
+        )
+
+
+def _revoked(store: ArtifactStore, run_id: str) -> list[str]:
+    """The flow runs of ``run_id`` the pipeline gave up on (only the pipeline writes the list)."""
+    path = posixpath.join(store.run_dir(run_id), REVOKED)
+    if not store.exists(path):
+        return []
+    return list(json.loads(store.cat(path))["revoked"])
 
 
 def _lease(store: ArtifactStore, run_id: str) -> Any:

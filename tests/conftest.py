@@ -11,6 +11,10 @@ import pytest
 from verl_core.env import set_quiet_env
 
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's temporary Prefect servers on a database of its own
+    import tempfile
+
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"prefect-{os.environ['PYTEST_XDIST_WORKER']}-")
 set_quiet_env(offline=True)
 
 S3_ENV = {
@@ -58,3 +62,12 @@ def s3_bucket(s3_endpoint: str) -> str:
 import importlib.util  # noqa: E402
 
 collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["vllm"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make pytest`` runs ``-n 2 --dist loadgroup``): every test file is one
+    group, so a file's module fixtures (a pipeline run, a vLLM engine) are built once, on one worker."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

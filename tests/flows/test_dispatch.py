@@ -1,17 +1,25 @@
 """The dispatcher's verdict on a stage flow run it dispatched (:class:`flows.dispatch.Watch`), fed
 hand-made observations on a made-up clock: when it is lost (claimed, then its stage lease stands still),
 when it is unclaimed (no worker online), and what an unreadable lease or another holder's lease counts
-as. The same logic against a real server, workers killed with -9: tests/flows/test_deployments.py."""
+as; a flow run given up is fenced off (its lease revoked, a late start refused). The same logic against
+a real server, workers killed with -9: tests/flows/test_deployments.py."""
 
 from __future__ import annotations
 
-from flows.dispatch import UNKNOWN, Verdict, Watch
+import threading
+from pathlib import Path
+
+import pytest
+
+from flows.dispatch import UNKNOWN, StageRunError, Verdict, Watch, _give_up, check_not_given_up
+from verl_core.store import ArtifactStore
+from verl_core.store.lease import STAGE_LEASE, RunLease
 
 WAIT, LOST, UNCLAIMED = Verdict.WAIT, Verdict.LOST, Verdict.UNCLAIMED
 
 
 def watch() -> Watch:
-    return Watch("fr-1", lost_after_s=10.0, unclaimed_after_s=30.0)
+    return Watch("fr-1", lost_after_s=10.0, start_timeout_s=20.0, unclaimed_after_s=30.0)
 
 
 def test_a_running_flow_run_whose_lease_stands_still_is_lost_after_lost_after_s() -> None:
@@ -22,11 +30,11 @@ def test_a_running_flow_run_whose_lease_stands_still_is_lost_after_lost_after_s(
     assert w.observe(15.5, "RUNNING", ("fr-1", "v2"), None) is LOST  # 15.5 - 5 = 10.5 > 10
 
 
-def test_a_claimed_flow_run_that_never_beats_is_lost_after_twice_lost_after_s() -> None:
+def test_a_claimed_flow_run_that_never_beats_is_lost_after_start_timeout_s() -> None:
     w = watch()
     assert w.observe(0.0, "SCHEDULED", None, True) is WAIT  # queued: not claimed, no clock
     assert w.observe(100.0, "PENDING", None, None) is WAIT  # claimed at t=100 (process starting)
-    assert w.observe(119.0, "RUNNING", None, None) is WAIT  # 19 <= 2 x 10
+    assert w.observe(119.0, "RUNNING", None, None) is WAIT  # 19 <= start_timeout_s 20
     assert w.observe(121.0, "RUNNING", None, None) is LOST  # 21 > 20, no lease ever
 
 
@@ -68,3 +76,21 @@ def test_final_states() -> None:
     paused = watch()  # a person paused it: never lost by silence
     paused.observe(0.0, "RUNNING", ("fr-1", "v1"), None)
     assert paused.observe(1e4, "PAUSED", ("fr-1", "v1"), None) is WAIT
+
+
+def test_a_flow_run_given_up_is_fenced_off(tmp_path: Path) -> None:
+    # the pipeline gives up flow run fr-1 while it holds the stage lease (it was only slow): its lease
+    # is revoked (its renewal thread calls on_lost) and a late start of it is refused; fr-2 is not
+    store = ArtifactStore(str(tmp_path / "store"))
+    lost = threading.Event()
+    lease = RunLease(store, "r", ttl_s=0.3, name=STAGE_LEASE, token="fr-1", on_lost=lost.set)
+    lease.acquire()
+    _give_up(store, "r", "fr-1")
+    assert lost.wait(2)  # at its next renewal, 0.1 s later
+    with pytest.raises(StageRunError, match="fr-1: the pipeline gave it up as lost"):
+        check_not_given_up(store, "r", "fr-1")
+    check_not_given_up(store, "r", "fr-2")
+    _give_up(store, "r", "fr-2")  # a second loss: both stay revoked
+    with pytest.raises(StageRunError):
+        check_not_given_up(store, "r", "fr-1")
+    lease.release()

@@ -747,8 +747,13 @@ class ExecutionConfig(Section):
     lost_after_s: PositiveFloat = _f(
         120.0,
         "deployments: a dispatched stage flow run whose heartbeat (its stage lease in the store, renewed "
-        "every lost_after_s/3) stood still this long, or that has not started 2 x this long after a worker "
-        "took it, is lost (its worker preempted): marked Crashed and dispatched again",
+        "every lost_after_s/3) stood still this long is lost (its worker preempted): marked Crashed and "
+        "dispatched again",
+    )
+    start_timeout_s: PositiveFloat = _f(
+        600.0,
+        "deployments: a stage flow run taken by a worker that has not started its heartbeat this long after "
+        "(process start, imports, environment check) is lost too",
     )
     redispatch_retries: NonNegInt = _f(
         2,
