@@ -1,10 +1,12 @@
 """Prefect artifacts of a pipeline run: a markdown summary (per-iteration metrics, held-out and eval
 accuracy, links to the MLflow run and the exported model, where the plots are) and a table of eval
-samples. Only called inside a flow run."""
+samples; of a rescore, its comparison report. Only called inside a flow run."""
 
 from __future__ import annotations
 
-from flows.results import PipelineResult
+import re
+
+from flows.results import PipelineResult, RescoreResult
 from stages.floor.reports import collect_series, eval_samples, metrics_markdown
 from stages.floor.samples import table_artifact
 from verl_core.run import RunContext
@@ -53,3 +55,23 @@ def publish(ctx: RunContext, result: PipelineResult, table_rows: int) -> None:
     if stages.eval and table_rows:
         rows = [s._asdict() for s in eval_samples(store, stages.eval, table_rows)]
         table_artifact(rows, key="eval-samples", description="greedy eval samples")
+
+
+def publish_rescore(ctx: RunContext, result: RescoreResult) -> None:
+    """The rescore's markdown report (``rescore/{name}/report/report.md``) as a markdown artifact, keyed
+    ``rescore-{name}`` (Prefect keys: lowercase letters, digits and dashes)."""
+    from prefect.artifacts import create_markdown_artifact
+
+    store = ctx.store()
+    m = store.read_manifest(result.report_uri)
+    lines = [
+        store.read_bytes(m, "report.md").decode(),
+        f"- report: `{result.report_uri}`",
+        f"- plot: `{store.file_uri(m, 'plots/accuracy.png')}`",
+        f"- MLflow: a child run (tag `verl_flow.rescore` = `{result.name}`) of {mlflow_run_link(ctx)}",
+        f"- wall time of this rescore: {result.wall_s:.1f} s",
+    ]
+    key = "rescore-" + re.sub(r"[^a-z0-9-]+", "-", result.name.lower()).strip("-")
+    create_markdown_artifact(
+        "\n".join(lines), key=key, description=f"rescore {result.name} of run {ctx.run_id}"
+    )

@@ -20,13 +20,14 @@ from rich.table import Table
 
 from flows.doctor import doctor
 from stages.floor.locations import REPORT, list_exports, template_pack_uri
+from stages.floor.rescore import RescoreListing, is_rescore, list_rescores
 from verl_core.config import StoreConfig, VerlFlowConfig, load_config, to_yaml
 from verl_core.errors import ConfigError, VerlFlowError
 from verl_core.launch import FOLLOWER_JOB_URI, LaunchSpec, torchrun_command
 from verl_core.store import ArtifactStore
 
 if TYPE_CHECKING:
-    from flows.results import PipelineResult
+    from flows.results import PipelineResult, RescoreResult
     from stages.floor.reports import EvalReport, EvalSample
     from verl_core.serving import ServeConfig
 
@@ -261,6 +262,7 @@ def runs_show(
     except VerlFlowError as e:
         _fail(e, 1)
     report = next((m for m in manifests if m.stage == REPORT), None)
+    rescores = list_rescores(manifests)
     if as_json:
         stages = [
             {
@@ -285,6 +287,7 @@ def runs_show(
         if report is not None:
             shown["plots"] = [st.file_uri(report, name) for name in report.summary.get("plots", [])]
             shown["report"] = st.file_uri(report, "report.md")
+        shown["rescores"] = [_rescore_entry(st, r) for r in rescores]
         _print_json(shown)
         return
     out.print(
@@ -293,6 +296,8 @@ def runs_show(
     )
     table = Table("stage", "artifact", "kind", "rows", "size", "committed")
     for m in manifests:
+        if is_rescore(m):  # listed below, one line per rescore
+            continue
         for i, f in enumerate(m.files):
             table.add_row(
                 m.stage if i == 0 else "",
@@ -311,6 +316,34 @@ def runs_show(
             f"  per-iteration table: {st.file_uri(report, 'report.md')}", highlight=False, soft_wrap=True
         )
         _print_mlflow_location(st.url, run_id)
+    if rescores:
+        out.print("rescores (verl-flow rescore):")
+        for r in rescores:
+            found = "not finished (rerun the same command to resume)"
+            if r.report is not None:
+                t = r.report.summary["total"]
+                found = (
+                    f"agreement {t['agreement']:.4f}, accuracy {t['accuracy_old']:.4f} → "
+                    f"{t['accuracy_new']:.4f}, report {st.file_uri(r.report, 'report.md')}"
+                )
+            out.print(
+                f"  {r.name}  reward config {r.reward_config_hash[:12]}  {r.stages} stages  {found}",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+
+def _rescore_entry(st: ArtifactStore, r: RescoreListing) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "name": r.name,
+        "reward_config_hash": r.reward_config_hash,
+        "stages": r.stages,
+    }
+    entry["report"] = st.file_uri(r.report, "report.md") if r.report is not None else None
+    if r.report is not None:
+        total = r.report.summary["total"]
+        entry |= {k: total[k] for k in ("rows", "agreement", "accuracy_old", "accuracy_new")}
+    return entry
 
 
 def _print_mlflow_location(store_url: str, run_id: str) -> None:
@@ -457,6 +490,89 @@ def eval_cmd(
         _fail(e, 1)
     _print_eval(source.label, report, samples)
     out.print(f"samples and report: {uri}")
+
+
+@app.command("rescore")
+def rescore_cmd(
+    run_id: RunIdArg,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="reward.* (and sandbox.*) settings, e.g. reward.gsm8k_method=flexible"),
+    ] = None,
+    iterations: Annotated[
+        str | None,
+        typer.Option(
+            "--iterations",
+            help="A:B: only training/validation iterations A <= i < B (also A:, :B, N); eval stages are "
+            "rescored only without it",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name", help="Name of the rescore (default: the new reward config's hash, 8 hex digits)"
+        ),
+    ] = None,
+    store: StoreOpt = None,
+) -> None:
+    """Score every stored rollout of RUN_ID (training, validation, eval) again with the reward settings
+    changed by OVERRIDES into rescore/NAME/..., and compare with the stored rewards (report: Parquet,
+    markdown, a plot; an MLflow child run of the run). Idempotent: a rerun skips what was committed."""
+    from stages.floor.locations import check_rescore_name
+    from stages.floor.rescore import check_rescore_overrides, parse_iterations
+
+    try:  # what can be checked before the flow starts, in one line
+        check_rescore_overrides(overrides or [])
+        if iterations is not None:
+            parse_iterations(iterations)
+        if name is not None:
+            check_rescore_name(name)
+        _store(store).read_run_record(run_id)  # a run that is not there: one line, before the flow starts
+    except ConfigError as e:
+        _fail(e, 2)
+    except VerlFlowError as e:
+        _fail(e, 1)
+    from verl_core.env import set_quiet_env
+
+    set_quiet_env()
+    from flows.prefect_api import check_api
+    from flows.rescore import rescore_flow
+
+    try:
+        check_api()
+        result = rescore_flow(
+            run_id=run_id, overrides=overrides or [], iterations=iterations, name=name,
+            store_url=store or StoreConfig().url,
+        )  # fmt: skip
+    except ConfigError as e:
+        _fail(e, 2)
+    except VerlFlowError as e:
+        _fail(e, 1)
+    _print_rescore(result)
+
+
+def _print_rescore(result: RescoreResult) -> None:
+    r = result.report
+    table = Table(
+        "source", "rows", "score stored → new", "accuracy stored → new", "agreement", "TT", "TF", "FT", "FF",
+        "changed", title=f"rescore {result.name} of run {result.run_id}",
+    )  # fmt: skip
+    for p in [*r.parts, r.total]:
+        table.add_row(
+            p.source, str(p.rows), f"{p.score_old_mean:.4f} → {p.score_new_mean:.4f}",
+            f"{p.accuracy_old:.4f} → {p.accuracy_new:.4f}", f"{p.agreement:.4f}",
+            str(p.tt), str(p.tf), str(p.ft), str(p.ff), str(p.scores_changed),
+        )  # fmt: skip
+    _print_table(table)
+    out.print(
+        f"reward config {result.reward_config_hash[:12]}; {len(result.stages)} stages rescored in "
+        f"rescore/{result.name}; wall time {result.wall_s:.1f} s, scoring {r.scoring_s:.1f} s (training "
+        f"rollouts {r.train_scoring_s:.1f} s; the run's own rollout + reward of those iterations: "
+        f"{r.original_s:.1f} s)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    out.print(f"report: {result.report_uri}", highlight=False, soft_wrap=True)
 
 
 @app.command("serve")

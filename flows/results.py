@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from stages.floor.reports import EvalReport
+from stages.floor.rescore import RescoreReport
 from verl_core.run_length import StepCount
 
 
@@ -46,3 +47,15 @@ class PipelineResult(BaseModel):
     sft_steps: StepCount | None = Field(None, description="SFT optimizer steps, planned vs completed")
     rl_iterations: StepCount | None = Field(None, description="RL iterations, planned vs completed")
     data_snapshot: str | None = Field(None, description="the data snapshot directory the run read")
+
+
+class RescoreResult(BaseModel):
+    """What :func:`flows.rescore.rescore_flow` returns."""
+
+    run_id: str
+    name: str = Field(description="the rescore's name: its stages are rescore/{name}/...")
+    reward_config_hash: str
+    stages: dict[str, str] = Field(description="original stage → manifest URI of its rescore")
+    report_uri: str = Field(description="manifest URI of rescore/{name}/report")
+    report: RescoreReport
+    wall_s: float = Field(description="seconds the whole rescore flow took (attach, score, compare)")

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 from verl_core.store.store import normalize_url
 
 RUN_ID_TAG = "verl_flow.run_id"
+CHILD_TAG = "verl_flow.child"  # a child run's key under its parent (e.g. "rescore/strict")
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests the run under its parent
 _BATCH = 100
 # MLflow lists a run's tables (what mlflow.load_table searches) in one tag of at most this many characters
 _LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
@@ -128,6 +130,24 @@ class MlflowTracker:
         tracker = cls(tracking_uri, mlflow_run_id)
         tracker._log_params(params, logged)
         return tracker
+
+    @classmethod
+    def start_child(cls, tracking_uri: str, parent_run_id: str, key: str, run_name: str) -> MlflowTracker:
+        """The MLflow run nested under ``parent_run_id`` (tag ``mlflow.parentRunId``) whose
+        ``verl_flow.child`` tag is ``key``: created in the parent's experiment, or found again (a rerun
+        logs into the same child). It has no ``verl_flow.run_id`` tag, so the run's own lookup never
+        finds it."""
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri)
+        exp_id = client.get_run(parent_run_id).info.experiment_id
+        query = f"tags.`{PARENT_TAG}` = '{parent_run_id}' and tags.`{CHILD_TAG}` = '{key}'"
+        found = client.search_runs([exp_id], filter_string=query, max_results=1)
+        if found:
+            client.update_run(found[0].info.run_id, status="RUNNING")
+            return cls(tracking_uri, found[0].info.run_id)
+        tags = {PARENT_TAG: parent_run_id, CHILD_TAG: key}
+        return cls(tracking_uri, client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id)
 
     def _log_params(self, params: Mapping[str, str], logged: Mapping[str, str]) -> None:
         # MLflow params are immutable: a rerun with a changed value records it as a tag instead.

@@ -13,6 +13,8 @@ besides the stage tasks themselves.
     logging     stage loggers, progress bars, the ``timed`` context manager
     environment what a config needs of the environment (packages, CUDA): the fast check the GPU
                 stage flows run at start, and ``verl-flow doctor``'s checks
+    rescore     ``verl-flow rescore``: which settings may change, the plan (name, reward config hash,
+                stages to score again), its lease, its report read back
 
 Rule: a floor module imports verl_core and other floor modules, never a stage file.
 """

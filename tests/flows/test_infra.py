@@ -32,6 +32,7 @@ def test_prefect_yaml_deployments() -> None:
         ("rlhf_pipeline", "quickstart", "cpu"),
         ("rlhf_pipeline", "gsm8k-ppo", "cpu"),
         ("rlhf_pipeline", "nightly-retrain", "cpu"),
+        ("rescore_flow", "rescore", "cpu"),
         ("sft_flow", "gpu", "gpu"),
         ("rl_loop", "gpu", "gpu"),
         ("export_flow", "gpu", "gpu"),

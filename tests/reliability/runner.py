@@ -65,6 +65,11 @@ KILL_POINTS = {
     "export": KillPoint(
         "_put", r"^export/", r".*model\.safetensors$", what="export: config files written, weights not"
     ),
+    "rescore-second-iteration": KillPoint(
+        "publish",
+        r"^rescore/[^/]+/iter-0001/reward$",
+        what="rescore: iteration 0 rescored, iteration 1's rewards written, its manifest not",
+    ),
 }
 
 

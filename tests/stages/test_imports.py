@@ -81,6 +81,7 @@ def test_scan_sees_the_stage_files() -> None:
         "state",
         "logging",
         "environment",
+        "rescore",
     }
 
 

@@ -275,3 +275,56 @@ register_schema(
         ]
     ),
 )
+
+# Rescore comparison (``rescore/NAME/report``, verl_core.reward.compare): one row per rescored table
+# (``source``: the original stage and file, e.g. ``iter-0003/reward``, ``iter-0003/val/sampled``,
+# ``eval/export-iter-0002/greedy``; ``split``: train | val | val/sampled | eval/greedy | eval/sampled;
+# ``iteration`` -1 for eval), old vs new mean score and accuracy, the agreement rate of the correct
+# flags and their confusion (tt: correct in both, tf: old only, ft: new only, ff: neither).
+register_schema(
+    "reward_comparison",
+    pa.schema(
+        [
+            ("source", pa.string()),
+            ("split", pa.string()),
+            ("iteration", pa.int64()),
+            ("rows", pa.int64()),
+            ("score_old_mean", pa.float64()),
+            ("score_new_mean", pa.float64()),
+            ("accuracy_old", pa.float64()),
+            ("accuracy_new", pa.float64()),
+            ("agreement", pa.float64()),
+            ("tt", pa.int64()),
+            ("tf", pa.int64()),
+            ("ft", pa.int64()),
+            ("ff", pa.int64()),
+            ("scores_changed", pa.int64()),
+        ]
+    ),
+)
+
+# The samples where old and new rewards disagree most (flipped correct flag first, then |new - old|),
+# a few per rescored table; ``source``/``split``/``iteration`` as in "reward_comparison".
+register_schema(
+    "reward_disagreements",
+    pa.schema(
+        [
+            ("source", pa.string()),
+            ("split", pa.string()),
+            ("iteration", pa.int64()),
+            ("group_id", pa.int64()),
+            ("sample_index", pa.int32()),
+            ("data_source", pa.string()),
+            ("prompt_text", pa.string()),
+            ("response_text", pa.string()),
+            ("ground_truth", pa.string()),
+            ("score_old", pa.float32()),
+            ("score_new", pa.float32()),
+            ("correct_old", pa.bool_()),
+            ("correct_new", pa.bool_()),
+            ("extracted_old", pa.string()),
+            ("extracted_new", pa.string()),
+            ("abs_diff", pa.float32()),
+        ]
+    ),
+)
