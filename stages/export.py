@@ -132,6 +132,7 @@ def register_model(
 ) -> dict[str, str]:
     """Log the model dir as artifacts of the run's MLflow run and register it as a new version of
     ``name``; returns ``{"name", "version", "source"}``."""
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     assert ctx.tracking_uri is not None and ctx.mlflow_run_id is not None
@@ -141,7 +142,11 @@ def register_model(
             (Path(tmp) / file_name).write_bytes(data)
         client.log_artifacts(ctx.mlflow_run_id, tmp, artifact_path)
     if not client.search_registered_models(filter_string=f"name = '{name}'"):
-        client.create_registered_model(name, description="verl-flow exported policies")
+        try:
+            client.create_registered_model(name, description="verl-flow exported policies")
+        except MlflowException as e:  # another run's export created it meanwhile
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
     source = f"runs:/{ctx.mlflow_run_id}/{artifact_path}"
     version = client.create_model_version(name, source=source, run_id=ctx.mlflow_run_id, tags=tags)
     client.set_tag(ctx.mlflow_run_id, "verl_flow.registered_model", f"{name}/{version.version}")

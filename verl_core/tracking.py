@@ -111,14 +111,7 @@ class MlflowTracker:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=tracking_uri)
-        exp = client.get_experiment_by_name(experiment)
-        exp_id = (
-            exp.experiment_id
-            if exp is not None
-            else client.create_experiment(
-                experiment, artifact_location=_artifact_root(tracking_uri, store_url)
-            )
-        )
+        exp_id = _experiment_id(client, experiment, _artifact_root(tracking_uri, store_url))
         found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'", max_results=1)
         if found:
             mlflow_run_id = found[0].info.run_id
@@ -248,3 +241,19 @@ def log_bytes(tracker: Tracker, data: bytes, artifact_file: str) -> None:
         path.write_bytes(data)
         parent = str(Path(artifact_file).parent)
         tracker.log_artifact(str(path), None if parent == "." else parent)
+
+
+def _experiment_id(client: Any, experiment: str, artifact_location: str | None) -> str:
+    """The id of ``experiment``, created if missing; runs starting at once on a fresh tracking server
+    race to create it, and the losers read the winner's."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(experiment)
+    if exp is not None:
+        return str(exp.experiment_id)
+    try:
+        return str(client.create_experiment(experiment, artifact_location=artifact_location))
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return str(client.get_experiment_by_name(experiment).experiment_id)

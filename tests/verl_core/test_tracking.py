@@ -7,6 +7,8 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -148,3 +150,25 @@ def test_backends_choose_the_trackers_and_missing_wandb_is_one_line(
         "(pip install 'verl-flow[wandb]')"
     )
     assert not (tmp_path / "runs" / "r").exists()  # refused before any work
+
+
+def test_runs_starting_at_once_share_the_experiment_whoever_creates_it() -> None:
+    # two runs on a fresh tracking server: both see no experiment, the other one creates it first and
+    # this one's create is refused (RESOURCE_ALREADY_EXISTS): it reads the winner's id
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS
+
+    from verl_core.tracking import _experiment_id
+
+    class RacingClient:
+        def __init__(self) -> None:
+            self.reads = 0
+
+        def get_experiment_by_name(self, name: str) -> Any:
+            self.reads += 1
+            return None if self.reads == 1 else SimpleNamespace(experiment_id="7")
+
+        def create_experiment(self, name: str, artifact_location: str | None = None) -> str:
+            raise MlflowException("Experiment(name=verl-flow) already exists", RESOURCE_ALREADY_EXISTS)
+
+    assert _experiment_id(RacingClient(), "verl-flow", None) == "7"
