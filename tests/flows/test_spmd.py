@@ -91,6 +91,7 @@ def test_every_rank_runs_sft_under_the_stall_watchdog(
 ) -> None:
     # issue 18: a rank stuck in the SFT stage (a collective that never returns, here a sleep) is failed
     # after execution.stall_timeout_s, naming the stage, as the RL loop's stages are on every rank
+    import flows.pipeline  # noqa: F401 - binds the real sft_warmup (flows.gpu) before the patch below
     import stages.sft
 
     class Stuck:
