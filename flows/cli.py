@@ -20,6 +20,14 @@ from rich.table import Table
 
 from flows.doctor import doctor
 from stages.floor.locations import REPORT, list_exports, template_pack_uri
+from stages.floor.parent import (
+    FamilyTree,
+    RunLink,
+    family_tree,
+    parent_overrides,
+    parse_parent_spec,
+    read_family,
+)
 from stages.floor.rescore import RescoreListing, is_rescore, list_rescores
 from verl_core.config import StoreConfig, VerlFlowConfig, load_config, to_yaml
 from verl_core.errors import ConfigError, VerlFlowError
@@ -85,10 +93,30 @@ def run(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Also show Prefect's failure lines and tracebacks")
     ] = False,
+    fork: Annotated[
+        str | None,
+        typer.Option(
+            "--fork",
+            help="RUN_ID@ITER: start from that run's checkpoint ckpt/iter-ITER (same store) with this "
+            "config (parent.run_id, parent.iteration)",
+        ),
+    ] = None,
 ) -> None:
     """Run the pipeline for CONFIG with OVERRIDES (the config is validated before any work).
     The full log goes to a file (logs/RUN_ID/ beside runs/ in a local store); a failure prints one line."""
+    if fork is not None:
+        try:
+            overrides = [*(overrides or []), *parent_overrides(*parse_parent_spec(fork))]
+        except ConfigError as e:
+            _fail(e, 2)
     cfg = _load(config, overrides)
+    if cfg.parent is not None:  # the parent's checkpoint (and a replay's data): one line, before any work
+        from stages.floor.parent import check_parent
+
+        try:
+            check_parent(_store(cfg.store.url), cfg)
+        except VerlFlowError as e:
+            _fail(e, 1)
     from verl_core.env import set_quiet_env
 
     set_quiet_env()
@@ -263,6 +291,7 @@ def runs_show(
         _fail(e, 1)
     report = next((m for m in manifests if m.stage == REPORT), None)
     rescores = list_rescores(manifests)
+    family = family_tree(read_family(st), run_id)
     if as_json:
         stages = [
             {
@@ -282,12 +311,13 @@ def runs_show(
             }
             for m in manifests
         ]
-        shown = {"run_id": run_id, "store": st.url, "config_hash": rec.config_hash}
+        shown: dict[str, object] = {"run_id": run_id, "store": st.url, "config_hash": rec.config_hash}
         shown |= {"code_version": rec.code_version, "stages": stages}
         if report is not None:
             shown["plots"] = [st.file_uri(report, name) for name in report.summary.get("plots", [])]
             shown["report"] = st.file_uri(report, "report.md")
         shown["rescores"] = [_rescore_entry(st, r) for r in rescores]
+        shown |= _family_json(family)
         _print_json(shown)
         return
     out.print(
@@ -316,6 +346,7 @@ def runs_show(
             f"  per-iteration table: {st.file_uri(report, 'report.md')}", highlight=False, soft_wrap=True
         )
         _print_mlflow_location(st.url, run_id)
+    _print_family(family)
     if rescores:
         out.print("rescores (verl-flow rescore):")
         for r in rescores:
@@ -331,6 +362,53 @@ def runs_show(
                 highlight=False,
                 soft_wrap=True,
             )
+
+
+def _link_text(link: RunLink) -> str:
+    if link.kind == "missing":
+        return f"{link.run_id}  (not in this store)"
+    if link.parent is None:
+        return link.run_id
+    rewards = f", rewards of rescore {link.rewards}" if link.rewards else ""
+    return f"{link.run_id}  {link.kind} of {link.parent}@{link.iteration}{rewards}"
+
+
+def _print_family(family: FamilyTree) -> None:
+    """The family tree (parents up the chain, forks and replays down) and this run's own forks and
+    replays; nothing for a run without either."""
+    if not family.ancestors and not family.descendants:
+        return
+    out.print("family (verl-flow run --fork, verl-flow replay):")
+    chain = [*reversed(family.ancestors), family.run]
+    for depth, link in enumerate(chain):
+        mark = "   <- this run" if link is family.run else ""
+        out.print(f"  {'  ' * depth}{_link_text(link)}{mark}", highlight=False, soft_wrap=True)
+    for depth, link in family.descendants:
+        out.print(f"  {'  ' * (len(chain) - 1 + depth)}{_link_text(link)}", highlight=False, soft_wrap=True)
+    children = [link for depth, link in family.descendants if depth == 1]
+    for kind in ("replay", "fork"):
+        mine = [link for link in children if link.kind == kind]
+        if mine:
+            out.print(f"{kind}s of this run:")
+            for link in mine:
+                out.print(f"  {_link_text(link)}", highlight=False, soft_wrap=True)
+
+
+def _family_json(family: FamilyTree) -> dict[str, object]:
+    def entry(link: RunLink) -> dict[str, object]:
+        return {
+            "run_id": link.run_id, "kind": link.kind, "parent": link.parent, "iteration": link.iteration,
+            "rewards": link.rewards,
+        }  # fmt: skip
+
+    children = [link for depth, link in family.descendants if depth == 1]
+    return {
+        "parent": entry(family.run) if family.run.parent is not None else None,
+        "ancestors": [entry(a) for a in family.ancestors],
+        "descendants": [{**entry(d), "depth": depth} for depth, d in family.descendants],
+        "replays": [entry(c) for c in children if c.kind == "replay"],
+        "forks": [entry(c) for c in children if c.kind == "fork"],
+    }
 
 
 def _rescore_entry(st: ArtifactStore, r: RescoreListing) -> dict[str, object]:
@@ -573,6 +651,74 @@ def _print_rescore(result: RescoreResult) -> None:
         soft_wrap=True,
     )
     out.print(f"report: {result.report_uri}", highlight=False, soft_wrap=True)
+
+
+@app.command("replay")
+def replay_cmd(
+    run_id: RunIdArg,
+    start: Annotated[
+        int, typer.Option("--from", min=1, help="Start from the run's checkpoint after this many updates")
+    ],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="algorithm.*, actor.*, critic.* settings, e.g. algorithm.adv_estimator=rloo"),
+    ] = None,
+    new_run_id: Annotated[
+        str | None,
+        typer.Option("--run-id", help="Run id of the replay (default: RUN_ID-replayITER-<config hash>)"),
+    ] = None,
+    rewards: Annotated[
+        str | None,
+        typer.Option("--rewards", help="Train on the rewards of the run's rescore NAME (verl-flow rescore)"),
+    ] = None,
+    store: StoreOpt = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show Prefect's failure lines and tracebacks")
+    ] = False,
+) -> None:
+    """A new run that starts from RUN_ID's checkpoint at --from and trains the iterations after it on
+    RUN_ID's stored rollouts and rewards (or a rescore's) with OVERRIDES, instead of sampling. With no
+    overrides it reproduces RUN_ID's checkpoints bit for bit; settings that would change the rollouts
+    are refused. Rerun the same command to resume."""
+    from flows.replay import replay_run_id
+    from stages.floor.locations import check_rescore_name
+    from stages.floor.parent import check_parent, replay_config
+
+    try:  # the overrides, the parent's checkpoint and its stored data: one line, before any work
+        if rewards is not None:
+            check_rescore_name(rewards)
+        st = _store(store)
+        cfg = replay_config(st, run_id, start, overrides or [], rewards)
+        check_parent(st, cfg)
+    except ConfigError as e:
+        _fail(e, 2)
+    except VerlFlowError as e:
+        _fail(e, 1)
+    from verl_core.env import set_quiet_env
+
+    set_quiet_env()
+    from flows.prefect_api import check_api
+    from flows.run_log import RunLog, log_path
+
+    try:
+        check_api()
+    except VerlFlowError as e:
+        _fail(e, 1)
+    new_run_id = new_run_id or replay_run_id(run_id, start, cfg.config_hash())
+    log = RunLog(log_path(cfg, new_run_id), verbose)
+    from flows.replay import replay_flow
+
+    try:
+        result = replay_flow(
+            run_id=run_id, start_iteration=start, overrides=overrides or [], new_run_id=new_run_id,
+            rewards=rewards, store_url=st.url,
+        )  # fmt: skip
+    except Exception as e:
+        _fail(log.failure_line(e), 2 if isinstance(e, ConfigError) else 1)
+    finally:
+        log.close()
+    _print_result(result)
+    out.print(f"full log: {log.path}", highlight=False, soft_wrap=True)
 
 
 @app.command("serve")

@@ -7,6 +7,9 @@ manifest URI.
 ``execution.mode=local``: everything in this process (the RL loop a sub-flow). ``deployments``: this
 flow runs on the ``cpu`` pool and starts SFT, the whole RL loop and the export as flow runs of their
 deployments on the ``gpu`` pool (``run_deployment``); they meet only through the shared store.
+
+A fork or replay (``config.parent``, :mod:`stages.floor.parent`) is checked before any work, runs
+preprocess and template_pack itself, skips SFT and starts the RL loop from the parent's checkpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from flows.rl import rl_loop
 from stages.eval import evaluate
 from stages.floor.artifacts import export_source
 from stages.floor.logging import timed, watched
+from stages.floor.parent import check_parent
 from stages.floor.reports import read_eval_report, sft_step_count
 from stages.preprocess import preprocess
 from stages.report import report
@@ -32,6 +36,7 @@ from verl_core.config import VerlFlowConfig, load_config, with_overrides
 from verl_core.errors import ConfigError
 from verl_core.run import RunContext, end_run, start_run
 from verl_core.run_length import StepCount, check_completed
+from verl_core.store import ArtifactStore
 
 
 @task(name="start-run")
@@ -60,6 +65,8 @@ def rlhf_pipeline(
     cfg = with_overrides(_base_config(config, config_file), overrides or [])
     snapshot = resolve_snapshot(cfg.data)
     cfg = cfg.model_copy(update={"data": snapshot.data})
+    s = cfg.store
+    check_parent(ArtifactStore(s.url, max_attempts=s.max_attempts, outage_budget_s=s.outage_budget_s), cfg)
     ctx = start_run_task(cfg, run_id)
     get_run_logger().info(
         "run %s (%s mode), artifacts under %s/runs/%s",
@@ -82,7 +89,8 @@ def rlhf_pipeline(
             tools = cfg.rollout.multi_turn.tools if cfg.rollout.multi_turn.enable else []
             tp = template_pack.with_options(**io_retry)(ctx, cfg.data, cfg.model, stages.preprocess, tools)
         stages.template_pack = tp
-        if cfg.sft.enable:  # compute-bound: no task retries (a rerun resumes from the last checkpoint)
+        if cfg.sft.enable and cfg.parent is None:  # a fork starts from its parent's RL checkpoint
+            # compute-bound: no task retries (a rerun resumes from the last checkpoint)
             with timed(timing, "sft"):
                 stages.sft = remote_sft(ctx, cfg, tp) if remote else sft_flow(ctx, cfg, tp)
             result.sft_steps = sft_step_count(ctx.store(), stages.sft)
@@ -121,9 +129,11 @@ def _check_completed(where: str, count: StepCount | None) -> None:
 
 
 def _base_config(config: VerlFlowConfig, config_file: str | None) -> VerlFlowConfig:
-    """``config``, or the YAML ``config_file`` when given (then ``config`` must be the default)."""
+    """``config``, or the YAML ``config_file`` when given (then ``config`` must be the default, but
+    for ``config.parent``: a fork deployment's typed parameter)."""
     if config_file is None:
         return config
-    if config != VerlFlowConfig():
-        raise ConfigError("config_file: give either config_file or config fields, not both")
-    return load_config(config_file)
+    if config.model_copy(update={"parent": None}) != VerlFlowConfig():
+        raise ConfigError("config_file: give either config_file or config fields (but parent), not both")
+    loaded = load_config(config_file)  # validated again with the overrides (with_overrides)
+    return loaded if config.parent is None else loaded.model_copy(update={"parent": config.parent})

@@ -10,6 +10,10 @@ The loop ends with the policy holding every planned update or fails (:mod:`verl_
 a policy short of the plan never gets the final checkpoint. Each stage runs under the hang watchdog
 (``execution.stall_timeout_s``, :func:`stages.floor.logging.watched`).
 
+Replay (``parent.replay``, ``verl-flow replay``): the loop starts from the parent's checkpoint and
+each iteration's rollout and reward URIs are the parent's stored ones
+(:func:`stages.floor.parent.replay_sources`); nothing is sampled or scored, validation runs as usual.
+
 One-step off-policy overlap (``trainer.rollout_ahead=1``, one process, an engine with its own weights):
 iteration i+1's rollout is sampled from policy i in a worker thread while iteration i is scored and
 updated (:func:`_overlapped`); the engine is synced at the iteration boundary, after that rollout, and
@@ -37,6 +41,7 @@ from flows.spmd import SpmdJob, needs_spmd, run_job
 from stages.floor.environment import check_environment
 from stages.floor.locations import ckpt_stage, validations
 from stages.floor.logging import stage_logger, timed, watched
+from stages.floor.parent import replay_sources
 from stages.floor.state import (
     RLResult,
     completed_iterations,
@@ -99,6 +104,13 @@ def run_iteration(
     else:
         roll, score, update = rollout.fn, reward.fn, ppo_update.fn  # type: ignore[assignment]
     stall = e.stall_timeout_s
+    if cfg.parent is not None and cfg.parent.replay:  # the parent's stored rollouts and rewards
+        parent = cfg.parent
+        get_state(ctx).prompt_cursor = (iteration + 1) * cfg.data.train_batch_size
+        r, w = replay_sources(ctx.store(), parent, iteration)
+        with timed(timings, "update"), watched(ctx, "ppo_update", stall, iteration):
+            u = update(ctx, cfg, r, w, iteration)
+        return IterationArtifacts(r, w, u)
     if cfg.algorithm.filter_groups.enable:  # DAPO dynamic sampling: generation batches until full
         s = sample_iteration(ctx, cfg, template_pack_uri, iteration, lineage, timings, roll, score)
         with timed(timings, "update"), watched(ctx, "ppo_update", stall, iteration):
@@ -143,6 +155,7 @@ def rl_iterations(
     )
     cfg, t, store = config, config.trainer, ctx.store()
     stall = cfg.execution.stall_timeout_s
+    ahead = t.rollout_ahead and not (cfg.parent is not None and cfg.parent.replay)  # a replay samples none
     val: dict[int, float] = {}
     timings = {"rollout": 0.0, "reward": 0.0, "update": 0.0, "validate": 0.0}
     try:  # one rollout engine for the whole loop, closed when the state is dropped (a vLLM process)
@@ -152,10 +165,10 @@ def rl_iterations(
             with timed(timings, "validate"), watched(ctx, "validate", stall, 0):
                 val[0] = val_task(ctx, cfg, template_pack_uri, 0)
         last_ckpt = None
-        if t.rollout_ahead and start < total:  # iteration `start`'s rollout first (committed on a resume)
+        if ahead and start < total:  # iteration `start`'s rollout first (committed on a resume)
             _rollout_call(ctx, cfg, template_pack_uri, start, lineage, timings, as_tasks=as_tasks)
         for it in range(start, total):
-            if t.rollout_ahead and it + 1 < total:  # rollout i+1 (policy i) ∥ reward i + update i
+            if ahead and it + 1 < total:  # rollout i+1 (policy i) ∥ reward i + update i
                 _overlapped(ctx, cfg, template_pack_uri, it, lineage, timings, as_tasks=as_tasks)
             else:
                 run_iteration(ctx, cfg, template_pack_uri, it, lineage, timings, as_tasks=as_tasks)

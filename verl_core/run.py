@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from verl_core.config import VerlFlowConfig, flatten_config
+from verl_core.config import VerlFlowConfig, config_dump, flatten_config
 from verl_core.config.schema import StoreConfig
 from verl_core.store import ArtifactStore
 from verl_core.store.lease import acquire_run_lease, release_run_lease
@@ -80,6 +80,22 @@ def default_run_id(cfg: VerlFlowConfig) -> str:
     return f"{cfg.trainer.experiment_name}-{cfg.config_hash()[:8]}"
 
 
+def family_tags(cfg: VerlFlowConfig) -> dict[str, str]:
+    """Tracker tags linking a fork or replay to its parent run (siblings in MLflow, not nested runs:
+    ``mlflow.parentRunId`` would make the fork a part of its parent); none for a run of its own."""
+    p = cfg.parent
+    if p is None:
+        return {}
+    tags = {
+        "verl_flow.parent_run_id": p.run_id,
+        "verl_flow.parent_iteration": str(p.iteration),
+        "verl_flow.kind": "replay" if p.replay else "fork",
+    }
+    if p.rewards is not None:
+        tags["verl_flow.replay_rewards"] = p.rewards
+    return tags
+
+
 def start_run(cfg: VerlFlowConfig, run_id: str | None = None) -> RunContext:
     """Write ``run.json`` (resolved config, hash, code version) and create/resume the MLflow and W&B
     runs of ``tracking.backends``."""
@@ -99,9 +115,9 @@ def start_run(cfg: VerlFlowConfig, run_id: str | None = None) -> RunContext:
 
 def _start(cfg: VerlFlowConfig, store: ArtifactStore, run_id: str) -> RunContext:
     config_hash = cfg.config_hash()
-    store.write_run_record(run_id, cfg.model_dump(mode="json"), config_hash)
+    store.write_run_record(run_id, config_dump(cfg), config_hash)
     tracking_uri = mlflow_run_id = None
-    tags = {"verl_flow.config_hash": config_hash, "verl_flow.store": store.url}
+    tags = {"verl_flow.config_hash": config_hash, "verl_flow.store": store.url, **family_tags(cfg)}
     if cfg.tracking.enabled and "mlflow" in cfg.tracking.backends:
         tracking_uri = cfg.tracking.uri or default_tracking_uri(store.url)
         tracker = MlflowTracker.start(

@@ -53,6 +53,7 @@ from stages.floor.builders import (
 )
 from stages.floor.locations import ckpt_stage, list_checkpoints, validations
 from stages.floor.logging import stage_logger
+from stages.floor.parent import ForkStart, fork_start
 from verl_core.algorithms import KLController, make_kl_controller
 from verl_core.config import VerlFlowConfig, canonical_json
 from verl_core.errors import ArtifactNotFoundError, ConfigError
@@ -129,13 +130,16 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
     device = resolve_device(cfg.trainer.device)
     torch.manual_seed(cfg.trainer.seed)
     resume = _resume_iteration(store, ctx.run_id, cfg.trainer.resume_mode)
-    lineage = policy_lineage(cfg, store.manifest_sha256(sft_uri) if sft_uri else None)
-    ckpt = store.committed(ctx.run_id, ckpt_stage(resume)) if resume is not None else None
-    if ckpt is not None and ckpt.summary.get("lineage") != lineage:
+    fork = fork_start(store, cfg.parent) if cfg.parent is not None else None  # stages.floor.parent
+    lineage = policy_lineage(cfg, start_identity(store, sft_uri, fork))
+    own = store.committed(ctx.run_id, ckpt_stage(resume)) if resume is not None else None
+    if own is not None and own.summary.get("lineage") != lineage:
         raise ConfigError(
-            f"trainer.resume_mode: checkpoint {ckpt.stage} of run {ctx.run_id!r} was made with other "
+            f"trainer.resume_mode: checkpoint {own.stage} of run {ctx.run_id!r} was made with other "
             "settings or another SFT policy; use a new run id, or trainer.resume_mode=disable to restart RL"
         )
+    # a fork starts from its parent's checkpoint, and resumes from its own once it has one
+    ckpt = own if own is not None or fork is None else fork.checkpoint
     if ckpt is not None:
         lm = read_policy(store, ckpt, "policy", cfg.model)
     elif sft_uri:
@@ -150,8 +154,12 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
             ref = PackedCausalLM(load_reference(cfg, lm), attention=attention, compile_layers=compiled)
         elif cfg.model.lora_rank:  # the base with the adapters disabled
             ref = AdapterDisabledPolicy(actor, lm)
-        else:  # the starting policy (SFT, or the initial model), frozen
-            if sft_uri:
+        else:  # the starting policy (SFT, or the initial model), frozen; a fork's: its root run's
+            if fork is not None and fork.reference_sft is not None:
+                frozen = read_policy(store, fork.reference_sft, "policy", cfg.model)
+            elif fork is not None:
+                frozen = build_policy(fork.reference_model, tokenizer, seed=fork.reference_seed)
+            elif sft_uri:
                 frozen = read_policy(store, store.read_manifest(sft_uri), "policy", cfg.model)
             else:
                 frozen = build_policy(cfg.model, tokenizer, seed=cfg.trainer.seed)
@@ -161,7 +169,8 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
     iterations = planned_iterations(cfg, train_prompts(store, template_pack_uri))
     critic = critic_engine = None
     if cfg.use_critic:  # before the actor is sharded: a new critic copies the policy's backbone
-        critic = PackedScoreModel(_critic(cfg, store, ckpt, lm), attention=attention, compile_layers=compiled)
+        made = _critic(cfg, store, ckpt, lm, own=own is not None)
+        critic = PackedScoreModel(made, attention=attention, compile_layers=compiled)
     if isinstance(ref, PackedCausalLM):
         ref = prepare_frozen(
             ref, cfg.ref.strategy, device, param_offload=cfg.ref.param_offload,
@@ -192,15 +201,21 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
                 store.read_bytes(ckpt, "trainer_state.pt"), store.file_uri(ckpt, "trainer_state.pt")
             )
             actor_engine.load_state_dict(state["actor"])
-            if critic_engine is not None:
+            if critic_engine is not None and state["critic"]:  # a fork may add a critic
                 critic_engine.load_state_dict(state["critic"])
+            if own is None:  # a fork: the parent's moments and step, its own learning rates
+                for e in (actor_engine, critic_engine):
+                    if isinstance(e, TrainEngine):
+                        e.use_spec_lr()
             kl_ctrl.load_state_dict(state["kl_ctrl"])
             set_rng_state(state["rng"])
             version = int(state["iteration"])
             # a checkpoint without a cursor is from before dynamic sampling: one batch per iteration
             cursor = int(state.get("prompt_cursor", version * cfg.data.train_batch_size))
-            on_main(lambda: publish_pending(store, ckpt))
-            stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d", version)
+            if own is not None:
+                on_main(lambda: publish_pending(store, own))
+            where = "" if own is not None else f" of run {ckpt.run_id} (fork)"
+            stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d%s", version, where)
         rl = _STATES[ctx.run_id] = RLState(
             ctx.run_id,
             lm,
@@ -231,6 +246,14 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
 def train_prompts(store: ArtifactStore, template_pack_uri: str) -> int:
     """Number of training prompts template_pack wrote (from its manifest summary)."""
     return int(store.read_manifest(template_pack_uri).summary["rows"]["prompts_train"])
+
+
+def start_identity(store: ArtifactStore, sft_uri: str | None, fork: ForkStart | None) -> str | None:
+    """The start of a run's policy lineage: a fork's parent checkpoint (:class:`ForkStart`), else the
+    SFT manifest's hash, else None (the initial model)."""
+    if fork is not None:
+        return fork.identity
+    return store.manifest_sha256(sft_uri) if sft_uri else None
 
 
 def policy_lineage(cfg: VerlFlowConfig, start_sha: str | None) -> str:
@@ -331,13 +354,16 @@ def _resume_iteration(store: ArtifactStore, run_id: str, mode: str) -> int | Non
     return wanted
 
 
-def _critic(cfg: VerlFlowConfig, store: ArtifactStore, ckpt: Manifest | None, lm: nn.Module) -> nn.Module:
+def _critic(
+    cfg: VerlFlowConfig, store: ArtifactStore, ckpt: Manifest | None, lm: nn.Module, *, own: bool
+) -> nn.Module:
+    """The checkpoint's critic; a new one when there is no checkpoint, or a fork's parent had none."""
     import tempfile
 
-    if ckpt is not None:
-        files = files_under(store, ckpt, "critic")
-        if not files:
-            raise ArtifactNotFoundError(f"checkpoint {ckpt.stage} of run {ckpt.run_id} has no critic")
+    files = files_under(store, ckpt, "critic") if ckpt is not None else {}
+    if ckpt is not None and not files and own:
+        raise ArtifactNotFoundError(f"checkpoint {ckpt.stage} of run {ckpt.run_id} has no critic")
+    if files:
         with tempfile.TemporaryDirectory() as tmp:
             return load_value_model(str(write_files(files, tmp)), dtype=cfg.model.dtype)
     if cfg.critic.path:
@@ -387,7 +413,8 @@ def committed_rl_result(
     ckpts = list_checkpoints(store, run_id)
     if not ckpts:
         return None
-    lineage = policy_lineage(cfg, store.manifest_sha256(sft_uri) if sft_uri else None)
+    fork = fork_start(store, cfg.parent) if cfg.parent is not None else None
+    lineage = policy_lineage(cfg, start_identity(store, sft_uri, fork))
     last = store.committed(run_id, ckpt_stage(ckpts[-1]))
     planned = last.summary.get("planned_iterations") if last is not None else None
     count = iteration_count(cfg, int(planned), ckpts[-1]) if planned is not None else None

@@ -33,6 +33,8 @@ def test_prefect_yaml_deployments() -> None:
         ("rlhf_pipeline", "gsm8k-ppo", "cpu"),
         ("rlhf_pipeline", "nightly-retrain", "cpu"),
         ("rescore_flow", "rescore", "cpu"),
+        ("replay_flow", "replay", "cpu"),
+        ("rlhf_pipeline", "fork", "cpu"),
         ("sft_flow", "gpu", "gpu"),
         ("rl_loop", "gpu", "gpu"),
         ("export_flow", "gpu", "gpu"),

@@ -56,6 +56,12 @@ KILL_POINTS = {
     "checkpoint-save": KillPoint(
         "_put", r"^ckpt/iter-0002$", r"trainer_state\.pt", what="policy and critic written, trainer state not"
     ),
+    "checkpoint-save-5": KillPoint(
+        "_put",
+        r"^ckpt/iter-0005$",
+        r"trainer_state\.pt",
+        what="ckpt/iter-0005: policy written, trainer state not",
+    ),
     "pending-publish": KillPoint(
         "publish", r"^iter-0000/update$", what="checkpoint committed, the updates it covers not yet"
     ),

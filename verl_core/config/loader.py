@@ -36,8 +36,17 @@ def canonical_json(obj: Any) -> str:
 
 
 def config_hash(cfg: VerlFlowConfig) -> str:
-    """sha256 of the canonical JSON of the resolved config."""
-    return hashlib.sha256(canonical_json(cfg.model_dump(mode="json")).encode()).hexdigest()
+    """sha256 of the canonical JSON of the resolved config (:func:`config_dump`)."""
+    return hashlib.sha256(canonical_json(config_dump(cfg)).encode()).hexdigest()
+
+
+def config_dump(cfg: VerlFlowConfig) -> dict[str, Any]:
+    """The resolved config as JSON, without ``parent`` when it is unset: a run of its own hashes,
+    records and flattens exactly as before the section existed (its run id stays the same)."""
+    raw = cfg.model_dump(mode="json")
+    if raw.get("parent") is None:
+        raw.pop("parent", None)
+    return raw
 
 
 # --------------------------------------------------------------------------------------------------
@@ -233,7 +242,7 @@ def flatten_config(cfg: VerlFlowConfig) -> dict[str, str]:
             text = "***"
         out[prefix] = redact_url(text)
 
-    walk("", cfg.model_dump(mode="json"))
+    walk("", config_dump(cfg))
     return out
 
 

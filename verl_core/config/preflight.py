@@ -13,6 +13,7 @@ What is checked:
   set for memory is a bound, not a hint; the longest sequence fits the model's positions;
 * schedule: the actor is updated at least once (``trainer.critic_warmup``);
 * dynamic sampling (``algorithm.filter_groups``) only with a group-relative estimator;
+* fork/replay (``parent``): the start leaves iterations to train; no replay of dynamic sampling;
 * placement: in deployments mode every location is reachable from every worker;
 * distribution: several ranks train with sharded engines (fsdp2/deepspeed), their prompts can be shared,
   several nodes have a rendezvous, tensor parallelism divides the node and the heads;
@@ -168,6 +169,27 @@ def _dynamic_sampling(cfg: VerlFlowConfig) -> list[str]:
             f"estimator ({', '.join(GROUP_ESTIMATORS)}) gives no gradient; algorithm.adv_estimator is '{est}'"
         ]
     return []
+
+
+def _parent(cfg: VerlFlowConfig) -> list[str]:
+    """A fork or replay starts inside the planned iterations; a rescore's rewards only for a replay;
+    no replay of dynamic sampling (its generation batches per iteration are the parent's sampling)."""
+    p, out = cfg.parent, list[str]()
+    if p is None:
+        return out
+    if p.iteration >= cfg.trainer.total_iterations:
+        out.append(
+            f"parent.iteration: {p.iteration} leaves nothing to train, expected fewer than "
+            f"trainer.total_iterations ({cfg.trainer.total_iterations})"
+        )
+    if p.rewards is not None and not p.replay:
+        out.append("parent.rewards: a rescore's rewards are read by a replay only (parent.replay=true)")
+    if p.replay and cfg.algorithm.filter_groups.enable:
+        out.append(
+            "algorithm.filter_groups.enable: a replay does not replay dynamic sampling (the generation "
+            "batches an iteration kept depend on the parent's rewards); fork the run instead"
+        )
+    return out
 
 
 def _shared_locations(cfg: VerlFlowConfig) -> list[str]:
@@ -363,6 +385,7 @@ CHECKS: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (
     _token_budgets,
     _schedule,
     _dynamic_sampling,
+    _parent,
     _shared_locations,
     _distributed,
     _overlap,

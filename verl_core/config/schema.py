@@ -775,6 +775,22 @@ class ExecutionConfig(Section):
     )
 
 
+class ParentConfig(Section):
+    """The run this one branches from (``verl-flow run CONFIG --fork RUN@ITER``, ``verl-flow replay``):
+    the parent's committed checkpoint ``ckpt/iter-ITER`` in the same store is the starting state."""
+
+    run_id: str = _f(..., "The parent run's id (in this run's store)")
+    iteration: PositiveInt = _f(..., "Start from the parent's checkpoint after this many updates")
+    replay: bool = _f(
+        False,
+        "Train on the parent's stored rollouts and rewards of iterations iteration.. instead of sampling "
+        "(verl-flow replay)",
+    )
+    rewards: str | None = _f(
+        None, "replay: the rewards of the parent's rescore of this name (None: the parent's own rewards)"
+    )
+
+
 # Where and how models are placed, not what they compute: left out of the identity of a policy's
 # trajectory (a run resumes on another world size or strategy) and of the update stage's inputs.
 PLACEMENT_FIELDS: dict[str, set[str]] = {
@@ -804,6 +820,9 @@ class VerlFlowConfig(Section):
     eval: EvalConfig = _f(EvalConfig(), "Evaluation of the exported policy")
     execution: ExecutionConfig = _f(ExecutionConfig(), "Where stages run")
     sandbox: SandboxConfig = _f(SandboxConfig(), "Untrusted code: the code scorer and the python tool")
+    parent: ParentConfig | None = _f(
+        None, "Fork or replay: start from another run's checkpoint (None: a run of its own, the default)"
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> VerlFlowConfig:

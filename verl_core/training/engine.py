@@ -225,6 +225,18 @@ class TrainEngine:
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = int(state["global_step"])
 
+    def use_spec_lr(self) -> None:
+        """After :meth:`load_state_dict` of another run's state (a fork): keep its moments and step but
+        schedule this engine's ``spec.lr`` (a loaded scheduler state holds the saved base rates). The
+        current rate is the schedule's at the loaded step, ``lr = base · λ(step)``: for an unchanged
+        ``spec.lr`` exactly the loaded value."""
+        s = self.scheduler
+        s.base_lrs = [self.spec.lr for _ in s.base_lrs]
+        lrs = [base * fn(s.last_epoch) for fn, base in zip(s.lr_lambdas, s.base_lrs, strict=True)]
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            group["initial_lr"], group["lr"] = self.spec.lr, lr
+        s._last_lr = lrs  # what get_last_lr() reports until the next step
+
 
 def batched(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     """Consecutive slices of ``items`` of length ``size`` (the last may be shorter)."""

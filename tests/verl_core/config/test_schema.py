@@ -82,7 +82,7 @@ def test_every_field_has_a_default_and_a_description() -> None:
 def test_sections_named_as_verl_users_know_them() -> None:
     assert list(VerlFlowConfig.model_fields) == [
         "data", "model", "sft", "actor", "critic", "ref", "rollout", "reward",
-        "algorithm", "trainer", "store", "tracking", "export", "eval", "execution", "sandbox",
+        "algorithm", "trainer", "store", "tracking", "export", "eval", "execution", "sandbox", "parent",
     ]  # fmt: skip
 
 

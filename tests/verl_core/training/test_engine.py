@@ -87,3 +87,27 @@ def test_state_round_trip_continues_identically() -> None:
         resumed.step([0], lambda _: loss(resumed))
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_use_spec_lr_after_loading_another_runs_state() -> None:
+    # warm-up 2 of 10 steps, constant after: multipliers 1/2, 1, 1, ...; 3 steps taken → next lr = base·1
+    def trained(lr: float) -> TrainEngine:
+        engine = TrainEngine(_model(), spec(lr=lr, warmup_steps=2))
+        for _ in range(3):
+            engine.step([None], lambda _: engine.model(torch.ones(1, 4)).sum())
+        return engine
+
+    saved = trained(0.1).state_dict()
+    same = TrainEngine(_model(), spec(lr=0.1, warmup_steps=2))
+    same.load_state_dict(saved)
+    loaded = [g["lr"] for g in same.optimizer.param_groups]
+    same.use_spec_lr()  # unchanged lr: exactly the loaded rates (0.1 · 1.0)
+    assert [g["lr"] for g in same.optimizer.param_groups] == loaded == [0.1] * len(loaded)
+    other = TrainEngine(_model(), spec(lr=0.02, warmup_steps=2))
+    other.load_state_dict(saved)
+    assert other.optimizer.param_groups[0]["lr"] == 0.1  # the loaded state holds the saved rate
+    other.use_spec_lr()
+    assert [g["lr"] for g in other.optimizer.param_groups] == [0.02] * len(loaded)
+    other.step([None], lambda _: other.model(torch.ones(1, 4)).sum())
+    assert other.scheduler.get_last_lr() == pytest.approx([0.02] * len(loaded))  # step 4: 0.02 · 1.0
+    assert other.global_step == 4  # the loaded step went on

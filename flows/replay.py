@@ -1,0 +1,50 @@
+"""The replay flow (``verl-flow replay``, deployment ``replay/replay`` on the cpu pool): a new run that
+starts from run R's checkpoint at iteration I and trains iterations I.. on R's stored rollouts and
+rewards (or a rescore's rewards) with other update settings. It only orchestrates:
+
+    parent config + overrides (checked) ─► the parent's data checked ─► rlhf-pipeline (parent.replay)
+
+The pipeline does the rest as for any run with a ``parent`` (:mod:`stages.floor.parent`): preprocess
+and template_pack of its own, no SFT, the RL loop from R's checkpoint, validation, export, eval;
+``deployments`` mode sends the RL loop to the gpu pool as usual. Rerun with the same arguments, the
+replay resumes (same run id, committed stages skip).
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+
+from flows.pipeline import rlhf_pipeline
+from flows.results import PipelineResult
+from stages.floor.parent import check_parent, replay_config
+from verl_core.config import StoreConfig
+from verl_core.store import ArtifactStore
+
+
+@flow(name="replay", log_prints=True, validate_parameters=True)
+def replay_flow(
+    run_id: str,
+    start_iteration: int,
+    overrides: list[str] | None = None,
+    new_run_id: str | None = None,
+    rewards: str | None = None,
+    store_url: str | None = None,
+) -> PipelineResult:
+    """Replay run ``run_id`` (store ``store_url``, default ./runs) from its checkpoint at
+    ``start_iteration`` with ``overrides`` (``algorithm.*``, ``actor.*``, ``critic.*`` ...), on its
+    rewards or those of its rescore ``rewards``, as run ``new_run_id`` (default
+    ``{run_id}-replay{I}-{config hash[:8]}``)."""
+    store = ArtifactStore(store_url or StoreConfig().url)
+    cfg = replay_config(store, run_id, start_iteration, overrides or [], rewards)
+    check_parent(store, cfg)  # every replayed iteration's rollouts and rewards, before any work
+    new_run_id = new_run_id or replay_run_id(run_id, start_iteration, cfg.config_hash())
+    get_run_logger().info(
+        "replay of run %s from iteration %d as run %s (%s rewards, overrides: %s)",
+        run_id, start_iteration, new_run_id, rewards or "its own", " ".join(overrides or []) or "none",
+    )  # fmt: skip
+    return rlhf_pipeline(config=cfg, run_id=new_run_id)
+
+
+def replay_run_id(parent: str, iteration: int, config_hash: str) -> str:
+    """``left-replay10-1a2b3c4d``: the same replay command resumes the same run."""
+    return f"{parent}-replay{iteration}-{config_hash[:8]}"
