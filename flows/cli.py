@@ -402,8 +402,12 @@ def _family_json(family: FamilyTree) -> dict[str, object]:
         }  # fmt: skip
 
     children = [link for depth, link in family.descendants if depth == 1]
+    me = family.run
+    parent = None
+    if me.parent is not None:
+        parent = {"run_id": me.parent, "iteration": me.iteration, "kind": me.kind, "rewards": me.rewards}
     return {
-        "parent": entry(family.run) if family.run.parent is not None else None,
+        "parent": parent,
         "ancestors": [entry(a) for a in family.ancestors],
         "descendants": [{**entry(d), "depth": depth} for depth, d in family.descendants],
         "replays": [entry(c) for c in children if c.kind == "replay"],
