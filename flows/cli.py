@@ -684,9 +684,8 @@ def replay_cmd(
     RUN_ID's stored rollouts and rewards (or a rescore's) with OVERRIDES, instead of sampling. With no
     overrides it reproduces RUN_ID's checkpoints bit for bit; settings that would change the rollouts
     are refused. Rerun the same command to resume."""
-    from flows.replay import replay_run_id
     from stages.floor.locations import check_rescore_name
-    from stages.floor.parent import check_parent, replay_config
+    from stages.floor.parent import check_parent, replay_config, replay_run_id
 
     try:  # the overrides, the parent's checkpoint and its stored data: one line, before any work
         if rewards is not None:

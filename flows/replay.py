@@ -16,7 +16,7 @@ from prefect import flow, get_run_logger
 
 from flows.pipeline import rlhf_pipeline
 from flows.results import PipelineResult
-from stages.floor.parent import check_parent, replay_config
+from stages.floor.parent import check_parent, replay_config, replay_run_id
 from verl_core.config import StoreConfig
 from verl_core.store import ArtifactStore
 
@@ -43,8 +43,3 @@ def replay_flow(
         run_id, start_iteration, new_run_id, rewards or "its own", " ".join(overrides or []) or "none",
     )  # fmt: skip
     return rlhf_pipeline(config=cfg, run_id=new_run_id)
-
-
-def replay_run_id(parent: str, iteration: int, config_hash: str) -> str:
-    """``left-replay10-1a2b3c4d``: the same replay command resumes the same run."""
-    return f"{parent}-replay{iteration}-{config_hash[:8]}"

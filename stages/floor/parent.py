@@ -108,6 +108,11 @@ def replay_config(
     return cfg
 
 
+def replay_run_id(parent: str, iteration: int, config_hash: str) -> str:
+    """``left-replay10-1a2b3c4d``: the default run id of a replay; the same replay command resumes it."""
+    return f"{parent}-replay{iteration}-{config_hash[:8]}"
+
+
 def run_config(store: ArtifactStore, run_id: str) -> VerlFlowConfig:
     """The recorded config of ``run_id`` (its ``run.json``); a missing run is one line listing the runs."""
     try:

@@ -115,3 +115,20 @@ def test_quickstart_pipeline_runs_and_rerun_skips(tmp_path: Path) -> None:
     assert "accuracy (greedy)" in evaluated.stdout and "synthetic/arithmetic" in evaluated.stdout
     shown = runner.invoke(app, ["runs", "show", "e2e", "--store", str(tmp_path)])
     assert "reward_accuracy.png" in shown.stdout and "mlflow" in shown.stdout.lower()
+
+
+def test_fork_deployment_takes_config_parent_beside_config_file() -> None:
+    # the `fork` deployment: config_file + the typed config.parent; any other config field is refused
+    from flows.pipeline import _base_config
+    from verl_core.config import ParentConfig, VerlFlowConfig
+    from verl_core.errors import ConfigError
+
+    parent = ParentConfig(run_id="a", iteration=3)
+    cfg = _base_config(VerlFlowConfig(parent=parent), "configs/quickstart.yaml")
+    assert cfg.parent == parent and cfg.trainer.experiment_name == "quickstart"
+    try:
+        _base_config(VerlFlowConfig(parent=parent, sandbox={"timeout_s": 9.0}), "configs/quickstart.yaml")
+    except ConfigError as e:
+        assert str(e).startswith("config_file: give either config_file or config fields")
+    else:
+        raise AssertionError("a config field beside config_file was accepted")
