@@ -112,9 +112,10 @@ def run(
     cfg = _load(config, overrides)
     if cfg.parent is not None:  # the parent's checkpoint (and a replay's data): one line, before any work
         from stages.floor.parent import check_parent
+        from verl_core.run import default_run_id
 
         try:
-            check_parent(_store(cfg.store.url), cfg)
+            check_parent(_store(cfg.store.url), cfg, run_id or default_run_id(cfg))
         except VerlFlowError as e:
             _fail(e, 1)
     from verl_core.env import set_quiet_env
@@ -692,7 +693,8 @@ def replay_cmd(
             check_rescore_name(rewards)
         st = _store(store)
         cfg = replay_config(st, run_id, start, overrides or [], rewards)
-        check_parent(st, cfg)
+        new_run_id = new_run_id or replay_run_id(run_id, start, cfg.config_hash())
+        check_parent(st, cfg, new_run_id)
     except ConfigError as e:
         _fail(e, 2)
     except VerlFlowError as e:
@@ -707,7 +709,6 @@ def replay_cmd(
         check_api()
     except VerlFlowError as e:
         _fail(e, 1)
-    new_run_id = new_run_id or replay_run_id(run_id, start, cfg.config_hash())
     log = RunLog(log_path(cfg, new_run_id), verbose)
     from flows.replay import replay_flow
 

@@ -34,7 +34,7 @@ from stages.snapshot import resolve_snapshot
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, load_config, with_overrides
 from verl_core.errors import ConfigError
-from verl_core.run import RunContext, end_run, start_run
+from verl_core.run import RunContext, default_run_id, end_run, start_run
 from verl_core.run_length import StepCount, check_completed
 from verl_core.store import ArtifactStore
 
@@ -66,7 +66,8 @@ def rlhf_pipeline(
     snapshot = resolve_snapshot(cfg.data)
     cfg = cfg.model_copy(update={"data": snapshot.data})
     s = cfg.store
-    check_parent(ArtifactStore(s.url, max_attempts=s.max_attempts, outage_budget_s=s.outage_budget_s), cfg)
+    store = ArtifactStore(s.url, max_attempts=s.max_attempts, outage_budget_s=s.outage_budget_s)
+    check_parent(store, cfg, run_id or default_run_id(cfg))  # a fork or replay: before any work
     ctx = start_run_task(cfg, run_id)
     get_run_logger().info(
         "run %s (%s mode), artifacts under %s/runs/%s",

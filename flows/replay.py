@@ -36,8 +36,8 @@ def replay_flow(
     ``{run_id}-replay{I}-{config hash[:8]}``)."""
     store = ArtifactStore(store_url or StoreConfig().url)
     cfg = replay_config(store, run_id, start_iteration, overrides or [], rewards)
-    check_parent(store, cfg)  # every replayed iteration's rollouts and rewards, before any work
     new_run_id = new_run_id or replay_run_id(run_id, start_iteration, cfg.config_hash())
+    check_parent(store, cfg, new_run_id)  # every iteration's rollouts and rewards, before any work
     get_run_logger().info(
         "replay of run %s from iteration %d as run %s (%s rewards, overrides: %s)",
         run_id, start_iteration, new_run_id, rewards or "its own", " ".join(overrides or []) or "none",

@@ -125,22 +125,29 @@ def run_config(store: ArtifactStore, run_id: str) -> VerlFlowConfig:
     return validate_config(record.config)
 
 
+FORK_START = "fork_start"  # summary key of a fork's own checkpoints: the identity it started from
+
+
 class ForkStart(NamedTuple):
     """Where a fork starts: the parent's checkpoint, its identity in the new policy lineage, and the
     reference policy of the family (the root run's SFT policy, or its initial model)."""
 
-    checkpoint: Manifest
+    checkpoint: Manifest | None  # None: pruned since, the fork resumes from its own checkpoint
     identity: str  # the start of the fork's policy lineage (stages.floor.state.policy_lineage)
     reference_sft: Manifest | None  # None: the root's initial model (reference_model, reference_seed)
     reference_model: ModelConfig
     reference_seed: int
 
 
-def fork_start(store: ArtifactStore, parent: ParentConfig) -> ForkStart:
+def fork_start(store: ArtifactStore, parent: ParentConfig, resumed: Manifest | None = None) -> ForkStart:
     """The parent's committed ``ckpt/iter-{parent.iteration}``; a missing run or checkpoint (never
-    saved, or pruned by ``trainer.max_ckpt_to_keep``) is one line listing the iterations there are."""
+    saved, or pruned by ``trainer.max_ckpt_to_keep``) is one line listing the iterations there are.
+    ``resumed``: the fork's own checkpoint it resumes from, which records the start
+    (:data:`FORK_START`): then the parent's checkpoint may be gone."""
     run_config(store, parent.run_id)  # a missing run: one line
     ckpt = store.committed(parent.run_id, ckpt_stage(parent.iteration))
+    if ckpt is None and resumed is not None and FORK_START in resumed.summary:
+        return _with_reference(store, parent, None, str(resumed.summary[FORK_START]))
     if ckpt is None:
         have = list_checkpoints(store, parent.run_id)
         raise ArtifactNotFoundError(
@@ -151,6 +158,12 @@ def fork_start(store: ArtifactStore, parent: ParentConfig) -> ForkStart:
     identity = store.manifest_sha256(store.manifest_uri(parent.run_id, ckpt.stage))
     if parent.replay:  # a replay's trajectory also depends on the data it reads
         identity += f"+replay:{parent.rewards or 'own-rewards'}"
+    return _with_reference(store, parent, ckpt, identity)
+
+
+def _with_reference(
+    store: ArtifactStore, parent: ParentConfig, ckpt: Manifest | None, identity: str
+) -> ForkStart:
     root = _root(store, parent.run_id)
     root_cfg = run_config(store, root)
     sft = store.committed(root, SFT_STAGE) if root_cfg.sft.enable else None
@@ -186,15 +199,18 @@ def replay_sources(store: ArtifactStore, parent: ParentConfig, iteration: int) -
     return store.manifest_uri(run, rollout), store.manifest_uri(run, reward)
 
 
-def check_parent(store: ArtifactStore, cfg: VerlFlowConfig) -> None:
-    """Before any work: a fork's parent checkpoint, and a replay's stored rollouts and rewards of every
-    iteration it replays (nothing to check without a parent)."""
+def check_parent(store: ArtifactStore, cfg: VerlFlowConfig, run_id: str | None = None) -> None:
+    """Before any work: a fork's parent checkpoint (unless run ``run_id`` resumes from a checkpoint
+    of its own), and a replay's stored rollouts and rewards of every iteration it has still to train
+    (nothing to check without a parent)."""
     p = cfg.parent
     if p is None:
         return
-    fork_start(store, p)
+    own = list_checkpoints(store, run_id) if run_id is not None else []
+    resumed = store.committed(str(run_id), ckpt_stage(own[-1])) if own else None
+    fork_start(store, p, resumed)
     if p.replay:
-        for it in range(p.iteration, cfg.trainer.total_iterations):
+        for it in range(max([p.iteration, *own]), cfg.trainer.total_iterations):
             replay_sources(store, p, it)
 
 

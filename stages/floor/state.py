@@ -53,7 +53,7 @@ from stages.floor.builders import (
 )
 from stages.floor.locations import ckpt_stage, list_checkpoints, validations
 from stages.floor.logging import stage_logger
-from stages.floor.parent import ForkStart, fork_start
+from stages.floor.parent import FORK_START, ForkStart, fork_start
 from verl_core.algorithms import KLController, make_kl_controller
 from verl_core.config import VerlFlowConfig, canonical_json
 from verl_core.errors import ArtifactNotFoundError, ConfigError
@@ -101,6 +101,7 @@ class RLState:
     pending: list[Manifest] = field(default_factory=list)  # sealed updates, published with the next ckpt
     rollout_ahead: int = 0  # trainer.rollout_ahead: iteration i's rollout samples policy max(0, i - this)
     sync_held: bool = False  # an ahead rollout samples the engine: syncs wait for the iteration boundary
+    fork_start: str | None = None  # a fork: the identity it started from (its checkpoints record it)
 
 
 _STATES: dict[str, RLState] = {}
@@ -130,9 +131,9 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
     device = resolve_device(cfg.trainer.device)
     torch.manual_seed(cfg.trainer.seed)
     resume = _resume_iteration(store, ctx.run_id, cfg.trainer.resume_mode)
-    fork = fork_start(store, cfg.parent) if cfg.parent is not None else None  # stages.floor.parent
-    lineage = policy_lineage(cfg, start_identity(store, sft_uri, fork))
     own = store.committed(ctx.run_id, ckpt_stage(resume)) if resume is not None else None
+    fork = fork_start(store, cfg.parent, own) if cfg.parent is not None else None  # stages.floor.parent
+    lineage = policy_lineage(cfg, start_identity(store, sft_uri, fork))
     if own is not None and own.summary.get("lineage") != lineage:
         raise ConfigError(
             f"trainer.resume_mode: checkpoint {own.stage} of run {ctx.run_id!r} was made with other "
@@ -233,6 +234,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
             device,
             cursor,
             rollout_ahead=cfg.trainer.rollout_ahead,
+            fork_start=fork.identity if fork is not None else None,
         )
         seconds = sync_rollout_weights(rl)  # the engine holds the loaded policy, as version `version`
     except BaseException:
@@ -307,6 +309,8 @@ def save_checkpoint(ctx: RunContext, cfg: VerlFlowConfig, iteration: int) -> str
             stage.write_bytes(f"{PENDING}/{m.stage}.json", m.to_bytes())
         pending = [m.stage for m in state.pending]
         summary = {"iteration": iteration, "planned_iterations": state.iterations, "lineage": state.lineage}
+        if state.fork_start is not None:  # a fork resumes from its own checkpoints, its parent's pruned
+            summary[FORK_START] = state.fork_start
         uri = stage.commit(summary={**summary, "pending": pending})
         publish_pending(store, store.read_manifest(uri))
         for old in list_checkpoints(store, ctx.run_id)[: -cfg.trainer.max_ckpt_to_keep]:
@@ -413,9 +417,9 @@ def committed_rl_result(
     ckpts = list_checkpoints(store, run_id)
     if not ckpts:
         return None
-    fork = fork_start(store, cfg.parent) if cfg.parent is not None else None
-    lineage = policy_lineage(cfg, start_identity(store, sft_uri, fork))
     last = store.committed(run_id, ckpt_stage(ckpts[-1]))
+    fork = fork_start(store, cfg.parent, last) if cfg.parent is not None else None
+    lineage = policy_lineage(cfg, start_identity(store, sft_uri, fork))
     planned = last.summary.get("planned_iterations") if last is not None else None
     count = iteration_count(cfg, int(planned), ckpts[-1]) if planned is not None else None
     uri = store.manifest_uri(run_id, ckpt_stage(ckpts[-1]))

@@ -11,6 +11,7 @@ import pytest
 
 from stages.floor.locations import ckpt_stage, iteration_stage, rescore_stage
 from stages.floor.parent import (
+    FORK_START,
     RunLink,
     check_parent,
     check_replay_overrides,
@@ -211,3 +212,22 @@ def test_read_family_from_run_records(store: ArtifactStore) -> None:
     assert links["R"] == RunLink("R", "F", 3, "replay", None)
     t = family_tree(links, "F")
     assert [a.run_id for a in t.ancestors] == ["P"] and [c.run_id for _, c in t.descendants] == ["R"]
+
+
+def test_a_fork_resumes_from_its_own_checkpoint_after_the_parents_is_pruned(store: ArtifactStore) -> None:
+    # F forked P at 2 and committed ckpt/iter-0003 recording where it started; then P pruned its ckpt 2
+    start = fork_start(store, ParentConfig(run_id="P", iteration=2))
+    assert start.checkpoint is not None
+    w = store.open_stage("F", ckpt_stage(4))
+    w.write_bytes("x.bin", b"4")
+    w.commit(summary={"iteration": 4, FORK_START: start.identity})
+    store.delete_stage("P", ckpt_stage(2))
+    fork_cfg = with_overrides(
+        load_config(TINY), ["parent.run_id=P", "parent.iteration=2", "trainer.total_iterations=5"]
+    )
+    resumed = fork_start(store, ParentConfig(run_id="P", iteration=2), store.committed("F", ckpt_stage(4)))
+    assert resumed.checkpoint is None and resumed.identity == start.identity
+    assert resumed.reference_sft is not None and resumed.reference_sft.run_id == "P"  # still the family's
+    check_parent(store, fork_cfg, "F")  # F resumes from its own checkpoint 4: fine
+    with pytest.raises(ArtifactNotFoundError, match=r"no checkpoint at iteration 2 \(available: 3;"):
+        check_parent(store, fork_cfg, "another")  # a new fork of P@2 cannot start any more
