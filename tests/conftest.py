@@ -63,11 +63,3 @@ import importlib.util  # noqa: E402
 
 collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["vllm"]
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make pytest`` runs ``-n 2 --dist loadgroup``): every test file is one
-    group, so a file's module fixtures (a pipeline run, a vLLM engine) are built once, on one worker."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

@@ -307,22 +307,34 @@ def policy_tensors(store_url: str, run_id: str, stage: str) -> dict[str, torch.T
 class Reference:
     """Two uninterrupted runs of the tiny pipeline, ``left`` and ``right``, run in parallel on one
     store: the isolation test checks them against each other, the crash and fault tests compare their
-    own runs with ``left``."""
+    own runs with ``left``. Read-only: a test that needs the run to write into copies it."""
 
     store_url: str
-    results: dict[str, Result]
     fingerprint: dict[str, str]
 
 
 @pytest.fixture(scope="session")
 def reference(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    store = str(tmp_path_factory.mktemp("shared-store"))
-    t0 = time.perf_counter()
-    procs = {run_id: pipeline.start(store, run_id) for run_id in ("left", "right")}
-    results = {run_id: finish(proc, t0) for run_id, proc in procs.items()}
-    for run_id, r in results.items():
-        assert r.returncode == 0, f"reference run {run_id} failed:\n{r.output[-4000:]}"
-    return Reference(store, results, fingerprint(store, "left"))
+    """Made once per session, whatever the number of pytest-xdist workers: the first worker to ask
+    makes it under an exclusive lock in the session's shared temporary directory, the others wait
+    for it and read it back (it takes two pipeline runs, ~100 s on 2 cores)."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # gw0, gw1 share the parent
+    store, done = shared / "reliability-reference", shared / "reliability-reference.json"
+    with open(shared / "reliability-reference.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this worker dies
+        if not done.exists():
+            t0 = time.perf_counter()
+            procs = {run_id: pipeline.start(str(store), run_id) for run_id in ("left", "right")}
+            for run_id, proc in procs.items():
+                r = finish(proc, t0)
+                assert r.returncode == 0, f"reference run {run_id} failed:\n{r.output[-4000:]}"
+            tmp = done.with_suffix(".tmp")
+            tmp.write_text(json.dumps(fingerprint(str(store), "left")))
+            tmp.replace(done)
+    return Reference(str(store), json.loads(done.read_text()))
 
 
 # ------------------------------------------------------------------------------------------------

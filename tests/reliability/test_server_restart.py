@@ -1,13 +1,15 @@
 """The Prefect server a run talks to (``PREFECT_API_URL``, local mode) goes away mid-run. The tiny
-pipeline is held at a point of the RL loop (``runner.py --pause-at before-manifest``, released by a
-file); the server is killed with SIGKILL there, the run released, and:
+pipeline is held at a point of the RL loop (``runner.py --pause-at``, released by a file); the server
+is killed with SIGKILL there, the run released, and:
 
-* the server back on the same port within Prefect's client retries (a restart): the run goes on and
-  ends exactly as an uninterrupted run;
 * the server gone for longer than the retries (``PREFECT_CLIENT_MAX_RETRIES=1`` here, so that "longer"
-  is a few seconds): the run fails with one line naming the server and what to do, nothing
-  half-committed, and once the server is back the same command resumes without redoing a committed
-  stage and ends exactly as an uninterrupted run.
+  is a few seconds; held before iteration 1's reward manifest): the run fails with one line naming
+  the server and what to do, nothing half-committed;
+* the server back, the same command resumes; held again while writing the final checkpoint, the
+  server is killed and back on the same port and database 3 s later, within Prefect's client retries
+  (a restart): the run goes on, redoes no committed stage and ends exactly as an uninterrupted run.
+
+One run and its rerun serve both cases (a run of its own each would cost a minute more).
 
 Deployments mode through a restart: tests/flows/test_deployments.py."""
 
@@ -72,40 +74,29 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 
 def _held_run(
-    server: Server, tmp_path: Path, store_url: str, run: str, env: dict[str, str]
+    server: Server, tmp_path: Path, store_url: str, run: str, point: str, env: dict[str, str]
 ) -> subprocess.Popen[str]:
-    """The tiny pipeline against ``server``, held before the manifest of iteration 1's reward."""
-    marker, release = tmp_path / f"{run}.held", tmp_path / f"{run}.release"
+    """The tiny pipeline against ``server``, held at ``point`` (runner.py's) until ``{point}.release``."""
+    marker, release = tmp_path / f"{point}.held", tmp_path / f"{point}.release"
     env = {**env, "RELIABILITY_MARKER": str(marker), "RELIABILITY_RELEASE": str(release)}
-    proc = Pipeline(server.api, server.home).start(store_url, run, pause_at="before-manifest", env=env)
+    proc = Pipeline(server.api, server.home).start(store_url, run, pause_at=point, env=env)
     deadline = time.monotonic() + 240
     while not marker.exists():
         assert proc.poll() is None, f"run ended before the hold point:\n{proc.communicate()[1][-4000:]}"
-        assert time.monotonic() < deadline, "the run did not reach the hold point"
+        assert time.monotonic() < deadline, f"the run did not reach {point}"
         time.sleep(0.3)
     return proc
 
 
-def test_a_run_goes_on_through_a_server_restart_and_resumes_after_a_longer_outage(
+def test_a_run_fails_in_one_line_when_the_server_is_gone_and_resumes_through_a_restart(
     server: Server, reference: Reference, tmp_path: Path
 ) -> None:
-    # a restart: killed, released, back 3 s later on the same port and database
-    store_url = str(tmp_path / "store")
-    proc = _held_run(server, tmp_path, store_url, "restart", {})
-    server.kill()
-    (tmp_path / "restart.release").touch()
-    time.sleep(3)
-    server.start()
-    r = finish(proc, time.perf_counter())
-    assert r.returncode == 0, r.output[-4000:]
-    assert fingerprint(store_url, "restart") == reference.fingerprint
-
     # an outage longer than the client's retries: one line, nothing half-committed
-    store_url = str(tmp_path / "store-outage")
-    proc = _held_run(server, tmp_path, store_url, "outage", {"PREFECT_CLIENT_MAX_RETRIES": "1"})
+    store_url, run = str(tmp_path / "store"), "outage"
+    proc = _held_run(server, tmp_path, store_url, run, "before-manifest", {"PREFECT_CLIENT_MAX_RETRIES": "1"})
     server.kill()
-    held = attempts(store_url, "outage")
-    (tmp_path / "outage.release").touch()
+    held = attempts(store_url, run)
+    (tmp_path / "before-manifest.release").touch()
     r = finish(proc, time.perf_counter())
     assert r.returncode == 1, r.output[-4000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
@@ -115,13 +106,20 @@ def test_a_run_goes_on_through_a_server_restart_and_resumes_after_a_longer_outag
         in errors[0]
     )
     assert "rerun the same command to resume" in errors[0] and "Traceback" not in r.stderr
-    failed = attempts(store_url, "outage")
+    failed = attempts(store_url, run)
     assert {s: failed[s] for s in held} == held  # what was committed before stays as it was
-    fingerprint(store_url, "outage")  # every committed file matches its manifest
+    fingerprint(store_url, run)  # every committed file matches its manifest
 
+    # the server back, the same command resumes; a restart (killed, released, back 3 s later on the
+    # same port and database) while it writes the final checkpoint is ridden out
     server.start()
-    again = Pipeline(server.api, server.home).run(store_url, "outage")
+    proc = _held_run(server, tmp_path, store_url, run, "checkpoint-save", {})
+    server.kill()
+    (tmp_path / "checkpoint-save.release").touch()
+    time.sleep(3)
+    server.start()
+    again = finish(proc, time.perf_counter())
     assert again.returncode == 0, again.output[-4000:]
-    after = attempts(store_url, "outage")
+    after = attempts(store_url, run)
     assert {s: after[s] for s in failed} == failed  # nothing committed was redone
-    assert fingerprint(store_url, "outage") == reference.fingerprint
+    assert fingerprint(store_url, run) == reference.fingerprint
