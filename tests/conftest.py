@@ -62,4 +62,3 @@ def s3_bucket(s3_endpoint: str) -> str:
 import importlib.util  # noqa: E402
 
 collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["vllm"]
-
