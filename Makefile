@@ -97,11 +97,12 @@ typecheck: $(STAMP)
 # The pipeline-side vLLM tests (the pipeline on vLLM, serving) start engines in .venv-vllm: with
 # VERL_FLOW_REQUIRE_VLLM=1 they fail instead of skipping when it is missing.
 # Two pytest-xdist workers, a test file per worker at a time (--dist loadfile: a file's module fixtures,
-# a pipeline run or a vLLM engine, are built once, on one worker). The project's own bytecode is compiled
-# once first, for the same reason as UV_COMPILE_BYTECODE: the suite starts many Python processes.
+# a pipeline run or a vLLM engine, are built once, on one worker), the longest files first
+# (tests/conftest.py). The project's own bytecode is compiled once first, for the same reason as
+# UV_COMPILE_BYTECODE: the suite starts many Python processes.
 pytest: $(STAMP) $(VLLM_STAMP) bwrap
 	$(PY) -m compileall -q -x '/\.venv' verl_core stages flows tests benchmarks examples >/dev/null
-	VERL_FLOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) VERL_FLOW_REQUIRE_VLLM=1 $(PY) -m pytest -n 2 --dist loadfile
+	VERL_FLOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) VERL_FLOW_REQUIRE_VLLM=1 $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The engine's own tests run inside the vLLM environment (tests/vllm imports vllm).
 pytest-vllm: $(VLLM_STAMP)

@@ -62,3 +62,34 @@ def s3_bucket(s3_endpoint: str) -> str:
 import importlib.util  # noqa: E402
 
 collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["vllm"]
+
+
+# The suite's longest files (a minute or more each on 2 cores), longest first. `make pytest` hands
+# whole files to its two pytest-xdist workers in collection order (--dist loadfile
+# --no-loadscope-reorder; xdist's own reorder puts the files with the most tests first, which left
+# the two longest, one test each, to the end, the other worker idle meanwhile). Every other file
+# keeps its place after these.
+LONGEST_FIRST = (
+    "tests/flows/test_deployments.py",
+    "tests/reliability/test_determinism.py",
+    "tests/reliability/test_crash_resume.py",
+    "tests/reliability/test_replay_fork.py",
+    "tests/reliability/test_server_restart.py",
+    "tests/reliability/test_store_outage.py",
+    "tests/flows/test_serving.py",
+    "tests/reliability/test_disk_full.py",
+    "tests/reliability/test_spmd.py",
+    "tests/flows/test_pipeline_vllm.py",
+    "tests/verl_core/rollout/test_vllm_process.py",
+    "tests/verl_core/rollout/test_multi_turn.py",
+    "tests/stages/test_ppo_update.py",
+    "tests/flows/test_cli_run.py",
+    "tests/verl_core/training/test_fsdp.py",
+    "tests/flows/test_pipeline.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    # a stable sort: the files stay whole, their tests in order
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))

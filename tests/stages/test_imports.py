@@ -82,6 +82,7 @@ def test_scan_sees_the_stage_files() -> None:
         "logging",
         "environment",
         "rescore",
+        "parent",
     }
 
 
