@@ -9,8 +9,9 @@ started after each kill, and after the second the Prefect server is killed and s
 pipeline must notice each lost flow run by its silent heartbeat, mark it Crashed, dispatch the stage
 again, and finish with artifacts identical to an uninterrupted run's, redoing no committed stage.
 Also checks that SFT / RL / export ran on the gpu pool, the artifacts and the MLflow run, the nightly
-deployment's schedule, and that a stage dispatched while no gpu worker is online fails in one line
-after ``execution.redispatch_timeout_s``. Every process it starts is stopped
+deployment's schedule, that a stage dispatched while no gpu worker is online fails in one line
+after ``execution.redispatch_timeout_s``, and that the event of a published verifier schedules a
+rescore (the rescore deployment's trigger). Every process it starts is stopped
 by its process group id (kills: the whole process tree).
 
 Select it with `pytest -m deployments`; it takes ~4-5 minutes on 2 cores (each flow run is a fresh
@@ -254,6 +255,24 @@ def _unclaimed_dispatch_fails_in_one_line(api: str, store_url: str) -> None:
     assert run["state_type"] == "CANCELLED", run["state"]
 
 
+def _published_verifier_schedules_a_rescore(env: dict[str, str], api: str) -> None:
+    """The rescore deployment's trigger: the event a verifier's release emits schedules a rescore
+    flow run with the payload's parameters (the list kept a list); cancelled before any cpu worker."""
+    payload = {"run_id": "some-run", "overrides": ["reward.gsm8k_method=flexible"], "name": "flexible-v2"}
+    _run(
+        env, str(BIN / "prefect"), "event", "emit", "verl-flow.verifier.published",
+        "--resource-id", "verl-flow.verifier.gsm8k", "--payload", json.dumps(payload),
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (runs := _api(api, "/flow_runs/filter", {"flow_runs": {"tags": {"all_": ["rescore"]}}})):
+        assert time.monotonic() < deadline, "no rescore flow run 60 s after the verifier event"
+        time.sleep(1)
+    [run] = runs
+    assert {k: run["parameters"][k] for k in payload} == payload, run["parameters"]
+    assert run["parameters"]["store_url"] == env["VERL_FLOW_STORE_URL"]  # the deployment's own
+    _api(api, f"/flow_runs/{run['id']}/set_state", {"state": {"type": "CANCELLED"}, "force": True})
+
+
 def _flow_runs(api: str) -> dict[str, list[dict[str, Any]]]:
     """Every flow run on the server by flow name, oldest first."""
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -271,6 +290,7 @@ def test_pipeline_on_the_gpu_pool_survives_two_preempted_gpu_workers(
     _run(env, "bash", str(REPO / "infra/prefect/create_pools.sh"), "1")
     _run(env, prefect, "--no-prompt", "deploy", "--all", timeout=180)
     _unclaimed_dispatch_fails_in_one_line(api, f"{s3_bucket}/no-worker")
+    _published_verifier_schedules_a_rescore(env, api)
 
     procs.start("worker-cpu", prefect, "worker", "start", "--pool", "cpu", "--name", "ci-cpu-worker")
     gpu = [prefect, "worker", "start", "--pool", "gpu"]
