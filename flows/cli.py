@@ -35,6 +35,8 @@ from verl_core.launch import FOLLOWER_JOB_URI, LaunchSpec, torchrun_command
 from verl_core.store import ArtifactStore
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from flows.results import PipelineResult, RescoreResult
     from stages.floor.reports import EvalReport, EvalSample
     from verl_core.serving import ServeConfig
@@ -118,6 +120,20 @@ def run(
             check_parent(_store(cfg.store.url), cfg, run_id or default_run_id(cfg))
         except VerlFlowError as e:
             _fail(e, 1)
+
+    def pipeline() -> PipelineResult:
+        from flows.pipeline import rlhf_pipeline
+
+        return rlhf_pipeline(config=cfg, run_id=run_id)
+
+    _run_logged(cfg, run_id, verbose, pipeline)
+
+
+def _run_logged(
+    cfg: VerlFlowConfig, run_id: str | None, verbose: bool, call: Callable[[], PipelineResult]
+) -> None:
+    """Run a pipeline flow (``call``) from the command line: Prefect quiet and its API checked first,
+    the full log to the run's log file, a failure printed as one line (exit 2 for a config error)."""
     from verl_core.env import set_quiet_env
 
     set_quiet_env()
@@ -129,10 +145,8 @@ def run(
     except VerlFlowError as e:
         _fail(e, 1)
     log = RunLog(log_path(cfg, run_id), verbose)
-    from flows.pipeline import rlhf_pipeline
-
     try:
-        result = rlhf_pipeline(config=cfg, run_id=run_id)
+        result = call()
     except Exception as e:
         _fail(log.failure_line(e), 2 if isinstance(e, ConfigError) else 1)
     finally:
@@ -699,30 +713,16 @@ def replay_cmd(
         _fail(e, 2)
     except VerlFlowError as e:
         _fail(e, 1)
-    from verl_core.env import set_quiet_env
 
-    set_quiet_env()
-    from flows.prefect_api import check_api
-    from flows.run_log import RunLog, log_path
+    def replay() -> PipelineResult:
+        from flows.replay import replay_flow
 
-    try:
-        check_api()
-    except VerlFlowError as e:
-        _fail(e, 1)
-    log = RunLog(log_path(cfg, new_run_id), verbose)
-    from flows.replay import replay_flow
-
-    try:
-        result = replay_flow(
+        return replay_flow(
             run_id=run_id, start_iteration=start, overrides=overrides or [], new_run_id=new_run_id,
             rewards=rewards, store_url=st.url,
         )  # fmt: skip
-    except Exception as e:
-        _fail(log.failure_line(e), 2 if isinstance(e, ConfigError) else 1)
-    finally:
-        log.close()
-    _print_result(result)
-    out.print(f"full log: {log.path}", highlight=False, soft_wrap=True)
+
+    _run_logged(cfg, new_run_id, verbose, replay)
 
 
 @app.command("serve")
