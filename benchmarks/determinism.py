@@ -4,6 +4,8 @@ unless all runs agree (the contract: same config, seed, code and machine type â†
 
     .venv/bin/python benchmarks/determinism.py --runs 5 --load 1     # the quickstart, 20 iterations
     .venv/bin/python benchmarks/determinism.py --config configs/quickstart_grpo.yaml --runs 3
+    .venv/bin/python benchmarks/determinism.py --runs 1 --load 0 --save before.json \
+        trainer.total_iterations=4          # a refactor's check: diff the saved fingerprints after
 
 The fingerprint is ``tests/reliability/conftest.fingerprint`` (every committed file by sha256,
 wall-clock values left out), digested to one line per run.
@@ -27,12 +29,19 @@ from tests.reliability.conftest import fingerprint  # noqa: E402
 from verl_core.store import ArtifactStore  # noqa: E402
 
 
-def _final_policy_sha(store_url: str, run_id: str) -> str:
+def _final_weights_sha(store_url: str, run_id: str) -> str:
+    """``ckpt/iter-N policy <sha256> [critic <sha256>]`` of the run's last checkpoint."""
     store = ArtifactStore(store_url)
     ckpts = sorted(m.stage for m in store.list_manifests(run_id) if m.stage.startswith("ckpt/"))
     m = store.committed(run_id, ckpts[-1])
     assert m is not None
-    return f"{ckpts[-1]} {hashlib.sha256(store.read_bytes(m, 'policy/model.safetensors')).hexdigest()}"
+    names = {f.name for f in m.files}
+    shas = [
+        f"{part} {hashlib.sha256(store.read_bytes(m, f'{part}/model.safetensors')).hexdigest()}"
+        for part in ("policy", "critic")
+        if f"{part}/model.safetensors" in names
+    ]
+    return " ".join([ckpts[-1], *shas])
 
 
 def main() -> int:
@@ -40,6 +49,9 @@ def main() -> int:
     parser.add_argument("--config", default="configs/quickstart.yaml")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--load", type=int, default=1, help="busy-loop processes beside each run")
+    parser.add_argument(
+        "--save", type=Path, help="write run 0's fingerprint here (JSON), to diff against a later one"
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
@@ -59,9 +71,11 @@ def main() -> int:
                     return 1
                 prints = fingerprint(store_url, "det")
                 digest = hashlib.sha256(json.dumps(prints, sort_keys=True).encode()).hexdigest()
-                policy = _final_policy_sha(store_url, "det")
+                policy = _final_weights_sha(store_url, "det")
                 results.append((policy, digest, prints))
-                print(f"run {i}: {seconds:.0f} s  policy {policy}  fingerprint {digest[:16]}", flush=True)
+                if i == 0 and args.save:
+                    args.save.write_text(json.dumps(prints, sort_keys=True, indent=1))
+                print(f"run {i}: {seconds:.0f} s  {policy}  fingerprint {digest[:16]}", flush=True)
     finally:
         for p in busy:
             p.kill()
