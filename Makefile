@@ -38,7 +38,7 @@ VLLM_EXCLUDES ?= infra/vllm/excludes-cpu.txt
 
 .PHONY: install quickstart test lint typecheck pytest pytest-vllm clean bwrap .venv-vllm
 
-# bubblewrap runs untrusted code (reward scorer 'code', the python tool: verl_core/sandbox.py). As root
+# bubblewrap runs untrusted code (reward scorer 'code', the python tool: verl_core/runtime/sandbox.py). As root
 # (CI) Debian's package is installed when bwrap is missing; anyone else is told how, and the sandbox
 # tests skip saying why.
 bwrap:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from verl_core.config import VerlFlowConfig
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 
 def base_overrides(root: Path, iterations: int, sft_steps: int) -> list[str]:
@@ -33,7 +33,7 @@ def build_inputs(cfg: VerlFlowConfig, run_id: str = "setup") -> tuple[RunContext
     from stages.preprocess import preprocess
     from stages.sft import sft_warmup
     from stages.template_pack import template_pack
-    from verl_core.run import start_run
+    from verl_core.runtime.run import start_run
 
     ctx = start_run(cfg, run_id)
     tp = template_pack.fn(ctx, cfg.data, cfg.model, preprocess.fn(ctx, cfg.data))

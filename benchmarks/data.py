@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from verl_core.env import set_quiet_env  # noqa: E402
+from verl_core.runtime.env import set_quiet_env  # noqa: E402
 
 set_quiet_env(offline=True)
 

@@ -34,7 +34,7 @@ TESTS = [
     "tests/verl_core/training/test_fsdp.py",
     "tests/verl_core/training/test_fsdp_checkpoint.py",
     "tests/verl_core/training/test_tp.py",
-    "tests/verl_core/test_ranks.py",
+    "tests/verl_core/runtime/test_ranks.py",
     "tests/stages/test_sharded_rollouts.py",
     "tests/stages/test_weight_sync.py",
     "tests/reliability/test_spmd.py",

@@ -65,7 +65,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from verl_core.env import set_quiet_env  # noqa: E402
+from verl_core.runtime.env import set_quiet_env  # noqa: E402
 
 set_quiet_env(offline=True)
 
@@ -262,7 +262,7 @@ def run_sft_control(
     from stages.floor.locations import iteration_summaries
     from stages.floor.state import drop_state, init_state
     from stages.validate import validate
-    from verl_core.run import RunContext
+    from verl_core.runtime.run import RunContext
     from verl_core.store import ArtifactStore
 
     store = ArtifactStore(cfg.store.url)
@@ -301,7 +301,7 @@ def run_variant(
 ) -> VariantRow:
     """One RL loop (with its validations) from the shared SFT checkpoint, printed as it ends."""
     from flows.rl import rl_loop
-    from verl_core.run import RunContext
+    from verl_core.runtime.run import RunContext
     from verl_core.store import ArtifactStore
 
     t0 = time.perf_counter()

@@ -63,7 +63,7 @@ def main() -> int:
     total = cfg.trainer.total_iterations
     if not 0 < a.start < total:
         raise SystemExit(f"--from: {a.start}, expected 0 < it < trainer.total_iterations ({total})")
-    from verl_core.env import set_quiet_env
+    from verl_core.runtime.env import set_quiet_env
 
     set_quiet_env()
     from flows.pipeline import rlhf_pipeline

@@ -65,7 +65,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from verl_core.env import set_quiet_env  # noqa: E402
+from verl_core.runtime.env import set_quiet_env  # noqa: E402
 
 set_quiet_env(offline=True)
 
@@ -156,7 +156,7 @@ def _weights_sum(model: torch.nn.Module) -> float:
 def run_flow(s: dict[str, Any], run_id: str) -> dict[str, Any]:
     from flows.rl import rl_loop
     from stages.floor.artifacts import read_policy
-    from verl_core.run import start_run
+    from verl_core.runtime.run import start_run
 
     cfg = s["cfg"]
     ctx = start_run(cfg, run_id)
@@ -183,7 +183,7 @@ def run_flow(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
     from flows.rl import run_iteration
     from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
-    from verl_core.run import start_run
+    from verl_core.runtime.run import start_run
 
     cfg = s["cfg"]
     ctx = start_run(cfg, run_id)
@@ -218,7 +218,7 @@ def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> d
     from stages.floor.builders import build_scorers, ppo_spec, sampling_params, score_batch, update_seed
     from stages.floor.state import drop_state, get_state, init_state, ppo_models
     from verl_core.reward import batch_from_columns, rewards_table
-    from verl_core.run import start_run
+    from verl_core.runtime.run import start_run
     from verl_core.training.ppo import RolloutBatch, ppo_iteration
 
     cfg = s["cfg"]

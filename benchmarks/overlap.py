@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from verl_core.env import set_quiet_env  # noqa: E402
+from verl_core.runtime.env import set_quiet_env  # noqa: E402
 
 set_quiet_env(offline=True)
 
@@ -48,7 +48,7 @@ def main() -> None:
 
     from flows.rl import rl_loop
     from verl_core.config import load_config
-    from verl_core.run import RunContext
+    from verl_core.runtime.run import RunContext
 
     root = args.store or tempfile.mkdtemp(prefix="verl-flow-overlap-")
     rows: list[tuple[int, int, float, float, float]] = []

@@ -31,7 +31,7 @@ from tests.reliability.conftest import (  # noqa: E402
     prefect_server,
 )
 from tests.reliability.fault_proxy import FaultProxy  # noqa: E402
-from verl_core.env import set_quiet_env  # noqa: E402
+from verl_core.runtime.env import set_quiet_env  # noqa: E402
 
 
 def _one_run(

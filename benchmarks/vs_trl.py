@@ -146,7 +146,7 @@ if str(REPO) not in sys.path:
 
 import warnings  # noqa: E402
 
-from verl_core.env import set_quiet_env  # noqa: E402
+from verl_core.runtime.env import set_quiet_env  # noqa: E402
 
 set_quiet_env(offline=True)
 warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' gradient_checkpointing rename
@@ -321,7 +321,7 @@ UPDATE_PHASES = ("old_log_prob", "ref", "adv", "update_actor")  # the update sum
 def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
     from flows.rl import run_iteration
     from stages.floor.state import drop_state, get_state, init_state
-    from verl_core.run import start_run
+    from verl_core.runtime.run import start_run
 
     cfg = s["cfg"]
     ctx = start_run(cfg, run_id)

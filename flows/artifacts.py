@@ -9,7 +9,7 @@ import re
 from flows.results import PipelineResult, RescoreResult
 from stages.floor.reports import collect_series, eval_samples, metrics_markdown
 from stages.floor.samples import table_artifact
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 
 def mlflow_run_link(ctx: RunContext) -> str:

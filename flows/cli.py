@@ -31,7 +31,7 @@ from stages.floor.parent import (
 from stages.floor.rescore import RescoreListing, is_rescore, list_rescores
 from verl_core.config import StoreConfig, VerlFlowConfig, load_config, to_yaml
 from verl_core.errors import ConfigError, VerlFlowError
-from verl_core.launch import FOLLOWER_JOB_URI, LaunchSpec, torchrun_command
+from verl_core.runtime.launch import FOLLOWER_JOB_URI, LaunchSpec, torchrun_command
 from verl_core.store import ArtifactStore
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from flows.results import PipelineResult, RescoreResult
     from stages.floor.reports import EvalReport, EvalSample
-    from verl_core.serving import ServeConfig
+    from verl_core.runtime.serving import ServeConfig
 
 app = typer.Typer(
     name="verl-flow",
@@ -114,7 +114,7 @@ def run(
     cfg = _load(config, overrides)
     if cfg.parent is not None:  # the parent's checkpoint (and a replay's data): one line, before any work
         from stages.floor.parent import check_parent
-        from verl_core.run import default_run_id
+        from verl_core.runtime.run import default_run_id
 
         try:
             check_parent(_store(cfg.store.url), cfg, run_id or default_run_id(cfg))
@@ -134,7 +134,7 @@ def _run_logged(
 ) -> None:
     """Run a pipeline flow (``call``) from the command line: Prefect quiet and its API checked first,
     the full log to the run's log file, a failure printed as one line (exit 2 for a config error)."""
-    from verl_core.env import set_quiet_env
+    from verl_core.runtime.env import set_quiet_env
 
     set_quiet_env()
     from flows.prefect_api import check_api
@@ -473,18 +473,18 @@ RunIdArg = Annotated[str, typer.Argument(help="Run id")]
 
 
 def _serve_defaults() -> ServeConfig:
-    from verl_core.serving import ServeConfig
+    from verl_core.runtime.serving import ServeConfig
 
     return ServeConfig()
 
 
 def _serve_help(name: str) -> str:
-    from verl_core.serving import ServeConfig
+    from verl_core.runtime.serving import ServeConfig
 
     return ServeConfig.model_fields[name].description or ""
 
 
-_SERVE = _serve_defaults()  # `serve`'s option defaults are ServeConfig's (verl_core/serving.py)
+_SERVE = _serve_defaults()  # `serve`'s option defaults are ServeConfig's (verl_core/runtime/serving.py)
 IterationOpt = Annotated[
     int | None,
     typer.Option(
@@ -503,7 +503,7 @@ def export_cmd(
     store: StoreOpt = None,
 ) -> None:
     """Merge a policy checkpoint of RUN_ID (LoRA merged) into an HF model dir and register it in MLflow."""
-    from verl_core.env import set_quiet_env
+    from verl_core.runtime.env import set_quiet_env
 
     set_quiet_env()
     from flows.runs import attach_run
@@ -553,7 +553,7 @@ def eval_cmd(
 ) -> None:
     """Evaluate a policy of RUN_ID on its held-out prompts: greedy accuracy, pass@k, per data source.
     Default policy: the run's latest export, else its latest checkpoint."""
-    from verl_core.env import set_quiet_env
+    from verl_core.runtime.env import set_quiet_env
 
     set_quiet_env()
     from flows.runs import attach_run
@@ -629,7 +629,7 @@ def rescore_cmd(
         _fail(e, 2)
     except VerlFlowError as e:
         _fail(e, 1)
-    from verl_core.env import set_quiet_env
+    from verl_core.runtime.env import set_quiet_env
 
     set_quiet_env()
     from flows.prefect_api import check_api
@@ -768,7 +768,7 @@ def serve_cmd(
     from pydantic import ValidationError
 
     from flows.serving import resolve_model, serve
-    from verl_core.serving import ServeConfig, curl_example
+    from verl_core.runtime.serving import ServeConfig, curl_example
 
     settings = dict(locals())
     try:

@@ -21,7 +21,7 @@ from stages.floor.logging import stage_logger
 from stages.floor.state import RLResult, committed_rl_result
 from verl_core.config import ExecutionConfig, VerlFlowConfig
 from verl_core.errors import ConfigError, VerlFlowError
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 from verl_core.store import ArtifactStore
 from verl_core.store.lease import STAGE_LEASE, RunLease, read_lease, revoke_lease
 

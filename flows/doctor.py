@@ -1,7 +1,7 @@
 """``verl-flow doctor [--config CONFIG] [OVERRIDES...]``: versions, pins and reachability, as a table.
 
 The checks are :func:`stages.floor.environment.doctor_checks` (plain functions returning
-:class:`verl_core.doctor.Check` rows); this module only formats them. Exit 0 when nothing is an
+:class:`verl_core.runtime.doctor.Check` rows); this module only formats them. Exit 0 when nothing is an
 error (warnings do not fail), 1 with each problem and its fix on one line of stderr, 2 for a bad config.
 """
 
@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from verl_core.doctor import Check, problems
+from verl_core.runtime.doctor import Check, problems
 
 _STYLE = {"ok": "green", "warn": "yellow", "error": "bold red"}
 

@@ -1,7 +1,7 @@
 """A follower node of multi-node SPMD jobs (``verl-flow spmd-follow``), nodes 1..N−1 of a run.
 
 Node 0 runs the pipeline (or a stage flow) and launches each SPMD job (SFT, then the RL loop) with
-``verl_core.launch.torchrun_command``; a follower runs the same command with the job URI
+``verl_core.runtime.launch.torchrun_command``; a follower runs the same command with the job URI
 ``rendezvous``, once per job, until the job it ran was the run's last one:
 
     1. run torchrun with ``VERL_FLOW_JOB_INFO`` naming a fresh file;
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import VerlFlowError
-from verl_core.launch import (
+from verl_core.runtime.launch import (
     FOLLOWER_JOB_URI,
     JOB_INFO_ENV,
     JobInfo,

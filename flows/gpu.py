@@ -20,7 +20,7 @@ from stages.floor.environment import check_environment
 from stages.floor.logging import watched
 from stages.sft import sft_warmup
 from verl_core.config import VerlFlowConfig
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 
 @flow(name="sft-warmup", log_prints=True)

@@ -34,8 +34,8 @@ from stages.snapshot import resolve_snapshot
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, load_config, with_overrides
 from verl_core.errors import ConfigError
-from verl_core.run import RunContext, default_run_id, end_run, start_run
-from verl_core.run_length import StepCount, check_completed
+from verl_core.runtime.run import RunContext, default_run_id, end_run, start_run
+from verl_core.runtime.run_length import StepCount, check_completed
 from verl_core.store import ArtifactStore
 
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from stages.floor.reports import EvalReport
 from stages.floor.rescore import RescoreReport
-from verl_core.run_length import StepCount
+from verl_core.runtime.run_length import StepCount
 
 
 class StageURIs(BaseModel):

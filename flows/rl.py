@@ -6,7 +6,7 @@ iterations (artifacts are still written for every stage).
 Resume (``trainer.resume_mode``): the loop starts after the last committed checkpoint; iterations
 whose rollout/reward artifacts are committed are not sampled again (same seeds → same data).
 
-The loop ends with the policy holding every planned update or fails (:mod:`verl_core.run_length`):
+The loop ends with the policy holding every planned update or fails (:mod:`verl_core.runtime.run_length`):
 a policy short of the plan never gets the final checkpoint. Each stage runs under the hang watchdog
 (``execution.stall_timeout_s``, :func:`stages.floor.logging.watched`).
 
@@ -57,9 +57,9 @@ from stages.reward import reward
 from stages.rollout import rollout
 from stages.validate import validate
 from verl_core.config import VerlFlowConfig
-from verl_core.ranks import on_main
-from verl_core.run import RunContext
-from verl_core.run_length import check_completed
+from verl_core.runtime.ranks import on_main
+from verl_core.runtime.run import RunContext
+from verl_core.runtime.run_length import check_completed
 
 
 @task(name="init_rl_state")

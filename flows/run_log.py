@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import VerlFlowError
-from verl_core.run import default_run_id
+from verl_core.runtime.run import default_run_id
 from verl_core.store import ArtifactStore, normalize_url
 
 # the messages of Prefect's engine about a failed (or retried) task or flow run that carry no

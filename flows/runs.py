@@ -5,9 +5,9 @@ re-marking anything."""
 from __future__ import annotations
 
 from verl_core.config import VerlFlowConfig, validate_config
-from verl_core.run import RunContext, wandb_fields
+from verl_core.runtime.run import RunContext, wandb_fields
+from verl_core.runtime.tracking import RUN_ID_TAG, default_tracking_uri
 from verl_core.store import ArtifactStore
-from verl_core.tracking import RUN_ID_TAG, default_tracking_uri
 
 
 def attach_run(store_url: str, run_id: str) -> tuple[RunContext, VerlFlowConfig]:

@@ -17,7 +17,7 @@ iteration starts from the same cursor, finds its committed batches (same cursor,
 same stage params) and so makes the same decisions and draws the same prompts.
 
 SPMD: every rank runs this loop; the rollout stage runs on every rank, the main rank scores and reads
-the kept count, which :func:`verl_core.ranks.on_main` hands to every rank, so all ranks stop together.
+the kept count, which :func:`verl_core.runtime.ranks.on_main` hands to every rank, so all ranks stop together.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from stages.floor.logging import stage_logger, timed, watched
 from stages.floor.state import get_state
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
-from verl_core.ranks import is_main, on_main
-from verl_core.run import RunContext
+from verl_core.runtime.ranks import is_main, on_main
+from verl_core.runtime.run import RunContext
 
 
 class SampledIteration(NamedTuple):

@@ -2,7 +2,8 @@
 
 :func:`resolve_model` turns a run id into the directory of its latest export (written out of the store
 into a working directory) or takes a local model directory as it is; :func:`serve` starts vLLM's
-OpenAI-compatible server on it (:func:`verl_core.serving.start_server`) and returns once it is healthy.
+OpenAI-compatible server on it (:func:`verl_core.runtime.serving.start_server`) and returns once it is
+healthy.
 :func:`serve_model` is the deployment's flow: the same two steps, then it holds the server until the
 flow run is cancelled.
 """
@@ -17,7 +18,7 @@ from prefect import flow
 from stages.floor.artifacts import materialise_export
 from stages.floor.locations import list_exports
 from verl_core.errors import ArtifactNotFoundError
-from verl_core.serving import ServeConfig, ServerHandle, start_server
+from verl_core.runtime.serving import ServeConfig, ServerHandle, start_server
 from verl_core.store import ArtifactStore
 
 
@@ -49,7 +50,8 @@ def resolve_model(target: str, store_url: str, workdir: str | Path) -> ServedMod
 
 
 def serve(model: ServedModel, settings: ServeConfig, log_path: str | Path) -> ServerHandle:
-    """Start the server on ``model`` and wait until it is healthy (:func:`verl_core.serving.start_server`)."""
+    """Start the server on ``model`` and wait until it is healthy
+    (:func:`verl_core.runtime.serving.start_server`)."""
     return start_server(model.model_dir, settings, log_path, settings.served_model_name or model.name)
 
 
@@ -59,7 +61,7 @@ def serve_model(run_id: str, store_url: str, settings: ServeConfig = ServeConfig
     until the flow run is cancelled."""
     import tempfile
 
-    from verl_core.serving import curl_example
+    from verl_core.runtime.serving import curl_example
 
     with tempfile.TemporaryDirectory(prefix="verl-flow-serve-") as tmp:
         with serve(resolve_model(run_id, store_url, tmp), settings, Path(tmp) / "server.log") as handle:

@@ -3,15 +3,15 @@ trainer.n_gpus_per_node``, or any sharded strategy), launched with torchrun.
 
 The launching side (:func:`run_job`, called by the SFT and RL-loop flows) writes the job spec (run
 context, config, stage inputs) to a private directory, hands the worker its Prefect context, runs
-:func:`verl_core.launch.torchrun_command` and waits. The worker side (``python -m flows.spmd --job
+:func:`verl_core.runtime.launch.torchrun_command` and waits. The worker side (``python -m flows.spmd --job
 PATH``, every rank): joins the process group, receives the job from node 0, and runs the very stage
 code a single process runs (:func:`flows.rl.rl_iterations`, :func:`stages.sft.sft_warmup`):
 
-* the main rank (node 0's first, :mod:`verl_core.ranks`) runs it inside the parent flow run's Prefect
+* the main rank (node 0's first, :mod:`verl_core.runtime.ranks`) runs it inside the parent flow run's Prefect
   context (its tasks appear in the parent flow run; it talks to the parent's API, never starting a
   server of its own), commits the artifacts and logs to MLflow/W&B;
 * the other ranks run the same functions without Prefect (the tasks' ``.fn``) and with no tracker,
-  and follow the main rank through collectives (:mod:`verl_core.ranks`).
+  and follow the main rank through collectives (:mod:`verl_core.runtime.ranks`).
 
 A rank that dies (an exception, SIGKILL, OOM) ends the job: torchrun (``--max-restarts 0``) stops the
 other ranks, and :class:`SpmdJobError` names the failed rank, its exit code and its error. Nothing
@@ -39,8 +39,8 @@ from pydantic import BaseModel, ConfigDict
 from flows.follow import launch_spec
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import VerlFlowError
-from verl_core.launch import FOLLOWER_JOB_URI, JOB_INFO_ENV, JobInfo, torchrun_command, write_job_info
-from verl_core.run import RunContext
+from verl_core.runtime.launch import FOLLOWER_JOB_URI, JOB_INFO_ENV, JobInfo, torchrun_command, write_job_info
+from verl_core.runtime.run import RunContext
 
 PREFECT_CONTEXT_ENV = "VERL_FLOW_PREFECT_CONTEXT"  # file with the parent flow run's serialised context
 
@@ -188,7 +188,7 @@ def _receive_job(job_arg: str) -> SpmdJob:
     """Node 0's ranks read the job file, followers (:data:`FOLLOWER_JOB_URI`) have none; every rank
     takes it from the lowest rank that read it, which becomes the main rank (it holds the Prefect
     context and the result path, which live on node 0)."""
-    from verl_core.ranks import all_gather, rank, set_main
+    from verl_core.runtime.ranks import all_gather, rank, set_main
 
     text = Path(job_arg).read_text() if job_arg != FOLLOWER_JOB_URI else None
     holders = [(r, t) for r, t in all_gather([(rank(), text)]) if t is not None]
@@ -221,7 +221,7 @@ def run_rank(job: SpmdJob) -> dict[str, Any] | None:
     from flows.rl import rl_iterations, rl_loop
     from stages.floor.logging import watched
     from stages.sft import sft_warmup
-    from verl_core.ranks import is_main
+    from verl_core.runtime.ranks import is_main
 
     main = is_main()
     prefect = main and bool(os.environ.get(PREFECT_CONTEXT_ENV))
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
 def _worker(job_arg: str) -> None:
     import torch.distributed as dist
 
-    from verl_core.ranks import barrier, is_main
+    from verl_core.runtime.ranks import barrier, is_main
 
     # the job (and its stall timeout) is known only after joining: a generous bound for the join itself
     _init_process_group(float(os.environ.get("VERL_FLOW_JOIN_TIMEOUT_S", "1800")))

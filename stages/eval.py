@@ -36,13 +36,13 @@ from stages.floor.builders import build_scorers, engine_kwargs, generate_rollout
 from stages.floor.locations import eval_stage, parse_export_stage
 from stages.floor.logging import stage_logger
 from stages.floor.reports import EvalReport, SourceReport
+from verl_core.algorithms.evaluation import mean_by_source, pass_at_k, per_prompt_correct
 from verl_core.config import VerlFlowConfig
-from verl_core.evaluation import mean_by_source, pass_at_k, per_prompt_correct
 from verl_core.models.loading import load_causal_lm, resolve_device
 from verl_core.reward import batch_from_columns, rewards_table
 from verl_core.rollout import RolloutEngine, SamplingParams, make_engine
 from verl_core.rollout.endpoint import EndpointEngine, check_tokenizer
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 from verl_core.store import ArtifactStore
 
 PROMPTS = "prompt_tokens/val.parquet"

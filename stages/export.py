@@ -29,7 +29,7 @@ from stages.floor.locations import PREPROCESS, export_stage
 from stages.floor.logging import stage_logger
 from verl_core.config import VerlFlowConfig
 from verl_core.models.checkpoint import model_files
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 
 @task(name="export", retries=0)

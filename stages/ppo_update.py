@@ -34,8 +34,8 @@ from stages.floor.state import get_state, ppo_models, sync_rollout_weights
 from verl_core.algorithms.stats import masked_mean
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
-from verl_core.ranks import broadcast_from_main, is_main
-from verl_core.run import RunContext
+from verl_core.runtime.ranks import broadcast_from_main, is_main
+from verl_core.runtime.run import RunContext
 from verl_core.training.ppo import RolloutBatch, ppo_iteration
 
 

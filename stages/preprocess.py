@@ -32,7 +32,7 @@ from verl_core.data import (
     take,
 )
 from verl_core.errors import DataError
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 from verl_core.store import get_schema
 
 STAGE = PREPROCESS

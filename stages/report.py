@@ -25,8 +25,8 @@ from prefect import task
 from stages.floor.locations import REPORT
 from stages.floor.logging import stage_logger
 from stages.floor.reports import collect_series, metrics_markdown
-from verl_core.run import RunContext
-from verl_core.tracking import log_bytes
+from verl_core.runtime.run import RunContext
+from verl_core.runtime.tracking import log_bytes
 
 STAGE = REPORT
 

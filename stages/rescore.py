@@ -46,10 +46,10 @@ from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.errors import DataError
 from verl_core.reward import WeightedScorer, batch_from_columns, rewards_table
 from verl_core.reward.compare import RewardComparison, combine_comparisons, compare_rewards, most_disagreeing
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
+from verl_core.runtime.tracking import MlflowTracker, NullTracker, Tracker, log_bytes
 from verl_core.store import ArtifactStore, Manifest
 from verl_core.store.schemas import get_schema
-from verl_core.tracking import MlflowTracker, NullTracker, Tracker, log_bytes
 
 DISAGREEMENTS_PER_TABLE = 5
 MARKDOWN_SAMPLES = 10  # disagreements shown in report.md (all of them are in disagreements.parquet)

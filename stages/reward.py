@@ -34,7 +34,7 @@ from verl_core.algorithms.dynamic_sampling import FILTER_METRICS, filter_groups
 from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.errors import DataError
 from verl_core.reward import batch_from_columns, metrics_of_rows, rewards_table
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 ROLLOUTS_FILE = "rollouts.parquet"
 REWARDS_FILE = "rewards.parquet"

@@ -27,8 +27,8 @@ from stages.floor.builders import sampling_params, sharded_rollouts
 from stages.floor.locations import generation_stage, iteration_stage
 from stages.floor.state import get_state, rollout_version
 from verl_core.config import PLACEMENT_FIELDS, DataConfig, RolloutConfig, SandboxConfig
-from verl_core.ranks import broadcast_from_main, is_main
-from verl_core.run import RunContext
+from verl_core.runtime.ranks import broadcast_from_main, is_main
+from verl_core.runtime.run import RunContext
 from verl_core.seeding import derive_seed
 
 

@@ -30,9 +30,9 @@ from verl_core.errors import DataError
 from verl_core.models.checkpoint import load_state_bytes, rng_state, set_rng_state, state_bytes
 from verl_core.models.loading import count_parameters, resolve_device
 from verl_core.models.packed import PackedCausalLM
-from verl_core.ranks import broadcast_from_main, is_main, on_main, rank0_to_main
-from verl_core.run import RunContext
-from verl_core.run_length import StepCount, check_completed
+from verl_core.runtime.ranks import broadcast_from_main, is_main, on_main, rank0_to_main
+from verl_core.runtime.run import RunContext
+from verl_core.runtime.run_length import StepCount, check_completed
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
 from verl_core.training.data_parallel import dp_view

@@ -43,7 +43,7 @@ from verl_core.data import (
     train_tokenizer,
 )
 from verl_core.errors import DataError
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 from verl_core.store import get_schema
 from verl_core.tools import load_tools
 

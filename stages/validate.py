@@ -7,8 +7,8 @@ With ``eval.k`` > 1 it also samples ``eval.k`` responses per held-out prompt (``
 ``eval.top_p``, ``eval.seed``: the eval stage's sampled pass, so the last validation and the eval of
 the same policy agree) into ``iter-XXXX/val/sampled/{rollouts,rewards}.parquet`` and logs
 ``val/pass_at_1`` and ``val/pass_at_{k}`` (the unbiased estimator,
-:func:`verl_core.evaluation.pass_at_k`): greedy accuracy far below pass@k says sampling finds answers
-that RL can turn into pass@1. The seed does not change with the iteration, so every validation draws
+:func:`verl_core.algorithms.evaluation.pass_at_k`): greedy accuracy far below pass@k says sampling finds
+answers that RL can turn into pass@1. The seed does not change with the iteration, so every validation draws
 the same random numbers and the curve shows the policy's change, not sampling noise."""
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from stages.floor.builders import Rollouts, sampling_params, score_batch, sharde
 from stages.floor.locations import iteration_stage
 from stages.floor.samples import log_samples, sample_columns
 from stages.floor.state import get_state
+from verl_core.algorithms.evaluation import pass_at_k, per_prompt_correct
 from verl_core.config import VerlFlowConfig
-from verl_core.evaluation import pass_at_k, per_prompt_correct
-from verl_core.ranks import broadcast_from_main, is_main
 from verl_core.reward import batch_from_columns, rewards_table
 from verl_core.rollout import SamplingParams
-from verl_core.run import RunContext
+from verl_core.runtime.ranks import broadcast_from_main, is_main
+from verl_core.runtime.run import RunContext
 from verl_core.store import StageWriter
 
 

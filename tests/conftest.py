@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from verl_core.env import set_quiet_env
+from verl_core.runtime.env import set_quiet_env
 
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's temporary Prefect servers on a database of its own

@@ -49,7 +49,7 @@ COPY . ${VERL_FLOW_HOME}
 RUN /opt/vllm-venv/bin/pip install --upgrade pip \
  && /opt/vllm-venv/bin/pip install "vllm==${VLLM_VERSION}" -r ${VERL_FLOW_HOME}/infra/vllm/requirements-gpu.txt \
  && /opt/vllm-venv/bin/pip install --no-deps -e "${VERL_FLOW_HOME}" \
- && /opt/vllm-venv/bin/python -c "from verl_core.doctor import require_vllm; require_vllm('the GPU worker image')"
+ && /opt/vllm-venv/bin/python -c "from verl_core.runtime.doctor import require_vllm; require_vllm('the GPU worker image')"
 # 2. The pipeline: the same torch/transformers/tokenizers, flash-attn compiled against that torch, verl-flow
 RUN /opt/vllm-venv/bin/pip freeze | grep -iE '^(torch|transformers|tokenizers|triton)==' > /opt/gpu-pins.txt \
  && pip install --upgrade pip && pip install -c /opt/gpu-pins.txt torch \

@@ -34,7 +34,6 @@ from verl_core.models.loading import (
     scratch_config,
     unwrap,
 )
-from verl_core.ranks import all_gather, rank, world_size
 from verl_core.registry import Registry
 from verl_core.reward import (
     CodeScorer,
@@ -60,8 +59,9 @@ from verl_core.rollout.multi_turn import (
     multi_turn_generate,
     multi_turn_metrics,
 )
-from verl_core.run_length import StepCount
-from verl_core.sandbox import SandboxSpec, check_sandbox
+from verl_core.runtime.ranks import all_gather, rank, world_size
+from verl_core.runtime.run_length import StepCount
+from verl_core.runtime.sandbox import SandboxSpec, check_sandbox
 from verl_core.seeding import derive_seed
 from verl_core.tools import load_tools
 from verl_core.tools.parsing import TOOL_CALL_FORMATS
@@ -165,8 +165,8 @@ SCORER_BUILDERS: Registry[Callable[[RewardConfig, SandboxConfig], Scorer]] = Reg
 
 
 def sandbox_spec(cfg: SandboxConfig) -> SandboxSpec:
-    """``sandbox.*`` as the spec :func:`verl_core.sandbox.run_python` takes, once this machine is checked
-    to run it: raises SandboxUnavailableError naming the fix (install bubblewrap, or
+    """``sandbox.*`` as the spec :func:`verl_core.runtime.sandbox.run_python` takes, once this machine is
+    checked to run it: raises SandboxUnavailableError naming the fix (install bubblewrap, or
     ``sandbox.allow_weak_sandbox=true``). Call it where a scorer or tool that runs code is built."""
     return SandboxSpec(
         check_sandbox(cfg.allow_weak_sandbox),

@@ -4,7 +4,7 @@ code, the ``code`` scorer or a tool such as ``python``, is refused at the start 
 when bubblewrap cannot run on that machine, not when the first reward is scored).
 
 The config is unpacked here into plain values (:class:`Needs`); the checks themselves are the plain
-functions of :mod:`verl_core.doctor` and :mod:`verl_core.reachability`.
+functions of :mod:`verl_core.runtime.doctor` and :mod:`verl_core.runtime.reachability`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import importlib.util
 from typing import NamedTuple
 
 from verl_core.config import VerlFlowConfig
-from verl_core.doctor import (
+from verl_core.errors import ConfigError
+from verl_core.rollout.vllm_process import vllm_environment_checks
+from verl_core.runtime.doctor import (
     Check,
     cuda_checks,
     environment_checks,
@@ -22,9 +24,7 @@ from verl_core.doctor import (
     require,
     sandbox_checks,
 )
-from verl_core.errors import ConfigError
-from verl_core.reachability import store_check, tracking_check
-from verl_core.rollout.vllm_process import vllm_environment_checks
+from verl_core.runtime.reachability import store_check, tracking_check
 from verl_core.tools import load_tools
 
 

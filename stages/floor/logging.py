@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from verl_core.run import RunContext, end_run
+from verl_core.runtime.run import RunContext, end_run
+from verl_core.runtime.watchdog import Heartbeat
 from verl_core.timing import timed as timed  # re-exported: stages and flows time their phases with it
-from verl_core.watchdog import Heartbeat
 
 STALL_GRACE_S = 60.0  # after failing a stalled stage, how long it may take to unwind before the process ends
 
@@ -62,8 +62,8 @@ def watched(
     ctx: RunContext, stage: str, stall_timeout_s: float, iteration: int | None = None
 ) -> Iterator[None]:
     """``with watched(ctx, "rollout", cfg.execution.stall_timeout_s, iteration=i): rollout(...)``: the
-    stage fails with :class:`~verl_core.watchdog.StallError` after ``stall_timeout_s`` seconds without
-    a :func:`~verl_core.watchdog.beat` (training steps, generation batches and scorers beat). Wrap the
+    stage fails with :class:`~verl_core.runtime.watchdog.StallError` after ``stall_timeout_s`` seconds without
+    a :func:`~verl_core.runtime.watchdog.beat` (training steps, generation batches and scorers beat). Wrap the
     task *call* (the flow's side), so the error leaves the task as a crash, never as a retried failure.
     Last resort (the stage does not unwind within :data:`STALL_GRACE_S`): the tracking run is marked
     FAILED and the run's lease released before the process exits."""

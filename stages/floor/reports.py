@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict
 
 from stages.floor.locations import parse_generation_stage, parse_iteration_stage
-from verl_core.run_length import StepCount
+from verl_core.runtime.run_length import StepCount
 from verl_core.store import ArtifactStore
 
 # --------------------------------------------------------------------------------------------------

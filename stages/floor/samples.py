@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from verl_core.tracking import Tracker
+from verl_core.runtime.tracking import Tracker
 
 MAX_TEXT_CHARS = 1000
 

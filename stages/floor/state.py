@@ -68,10 +68,10 @@ from verl_core.models.checkpoint import (
 from verl_core.models.heads import load_value_model, value_model_from_policy
 from verl_core.models.loading import resolve_device
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
-from verl_core.ranks import on_main, rank0_to_main
 from verl_core.rollout import RolloutEngine, make_engine
-from verl_core.run import RunContext
-from verl_core.run_length import StepCount
+from verl_core.runtime.ranks import on_main, rank0_to_main
+from verl_core.runtime.run import RunContext
+from verl_core.runtime.run_length import StepCount
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
 from verl_core.training.engine import TrainEngine

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from verl_core.launch import FOLLOWER_JOB_URI, JOB_INFO_ENV, JobInfo, write_job_info
+from verl_core.runtime.launch import FOLLOWER_JOB_URI, JOB_INFO_ENV, JobInfo, write_job_info
 
 
 def main() -> None:

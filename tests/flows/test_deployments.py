@@ -38,7 +38,7 @@ from flows.dispatch import StageRunError, run_stage_deployment
 from tests.prefect_server import wait_healthy
 from tests.reliability.conftest import attempts, fingerprint
 from verl_core.config import ExecutionConfig, VerlFlowConfig
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 from verl_core.store import ArtifactStore
 
 REPO = Path(__file__).resolve().parents[2]

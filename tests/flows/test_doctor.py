@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from flows.cli import app
 from stages.floor.environment import check_environment, config_needs
 from tests.vllm_env import vllm_python
-from verl_core import doctor
 from verl_core.config import load_config
 from verl_core.errors import ConfigError
+from verl_core.runtime import doctor
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
@@ -185,8 +185,8 @@ def test_code_execution_without_a_sandbox_fails_at_the_flows_start(
 ) -> None:
     # issue 17: a missing sandbox is refused before any work (sft/rl flows start with this check),
     # in the doctor's one line naming the field and the fix; the weak fallback only when allowed
-    from verl_core import sandbox
     from verl_core.errors import ConfigError
+    from verl_core.runtime import sandbox
 
     monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
     cfg = load_config(None, overrides)

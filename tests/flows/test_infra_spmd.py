@@ -1,7 +1,7 @@
 """Multi-node recipes (infra/k8s/spmd-*, infra/slurm/, infra/spmd-node.sh) and the follower node
 (flows/follow.py, ``verl-flow spmd-follow`` / ``spmd-command``). No cluster here: the manifests are
 checked for shape, and their node commands are run with fake ``verl-flow``/``srun``/``scontrol`` on
-PATH; what they would launch must be exactly ``verl_core.launch.torchrun_command`` for the geometry of
+PATH; what they would launch must be exactly ``verl_core.runtime.launch.torchrun_command`` for the geometry of
 node 0's config (one definition). The follower loop runs against an injected runner, and once against
 the real torchrun rendezvous (2 nodes × 1 process on this host) with a fake worker."""
 
@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.follow import FollowError, follow, launch_spec
 from verl_core.config import load_config
-from verl_core.launch import (
+from verl_core.runtime.launch import (
     FOLLOWER_JOB_URI,
     JOB_INFO_ENV,
     JobInfo,

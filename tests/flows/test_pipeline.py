@@ -10,8 +10,8 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from flows.cli import app
+from verl_core.runtime.tracking import RUN_ID_TAG
 from verl_core.store import ArtifactStore
-from verl_core.tracking import RUN_ID_TAG
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")

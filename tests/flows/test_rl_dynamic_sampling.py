@@ -21,7 +21,7 @@ from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 B = 2  # prompts per generation batch = informative groups wanted per iteration
 CFG = VerlFlowConfig.model_validate(

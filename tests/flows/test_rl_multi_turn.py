@@ -14,7 +14,7 @@ import pytest
 from flows.rl import rl_loop
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 from verl_core.tools.parsing import TOOL_CALL_FORMATS, ToolCall, ToolCallFormat
 
 from .test_rl_resume import CFG

@@ -19,7 +19,7 @@ from stages.template_pack import template_pack
 from tests.flows.test_rl_resume import CFG
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 AHEAD = CFG.model_copy(
     update={

@@ -17,7 +17,7 @@ from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig
 from verl_core.reward.scoring import RewardError
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 from verl_core.training.engine import NonFiniteError
 
 CFG = VerlFlowConfig.model_validate(

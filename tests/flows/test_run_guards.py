@@ -28,11 +28,11 @@ from stages.floor.locations import list_checkpoints
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, with_overrides
-from verl_core.run import RunContext
-from verl_core.run_length import ShortRunError
-from verl_core.tracking import RUN_ID_TAG
+from verl_core.runtime.run import RunContext
+from verl_core.runtime.run_length import ShortRunError
+from verl_core.runtime.tracking import RUN_ID_TAG
+from verl_core.runtime.watchdog import StallError
 from verl_core.training.engine import TrainEngine
-from verl_core.watchdog import StallError
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "tests" / "reliability" / "tiny.yaml")  # sft.max_steps=2 (save_every=1), 2 RL iterations

@@ -35,8 +35,8 @@ from stages.template_pack import template_pack
 from tests.vllm_env import vllm_python
 from verl_core.config import VerlFlowConfig, validate_config
 from verl_core.reward import HttpOptions, JudgeScorer, RemoteScorer, RewardBatch
-from verl_core.run import RunContext, start_run
-from verl_core.serving import ServeConfig, ServerHandle
+from verl_core.runtime.run import RunContext, start_run
+from verl_core.runtime.serving import ServeConfig, ServerHandle
 
 RUN = "serve-run"
 MEMORISED = 4  # of the 8 held-out prompts, the first 4 are trained on

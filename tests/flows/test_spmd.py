@@ -10,8 +10,8 @@ import pytest
 
 from flows.spmd import PREFECT_CONTEXT_ENV, SpmdJob, failure_summary, needs_spmd, run_rank
 from verl_core.config import VerlFlowConfig, load_config
-from verl_core.run import RunContext
-from verl_core.watchdog import StallError
+from verl_core.runtime.run import RunContext
+from verl_core.runtime.watchdog import StallError
 
 # torchrun's report when rank 1 was killed with SIGKILL and rank 0 was then stopped by torchrun
 KILLED = """

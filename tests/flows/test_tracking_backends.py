@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from flows.cli import app
-from verl_core.tracking import RUN_ID_TAG
+from verl_core.runtime.tracking import RUN_ID_TAG
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "tests" / "reliability" / "tiny.yaml")

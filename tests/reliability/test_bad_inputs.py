@@ -28,7 +28,7 @@ from verl_core.config import DataConfig, ModelConfig, RewardConfig, SandboxConfi
 from verl_core.errors import ArtifactSchemaError, DataError
 from verl_core.models.loading import ModelLoadError
 from verl_core.reward import RewardError
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 from verl_core.store import ArtifactStore, get_schema
 
 BAD = Path(__file__).resolve().parents[1] / "data" / "bad"

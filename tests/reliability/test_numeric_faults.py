@@ -21,7 +21,7 @@ from stages.floor.state import RLState, drop_state, get_state, init_state
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 from verl_core.training.engine import NonFiniteError
 
 CFG = VerlFlowConfig.model_validate(

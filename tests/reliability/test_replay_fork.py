@@ -165,7 +165,7 @@ def test_replay_mlflow_tags_and_mismatch_metrics(family: Family) -> None:
     from mlflow.tracking import MlflowClient
 
     from flows.runs import find_mlflow_run
-    from verl_core.tracking import default_tracking_uri
+    from verl_core.runtime.tracking import default_tracking_uri
 
     uri = default_tracking_uri(ArtifactStore(family.store_url).url)
     mlflow_id = find_mlflow_run(uri, "verl-flow", "Rr")

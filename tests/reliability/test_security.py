@@ -172,7 +172,7 @@ def test_canary_secrets_do_not_reach_sandboxed_code(backend: str, monkeypatch: p
     is empty (both backends), and no host process's /proc/<pid>/environ is readable (bwrap: its own pid
     namespace; weak: only when verl-flow runs as root, which runs the code as nobody; as any other
     user the weak backend's code can read that user's processes' environments, as its warning says)."""
-    from verl_core import sandbox
+    from verl_core.runtime import sandbox
 
     if backend == "bwrap" and sandbox.bwrap_problem() is not None:
         pytest.skip(f"bubblewrap cannot run here ({sandbox.bwrap_problem()}); `make install` installs it")

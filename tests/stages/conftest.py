@@ -10,7 +10,7 @@ import pytest
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 TINY_RL = VerlFlowConfig.model_validate(
     {

@@ -15,11 +15,11 @@ from stages.floor.builders import (
     ppo_spec,
     update_seed,
 )
-from verl_core import sandbox
 from verl_core.config import RewardConfig, RewardScorerConfig, SandboxConfig, load_config
 from verl_core.reward import CodeScorer
 from verl_core.rollout import ENGINES
-from verl_core.sandbox import SandboxUnavailableError
+from verl_core.runtime import sandbox
+from verl_core.runtime.sandbox import SandboxUnavailableError
 from verl_core.seeding import derive_seed
 
 

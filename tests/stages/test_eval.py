@@ -12,7 +12,7 @@ from stages.floor.artifacts import copy_export, dir_source, export_source, in_ru
 from stages.floor.locations import template_pack_uri
 from stages.floor.reports import EvalReport, SourceReport, eval_samples, read_eval_report
 from tests.stages.test_export import _checkpoint, _run
-from verl_core.evaluation import pass_at_k
+from verl_core.algorithms.evaluation import pass_at_k
 from verl_core.store import ArtifactStore, Manifest
 
 

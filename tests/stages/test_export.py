@@ -23,7 +23,7 @@ from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, validate_config
 from verl_core.errors import ArtifactNotFoundError, ConfigError
-from verl_core.run import RunContext, start_run
+from verl_core.runtime.run import RunContext, start_run
 
 TINY = {
     "data": {"arithmetic_train_size": 64, "arithmetic_val_size": 8, "pack_token_budget": 512},

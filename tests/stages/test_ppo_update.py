@@ -19,7 +19,7 @@ from stages.rollout import rollout
 from tests.stages.conftest import TINY_RL
 from verl_core.config import SandboxConfig, VerlFlowConfig
 from verl_core.errors import DataError
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 
 @pytest.fixture

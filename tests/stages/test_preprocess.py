@@ -13,7 +13,7 @@ import pytest
 from stages.preprocess import preprocess
 from verl_core.config import DataConfig
 from verl_core.errors import DataError
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 from verl_core.store import get_schema
 
 REPO = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ from stages.sft import sft_warmup
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, validate_config
 from verl_core.models.loading import QuantSpec, apply_lora, load_causal_lm
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("bitsandbytes") is None,

@@ -9,7 +9,7 @@ from pathlib import Path
 from stages.floor.locations import iteration_stage
 from stages.floor.reports import collect_series, metrics_markdown
 from stages.report import report
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 from verl_core.store import ArtifactStore
 
 

@@ -26,9 +26,9 @@ from stages.reward import reward
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import ArtifactNotFoundError, ConfigError
 from verl_core.reward import batch_from_columns, rewards_table
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
+from verl_core.runtime.tracking import MlflowTracker
 from verl_core.store import ArtifactStore
-from verl_core.tracking import MlflowTracker
 
 RUN = "hand"
 CFG = VerlFlowConfig.model_validate({"tracking": {"enabled": False}})  # reward: rule, gsm8k strict

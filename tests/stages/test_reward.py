@@ -11,10 +11,10 @@ import pyarrow as pa
 import pytest
 
 from stages.reward import REWARDS_FILE, reward
-from verl_core import sandbox
 from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.reward import RewardError
-from verl_core.run import RunContext
+from verl_core.runtime import sandbox
+from verl_core.runtime.run import RunContext
 from verl_core.store import get_schema
 
 # (group_id, sample_index, response, ground truth, finish_reason, response_length)

@@ -15,7 +15,7 @@ from stages.preprocess import preprocess
 from stages.sft import CKPT_STAGE, sft_warmup
 from stages.template_pack import template_pack
 from verl_core.config import DataConfig, ModelConfig, SFTConfig, TrainerConfig
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 from verl_core.training.engine import TrainEngine
 
 DATA = DataConfig(arithmetic_train_size=96, arithmetic_val_size=16, pack_token_budget=512)

@@ -17,7 +17,7 @@ from stages.floor.state import drop_state, get_state, init_state, save_checkpoin
 from tests.stages.conftest import TINY_RL
 from verl_core.config import with_overrides
 from verl_core.errors import ConfigError
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from verl_core.config import DataConfig, ModelConfig
 from verl_core.data.tokenizer import save_tokenizer_files, train_tokenizer
 from verl_core.errors import DataError
 from verl_core.files import write_files
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 SMALL = {"arithmetic_train_size": 60, "arithmetic_val_size": 10, "pack_token_budget": 512}
 

@@ -18,7 +18,7 @@ from stages.floor.state import drop_state, get_state, init_state, save_checkpoin
 from stages.validate import validate
 from tests.stages.conftest import TINY_RL
 from verl_core.config import VerlFlowConfig, validate_config
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 # scores 0.5 or 1.0 (tests/flows/rl_rewards.py); the default correct_threshold is 1.0
 PARTIAL_CREDIT = validate_config(

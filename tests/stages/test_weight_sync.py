@@ -28,7 +28,7 @@ from stages.rollout import rollout
 from tests.stages.conftest import TINY_RL
 from verl_core.config import SandboxConfig, VerlFlowConfig
 from verl_core.errors import DataError
-from verl_core.run import RunContext
+from verl_core.runtime.run import RunContext
 
 # the engine on its own copy of the policy; GAE (TINY_RL's): the untrained policy scores 0 on every
 # sample, so group-relative advantages (GRPO) would be 0 and the update would not move the policy

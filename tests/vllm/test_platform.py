@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from verl_core import doctor
 from verl_core.rollout.vllm import vllm_available
+from verl_core.runtime import doctor
 
 
 def test_either_vllm_distribution_passes_the_doctor_with_its_own_pins() -> None:

@@ -718,7 +718,8 @@ class EvalConfig(Section):
 
 
 class SandboxConfig(Section):
-    """Where untrusted code runs (the code scorer, the python tool): bubblewrap, see verl_core.sandbox."""
+    """Where untrusted code runs (the code scorer, the python tool): bubblewrap, see
+    verl_core.runtime.sandbox."""
 
     allow_weak_sandbox: bool = _f(
         False, "Without bwrap, run code in a plain subprocess (rlimits, empty env; no network/file isolation)"

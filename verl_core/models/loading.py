@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from verl_core.doctor import require
 from verl_core.errors import ConfigError, VerlFlowError
+from verl_core.runtime.doctor import require
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,7 +55,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def resolve_device(name: str, field: str = "trainer.device") -> torch.device:
     """``auto`` → cuda when available else cpu. ``cuda`` runs the environment check first
-    (:func:`verl_core.doctor.require`): a CPU build of torch, no visible GPU or a broken pin is a
+    (:func:`verl_core.runtime.doctor.require`): a CPU build of torch, no visible GPU or a broken pin is a
     :class:`ConfigError` naming ``field`` and the fix."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -29,7 +29,7 @@ import re
 import secrets
 from typing import Literal, NamedTuple
 
-from verl_core.sandbox import SandboxResult, SandboxSpec, run_python
+from verl_core.runtime.sandbox import SandboxResult, SandboxSpec, run_python
 
 CodeScore = Literal["fraction", "all"]
 

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple, TypeVar
 import httpx
 
 from verl_core.errors import ConfigError
-from verl_core.watchdog import beat
+from verl_core.runtime.watchdog import beat
 
 T = TypeVar("T")
 R = TypeVar("R")

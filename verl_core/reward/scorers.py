@@ -30,7 +30,7 @@ from verl_core.registry import UnknownNameError
 from verl_core.reward.code import CodeScore, code_score, parse_tests, run_tests
 from verl_core.reward.functions import FunctionInputs, FunctionMode, run_reward_function
 from verl_core.reward.rules import RuleOptions, get_rule_scorer
-from verl_core.sandbox import SandboxSpec
+from verl_core.runtime.sandbox import SandboxSpec
 
 
 class RewardBatch(NamedTuple):

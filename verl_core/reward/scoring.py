@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from verl_core.errors import DataError, VerlFlowError
 from verl_core.reward.scorers import RewardBatch, Scorer, ScorerOutput
-from verl_core.watchdog import beat
+from verl_core.runtime.watchdog import beat
 
 OnError = Literal["fail", "zero"]
 OVERLONG = "overlong"

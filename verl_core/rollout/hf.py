@@ -61,8 +61,8 @@ from verl_core.rollout.decode import (
     eager_step,
 )
 from verl_core.rollout.sampler import SampleAndRecord, TokenSampler, check_prompt_keys
+from verl_core.runtime.watchdog import beat
 from verl_core.seeding import sample_keys
-from verl_core.watchdog import beat
 
 log = logging.getLogger(__name__)
 

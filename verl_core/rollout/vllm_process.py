@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from verl_core.errors import ConfigError
 from verl_core.rollout.base import Completion, SamplingParams
 from verl_core.rollout.weight_sync import StagingDir, stage_weights
-from verl_core.watchdog import beat
+from verl_core.runtime.watchdog import beat
 
 PYTHON_ENV = "VERL_FLOW_VLLM_PYTHON"  # the vLLM environment's interpreter, when not in the config
 VENV = ".venv-vllm"  # where `make .venv-vllm` builds it, beside the project
@@ -69,12 +69,12 @@ def resolve_vllm_python(setting: str) -> str:
 
 
 def vllm_environment_checks(setting: str, needed_by: str, timeout_s: float = 60.0) -> list[Any]:
-    """``verl_core.doctor.vllm_checks`` where the engine will run: in this interpreter when vllm imports
-    here, else in the vLLM environment ``setting`` resolves to (one short subprocess: metadata reads
-    there, no vLLM import). Returns :class:`~verl_core.doctor.Check` rows."""
+    """``verl_core.runtime.doctor.vllm_checks`` where the engine will run: in this interpreter when vllm
+    imports here, else in the vLLM environment ``setting`` resolves to (one short subprocess: metadata reads
+    there, no vLLM import). Returns :class:`~verl_core.runtime.doctor.Check` rows."""
     import importlib.util
 
-    from verl_core.doctor import Check, vllm_checks
+    from verl_core.runtime.doctor import Check, vllm_checks
 
     if importlib.util.find_spec("vllm") is not None:
         return vllm_checks(needed_by)
@@ -84,7 +84,7 @@ def vllm_environment_checks(setting: str, needed_by: str, timeout_s: float = 60.
         fix = "make .venv-vllm, or set rollout.vllm_python / $" + PYTHON_ENV
         return [Check("vllm environment", "error", str(e).split(": ", 1)[-1], needed_by, fix)]
     code = (
-        "import json, sys; from verl_core.doctor import vllm_checks; "
+        "import json, sys; from verl_core.runtime.doctor import vllm_checks; "
         "print(json.dumps([list(c) for c in vllm_checks(sys.argv[1])]))"
     )
     try:
@@ -95,7 +95,7 @@ def vllm_environment_checks(setting: str, needed_by: str, timeout_s: float = 60.
         return [Check("vllm environment", "error", f"{python}: {e}", needed_by, "make .venv-vllm")]
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
-        found = f"{python} cannot run verl_core.doctor ({tail[0]})"
+        found = f"{python} cannot run verl_core.runtime.doctor ({tail[0]})"
         return [
             Check("vllm environment", "error", found, needed_by, "make .venv-vllm (re-installs the project)")
         ]

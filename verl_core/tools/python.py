@@ -1,16 +1,16 @@
-"""The ``python`` tool: the model's code runs in the sandbox (:mod:`verl_core.sandbox`), and the model
+"""The ``python`` tool: the model's code runs in the sandbox (:mod:`verl_core.runtime.sandbox`), and the model
 reads its stdout, or the error (``error: timeout after 5 s``, ``error: killed: memory limit``, the end
 of stderr). Timeouts, crashes and limit hits are the tool's answer, never a failed rollout.
 
 The limits come from the run's ``sandbox.*`` settings, so the registered tool is *unbound*: its
-callable needs a :class:`~verl_core.sandbox.SandboxSpec`, which :func:`verl_core.tools.load_tools`
+callable needs a :class:`~verl_core.runtime.sandbox.SandboxSpec`, which :func:`verl_core.tools.load_tools`
 binds (``sandbox=``) where the rollout is built. Unbound (only its schema used, e.g. to list the
 tools in the prompts) it answers every call with an error.
 """
 
 from __future__ import annotations
 
-from verl_core.sandbox import SandboxSpec, python_tool
+from verl_core.runtime.sandbox import SandboxSpec, python_tool
 from verl_core.tools.registry import Tool, register_tool
 
 

@@ -39,7 +39,7 @@ from verl_core.registry import Registry, UnknownNameError
 from verl_core.reward.functions import load_reward_function
 
 if TYPE_CHECKING:
-    from verl_core.sandbox import SandboxSpec
+    from verl_core.runtime.sandbox import SandboxSpec
 
 ToolFn = Callable[..., str]
 

@@ -27,11 +27,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from verl_core.doctor import require
 from verl_core.errors import ArtifactCorruptError, ConfigError
+from verl_core.runtime.doctor import require
+from verl_core.runtime.watchdog import beat
 from verl_core.training.engine import NonFiniteError, OptimSpec, StepStats, lr_multiplier, param_groups
 from verl_core.training.precision import MixedPrecision
-from verl_core.watchdog import beat
 
 T = TypeVar("T")
 

@@ -38,7 +38,7 @@ def init_distributed(device_type: str = "cpu", timeout_s: float = 0.0) -> tuple[
 
     ``timeout_s > 0``: a collective that waits longer raises (a rank stuck or gone) instead of
     hanging; pass ``execution.stall_timeout_s``, the same bound as the stage watchdog
-    (:mod:`verl_core.watchdog`). 0: torch's default (10 min for NCCL, 30 min for gloo)."""
+    (:mod:`verl_core.runtime.watchdog`). 0: torch's default (10 min for NCCL, 30 min for gloo)."""
     if "WORLD_SIZE" not in os.environ:
         return 0, 1
     if not dist.is_initialized():

@@ -24,8 +24,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from verl_core.errors import VerlFlowError
+from verl_core.runtime.watchdog import beat
 from verl_core.training.distributed import full_optimizer_state, load_full_optimizer_state
-from verl_core.watchdog import beat
 
 T = TypeVar("T")
 

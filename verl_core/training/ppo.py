@@ -41,6 +41,7 @@ from verl_core.algorithms import (
     scores_to_token_rewards,
 )
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
+from verl_core.runtime.watchdog import beat
 from verl_core.seeding import derive_seed
 from verl_core.timing import timed
 from verl_core.training.data_parallel import (
@@ -63,7 +64,6 @@ from verl_core.training.ppo_kernels import (
     response_log_probs,
     response_values,
 )
-from verl_core.watchdog import beat
 
 __all__ = [
     "ActorLossSpec",

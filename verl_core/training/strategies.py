@@ -128,9 +128,9 @@ def _check(
 def full_weights(engine: Any, prefix: str) -> dict[str, torch.Tensor] | None:
     """The unsharded weights of the model an engine trains, keyed like the wrapped model's own state
     dict (``prefix``, e.g. ``"lm."`` of a ``PackedCausalLM``, removed), on the main rank
-    (:mod:`verl_core.ranks`); an empty dict on the other ranks. None for a one-process engine: the
+    (:mod:`verl_core.runtime.ranks`); an empty dict on the other ranks. None for a one-process engine: the
     module's own state dict is already whole. Every rank of a sharded engine must call it."""
-    from verl_core.ranks import rank0_to_main
+    from verl_core.runtime.ranks import rank0_to_main
 
     if isinstance(getattr(engine, "strategy", None), SingleStrategy):
         return None

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from verl_core import sandbox
 from verl_core.reward import CodeScorer, RewardBatch, WeightedScorer, score_rollouts
 from verl_core.reward.code import extract_code, parse_tests, run_tests
-from verl_core.sandbox import SandboxSpec
+from verl_core.runtime import sandbox
+from verl_core.runtime.sandbox import SandboxSpec
 
 ROWS = [json.loads(line) for line in (Path(__file__).parents[2] / "data/code/mbpp_rows.jsonl").open()]
 BWRAP_PROBLEM = sandbox.bwrap_problem()

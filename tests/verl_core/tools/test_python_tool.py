@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from stages.floor.builders import generate_rollouts
-from verl_core import sandbox
 from verl_core.config import MultiTurnConfig
 from verl_core.errors import ConfigError
-from verl_core.sandbox import SandboxSpec
+from verl_core.runtime import sandbox
+from verl_core.runtime.sandbox import SandboxSpec
 from verl_core.tools import call_tool, load_tools
 
 BWRAP_PROBLEM = sandbox.bwrap_problem()

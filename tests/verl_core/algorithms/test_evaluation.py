@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_core.evaluation import mean_by_source, pass_at_k, per_prompt_correct
+from verl_core.algorithms.evaluation import mean_by_source, pass_at_k, per_prompt_correct
 
 
 def test_pass_at_k_hand_computed() -> None:

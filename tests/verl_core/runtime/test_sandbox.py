@@ -14,8 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from verl_core import sandbox
-from verl_core.sandbox import SandboxSpec, SandboxUnavailableError, check_sandbox, python_tool, run_python
+from verl_core.runtime import sandbox
+from verl_core.runtime.sandbox import (
+    SandboxSpec,
+    SandboxUnavailableError,
+    check_sandbox,
+    python_tool,
+    run_python,
+)
 
 BWRAP_PROBLEM = sandbox.bwrap_problem()
 needs_bwrap = pytest.mark.skipif(
@@ -147,7 +153,7 @@ def test_missing_bwrap_names_the_fix(
         SandboxUnavailableError, match=r"apt-get install -y bubblewrap.*allow_weak_sandbox=true"
     ):
         check_sandbox(allow_weak=False)
-    with caplog.at_level(logging.WARNING, logger="verl_core.sandbox"):
+    with caplog.at_level(logging.WARNING, logger="verl_core.runtime.sandbox"):
         assert check_sandbox(allow_weak=True) == "weak"
     assert "does NOT isolate the network or file-system reads" in caplog.text
 

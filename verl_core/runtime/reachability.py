@@ -1,6 +1,6 @@
 """Reachability checks of ``verl-flow doctor --config``: the artifact store and MLflow's tracking URI,
 each answered within a short timeout (a daemon thread guards calls that could hang), as
-:class:`~verl_core.doctor.Check` rows. Nothing is created: a local root is probed with a temporary
+:class:`~verl_core.runtime.doctor.Check` rows. Nothing is created: a local root is probed with a temporary
 file that is removed, or through its nearest existing parent."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from verl_core.doctor import Check
+from verl_core.runtime.doctor import Check
 
 
 def _within(timeout_s: float, fn: Callable[[], Check], name: str, what: str, fix: str) -> Check:
@@ -135,7 +135,7 @@ def tracking_check(uri: str | None, store_url: str, *, enabled: bool = True, tim
 def _tracking_check(uri: str | None, store_url: str, enabled: bool, timeout_s: float) -> Check:
     if not enabled:
         return Check("tracking", "ok", "disabled (tracking.enabled=false)")
-    from verl_core.tracking import default_tracking_uri
+    from verl_core.runtime.tracking import default_tracking_uri
 
     uri = uri or default_tracking_uri(store_url, create=False)
     if uri.startswith("sqlite:///"):

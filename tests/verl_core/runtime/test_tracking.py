@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from verl_core import tracking
 from verl_core.config import load_config
 from verl_core.errors import ConfigError
-from verl_core.run import RunContext, default_run_id, start_run, wandb_fields
-from verl_core.tracking import RUN_ID_TAG, Columns, FanOutTracker, NullTracker, default_tracking_uri
-from verl_core.wandb_tracking import WandbTracker
+from verl_core.runtime import tracking
+from verl_core.runtime.run import RunContext, default_run_id, start_run, wandb_fields
+from verl_core.runtime.tracking import RUN_ID_TAG, Columns, FanOutTracker, NullTracker, default_tracking_uri
+from verl_core.runtime.wandb_tracking import WandbTracker
 
 TABLES_TAG = "mlflow.loggedArtifacts"  # MLflow's list of a run's tables, what load_table searches
 
@@ -158,7 +158,7 @@ def test_runs_starting_at_once_share_the_experiment_whoever_creates_it() -> None
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS
 
-    from verl_core.tracking import _experiment_id
+    from verl_core.runtime.tracking import _experiment_id
 
     class RacingClient:
         def __init__(self) -> None:

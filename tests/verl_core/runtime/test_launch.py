@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_core.launch import LaunchSpec, torchrun_command
+from verl_core.runtime.launch import LaunchSpec, torchrun_command
 
 
 def test_one_node_uses_a_standalone_rendezvous() -> None:

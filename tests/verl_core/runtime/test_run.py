@@ -1,4 +1,4 @@
-"""The run record and tracker tags of a fork or replay (verl_core.run); a run of its own is recorded
+"""The run record and tracker tags of a fork or replay (verl_core.runtime.run); a run of its own is recorded
 exactly as before the ``parent`` section existed."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from verl_core.config import load_config, with_overrides
-from verl_core.run import end_run, family_tags, start_run
+from verl_core.runtime.run import end_run, family_tags, start_run
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 
 
 def test_config_hash_of_a_run_without_parent_is_unchanged() -> None:

@@ -15,10 +15,16 @@ from pydantic import BaseModel, ConfigDict
 
 from verl_core.config import VerlFlowConfig, config_dump, flatten_config
 from verl_core.config.schema import StoreConfig
+from verl_core.runtime.tracking import (
+    FanOutTracker,
+    MlflowTracker,
+    NullTracker,
+    Tracker,
+    default_tracking_uri,
+)
+from verl_core.runtime.wandb_tracking import WandbTracker, require_wandb, wandb_run_id
 from verl_core.store import ArtifactStore
 from verl_core.store.lease import acquire_run_lease, release_run_lease
-from verl_core.tracking import FanOutTracker, MlflowTracker, NullTracker, Tracker, default_tracking_uri
-from verl_core.wandb_tracking import WandbTracker, require_wandb, wandb_run_id
 
 
 class RunContext(BaseModel):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.verl_core import ranks_worker
-from verl_core import ranks
+from tests.verl_core.runtime import ranks_worker
+from verl_core.runtime import ranks
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_one_process_is_the_identity() -> None:

@@ -2,7 +2,7 @@
 
 The interface the tool registry and the code scorer use::
 
-    from verl_core.sandbox import SandboxSpec, check_sandbox, run_python, python_tool
+    from verl_core.runtime.sandbox import SandboxSpec, check_sandbox, run_python, python_tool
 
     spec = SandboxSpec(check_sandbox(allow_weak=False), timeout_s=5, cpu_time_s=5, memory_mb=512,
                        max_processes=32, max_output_bytes=16384, max_file_mb=16)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_core.run_length import ShortRunError, StepCount, check_completed
+from verl_core.runtime.run_length import ShortRunError, StepCount, check_completed
 
 
 def _count(planned: int, completed: int, **kw: object) -> StepCount:

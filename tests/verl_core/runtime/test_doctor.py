@@ -1,4 +1,4 @@
-"""verl_core.doctor: package ranges and cross-package pins from metadata, the torch build, store and
+"""verl_core.runtime.doctor: package ranges and cross-package pins from metadata, the torch build, store and
 MLflow reachability. Versions are simulated by replacing the two metadata lookups."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_core import doctor
-from verl_core.doctor import Check, package_checks, problems, require
 from verl_core.errors import ConfigError
-from verl_core.reachability import store_check, tracking_check
+from verl_core.runtime import doctor
+from verl_core.runtime.doctor import Check, package_checks, problems, require
+from verl_core.runtime.reachability import store_check, tracking_check
 
 REAL_VERSION = doctor.installed_version
 REAL_REQUIRES = doctor.declared_requirements
@@ -158,7 +158,7 @@ def test_mlflow_server_not_answering_fails_within_the_timeout(silent_port: int) 
 
 
 def test_sandbox_check_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    from verl_core import sandbox
+    from verl_core.runtime import sandbox
 
     monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
     [error] = doctor.sandbox_checks("reward.scorers: 'code'", allow_weak=False)

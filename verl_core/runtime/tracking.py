@@ -1,5 +1,5 @@
 """Tracking: one MLflow run (and with ``tracking.backends`` [..., "wandb"] one W&B run, see
-:mod:`verl_core.wandb_tracking`) per verl-flow run, resumed when the run is rerun.
+:mod:`verl_core.runtime.wandb_tracking`) per verl-flow run, resumed when the run is rerun.
 
 Default backend: a SQLite database ``mlflow.db`` at the root of a local artifact store (one database
 for every run under that root, so ``mlflow ui`` compares them), artifacts beside it in
@@ -34,7 +34,7 @@ Columns = Mapping[str, Sequence[Any]]  # a table: column name → values, every 
 
 
 class Tracker(Protocol):
-    """What stages log to. :class:`MlflowTracker`, :class:`~verl_core.wandb_tracking.WandbTracker`,
+    """What stages log to. :class:`MlflowTracker`, :class:`~verl_core.runtime.wandb_tracking.WandbTracker`,
     :class:`FanOutTracker` and :class:`NullTracker` implement it."""
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...

@@ -9,7 +9,7 @@ installed distributions' metadata (``importlib.metadata``): nothing is imported 
 - cross-package pins (:data:`CROSS_PINS`): the ``Requires-Dist`` that an installed package (vLLM,
   flash-attn, DeepSpeed, ...) declares on the stack (torch, transformers, ...);
 - the torch build against what the config asks for (a CPU wheel under ``device: cuda``);
-- with a config, :mod:`verl_core.reachability`: the artifact store and MLflow reachable.
+- with a config, :mod:`verl_core.runtime.reachability`: the artifact store and MLflow reachable.
 
 :func:`require` is the cheap part (metadata reads only, no network, no subprocess) that GPU code
 paths call before building anything; it raises a :class:`ConfigError` with the same one-line
@@ -260,7 +260,7 @@ def environment_checks() -> list[Check]:
 def sandbox_checks(needed_by: str, *, allow_weak: bool) -> list[Check]:
     """Whether bubblewrap runs here for ``needed_by`` (the config field asking for code execution):
     an error naming the fix, a warning when the weak fallback is allowed instead."""
-    from verl_core.sandbox import bwrap_problem
+    from verl_core.runtime.sandbox import bwrap_problem
 
     problem = bwrap_problem()
     if problem is None:

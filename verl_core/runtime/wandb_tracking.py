@@ -1,10 +1,10 @@
 """Weights & Biases tracking (``tracking.backends`` [..., "wandb"], ``pip install 'verl-flow[wandb]'``):
-the same metrics, params, sample tables and files as :class:`~verl_core.tracking.MlflowTracker`.
+the same metrics, params, sample tables and files as :class:`~verl_core.runtime.tracking.MlflowTracker`.
 
 One W&B run per verl-flow run. Its id is derived from the store and the run id
 (:func:`wandb_run_id`), so a rerun of the run id resumes the same W&B run and a stage in another
 process (deployments mode, ``verl-flow eval``) attaches to it by the id the
-:class:`~verl_core.run.RunContext` carries, as it does to the MLflow run. Within a process the run is
+:class:`~verl_core.runtime.run.RunContext` carries, as it does to the MLflow run. Within a process the run is
 initialised once and shared by every tracker of that id.
 
 The API key, mode (``online`` / ``offline``) and local directory come from the environment only
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_core.errors import ConfigError
-from verl_core.tracking import Columns
+from verl_core.runtime.tracking import Columns
 
 STEP_KEY = "verl_flow/step"
 _runs: dict[str, Any] = {}  # W&B run id → the live wandb Run of this process

@@ -7,7 +7,7 @@ import sys
 
 import torch.distributed as dist
 
-from verl_core import ranks
+from verl_core.runtime import ranks
 
 
 def main(out: str) -> None:

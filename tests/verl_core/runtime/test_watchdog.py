@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from verl_core.watchdog import STALL_EXIT_CODE, Heartbeat, StallError, beat
+from verl_core.runtime.watchdog import STALL_EXIT_CODE, Heartbeat, StallError, beat
 
 
 def test_beats_keep_a_slow_stage_alive() -> None:
