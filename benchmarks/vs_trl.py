@@ -2,130 +2,42 @@
 
     .venv/bin/pip install -c constraints.txt -e ".[bench]"      # trl 1.16 (the `bench` extra)
     .venv/bin/python benchmarks/vs_trl.py                        # 10 iterations × 2 repeats, ~1 min
+    .venv/bin/python benchmarks/vs_trl.py --batch 32 --n 8 --mini 8 --repeats 3   # the quickstart's geometry
     .venv/bin/python benchmarks/vs_trl.py --iterations 5 --repeats 1 --beta 0   # quick, no KL
     .venv/bin/python benchmarks/vs_trl.py --device cuda --dtype bfloat16 --shape 0.5b   # on a GPU
 
-Device, precision, model shape (``--device``, ``--dtype``, ``--shape``): ``--device cpu`` (default),
-``cuda`` or ``auto``; ours runs there through ``trainer.device``, TRL through ``use_cpu``.
-``--dtype bfloat16`` is bf16 mixed precision on both sides, fp32 master weights and optimizer state:
-ours ``actor.mixed_precision.param_dtype`` and ``ref.mixed_precision.param_dtype`` = bfloat16
-(:mod:`verl_core.training.precision`; our generation stays in ``model.dtype`` fp32: the rollout issue
-owns it), TRL ``bf16=True`` (accelerate's autocast, its generation included). ``--shape quickstart``:
-the config's ~0.3M-parameter Qwen2; ``0.5b``: Qwen2.5-0.5B's geometry built from scratch (hidden 896,
-24 layers, 14 query / 2 key-value heads, MLP 4864), its vocabulary the tokenizer trained on the run's
-arithmetic text (``model.vocab_size=32000`` asks for up to 32,000; that small corpus yields fewer, the
-count is printed), no download. Printed too: the device's name, a plain ``torch.matmul``'s FLOP/s
-in ``--dtype`` measured in the same run, achieved FLOP/s of the training phases (old + reference
-log-probs and the actor update, FLOPs of :mod:`_hw`: ``6·N·T`` + attention for forward+backward,
-``2·N·T`` + attention for a no-grad pass, on real tokens) and peak memory (CUDA: per side; CPU: the
-process's peak RSS, which only grows).
+Figures measured so far and their history: ``benchmarks/RESULTS.md``.
 
-Set-up (once, not timed): ``configs/quickstart_grpo.yaml`` with its batch geometry overridden (default
-8 prompts × 4 samples, 2 optimizer steps per iteration: the geometry of the TRL figure in the stack
-notes; ``--batch 32 --n 8 --mini 8`` is the config's own) on a temporary local store; our own stages build the
-model and the data: ``preprocess.fn`` (synthetic arithmetic) → ``template_pack.fn`` (tokenizer trained
-on the run's text, chatml prompts) → ``sft_warmup.fn`` for ``--sft-steps`` steps (0: the initial
-scratch policy). The SFT policy is saved as an HF dir (weights + tokenizer); every TRL run loads its
-weights from there, every verl-flow run from the SFT artifact: the same starting weights (checked).
+``--device`` cpu (default), cuda or auto (ours ``trainer.device``, TRL ``use_cpu``); ``--dtype bfloat16``:
+bf16 mixed precision with fp32 master weights on both sides (ours ``{actor,ref}.mixed_precision``, our
+generation staying in fp32; TRL ``bf16=True``); ``--shape quickstart`` (the config's ~0.3M-parameter
+Qwen2) or ``0.5b`` (Qwen2.5-0.5B's geometry from scratch, vocabulary from the run's tokenizer, no
+download). Printed too: the device, a plain matmul's FLOP/s in ``--dtype`` from the same run, achieved
+FLOP/s of the training phases (FLOPs of :mod:`_hw`, on real tokens) and peak memory.
 
-What both sides do, per iteration / generation round (defaults = the quickstart's geometry):
-- the same ``B = data.train_batch_size`` prompts: iteration i's rows of ``prompt_tokens/train`` as our
-  loader picks them; TRL gets the concatenation of those batches as a ``datasets.Dataset`` with a
-  "prompt" column of the already templated ``prompt_text`` (plain strings, so TRL applies no chat
-  template; the tokenizer adds no special tokens, and the ids TRL gets are checked to equal ours),
-  ``shuffle_dataset=False`` so TRL takes them in the same order;
-- ``n = rollout.n`` samples per prompt (TRL ``num_generations``), at most ``data.max_response_length``
-  new tokens (TRL ``max_completion_length``), temperature 1, no top-k/top-p, stopping on the same
-  tokens (``<|endoftext|>``, ``<|im_end|>``);
-- reward: the ``synthetic/arithmetic`` rule scorer of ``verl_core.reward`` (ours through the reward
-  stage; TRL through a reward function reading the "ground_truth" column);
-- old log-probs recomputed, KL loss to the frozen starting policy with ``--beta`` (ours
-  ``actor.use_kl_loss`` + ``kl_loss_coef`` + ``kl_loss_type=low_var_kl``; TRL ``beta``, its k3 = low_var_kl;
-  ``--beta 0``: no reference model on either side), PPO clip 0.2, token-mean loss (TRL ``dapo``),
-  group-std advantage normalisation, AdamW with the same lr / weight decay / grad clip, constant lr;
-- B·n samples per generation round split into B/mini prompt groups of mini·n samples per optimizer
-  step, one pass (ours: ``actor.ppo_mini_batch_size``, ``ppo_epochs=1``; TRL:
-  ``per_device_train_batch_size = mini·n``, ``gradient_accumulation_steps=1``,
-  ``steps_per_generation = B/mini``, ``num_iterations=1``): the same samples per optimizer step and the
-  same number of optimizer steps;
-- CPU, fp32, no gradient checkpointing (TRL's defaults bf16 and gradient checkpointing are turned
-  off), ``torch.set_num_threads(--threads)``, one process.
+Set-up (not timed): ``configs/quickstart_grpo.yaml`` with its batch geometry overridden (default 8
+prompts × 4 samples, 2 optimizer steps per iteration) on a temporary store; our stages build the data,
+tokenizer and an SFT policy (``--sft-steps``), saved as an HF dir that every TRL run loads: both sides
+start from the same weights (checked).
 
-Our side runs the RL loop's own iteration body, ``flows.rl.run_iteration(..., as_tasks=False)``
-(rollout → reward → ppo_update stage functions, no Prefect task runs), in a plain loop after
-``stages.floor.state.init_state``: the real stage code with its Parquet artifacts written and read
-every iteration, but not the Prefect flow (its overhead is measured on its own by
-``benchmarks/orchestration.py``). Timed: the iteration loop (not ``init_state``); TRL: first
-``on_step_begin`` to last ``on_step_end`` (not model loading, trainer construction, ``train()``'s
-preamble). A warm-up run of each side (1 iteration) comes first; then the sides alternate
-``--repeats`` times. Figures: samples/s and generated tokens/s (tokens actually generated, stop token
-included) of each run, the median of each side, the ratio ours/TRL of the medians (goal ≥ 2×), and where
-the time goes: ours from the stage manifests' summaries (rollout ``seconds`` = generate, reward
-``seconds`` = score_batch; update ``timing_s/{old_log_prob,ref,adv,update_actor}``) plus the time of
-each stage call as ``run_iteration`` times it (the difference is artifact I/O and bookkeeping); TRL from
-timers wrapped around its methods (``_generate``, ``_calculate_rewards``, no-grad
-``_get_per_token_logps_and_entropies``, ``compute_loss``, ``training_step``) and the step callbacks.
+The same on both sides: the same prompts in the same order (token ids checked equal), ``rollout.n``
+samples each (TRL ``num_generations``), the same max new tokens, temperature 1 and stop tokens; the
+``synthetic/arithmetic`` rule reward; old log-probs recomputed, a low_var_kl (k3) KL loss to the frozen
+start with ``--beta`` (0: no reference model), clip 0.2, token-mean loss, group-std advantages, AdamW
+with the same settings and a constant lr; the same samples per optimizer step and number of steps; CPU
+fp32 without gradient checkpointing, ``torch.set_num_threads(--threads)``, one process. Not the same:
+the sampling RNG streams (so lengths differ after the first update; tokens/s accounts for it), TRL's
+padded batches vs our buckets and packed micro-batches, our dual-clip (c=3). The TRL model gets
+``use_cache=True`` back (our stages write ``use_cache: false``, without which TRL generates uncached).
 
-Not the same on both sides (policies diverge after the first update, so lengths differ; the tokens/s
-figure accounts for that): sampling RNG streams; TRL pads generation batches (ours buckets them and
-packs training micro-batches); ours adds dual-clip (c=3) to the PPO loss. The model written by our
-stages says ``use_cache: false`` (packed training forwards need it); TRL's ``generate`` then runs
-without a KV cache (~7× slower generation here), so the TRL model gets ``use_cache=True`` back.
-
-Measured here (22 Nov 2026, idle 2-core machine, 1 thread, 338k-param Qwen2, beta 0.04, rewards ~0
-after 40 SFT steps), after ``varlen_sdpa`` went from one sdpa call per sequence to one per length
-bucket: defaults (8×4): ours/TRL 1.21× samples/s, 1.46× generated tok/s (58.9 vs 48.9 samples/s);
-``--batch 32 --n 8 --mini 8`` (the quickstart's geometry): 1.58× samples/s, 1.60× tok/s (91.9 vs 58.2).
-Per iteration at 32×8: generate 1.10 s vs 1.41 s, old + ref log-probs 0.65 s vs 1.12 s, actor update
-(fwd+bwd+optim) 1.00 s vs 1.83 s, our artifacts 0.04 s. The 2× goal is not met: both sides generate
-with HF ``generate`` (ours buckets by prompt length; 39–53% of our time), where we are only ~1.3×
-faster; the packed training passes are ~1.7–1.8× faster than TRL's padded ones.
-
-With the device/dtype/shape flags (23 Nov 2026, the 2-core machine *loaded*, load average ~12, the
-job got 35–47% of a core: noisy; rerun on a quiet machine), ``--batch 32 --n 8 --mini 8``, defaults
-cpu/float32/quickstart: training phases ours 2.37 s vs TRL 3.83 s per iteration (1.62×; the base
-commit's script back to back: 1.90 vs 3.38 s, 1.78×), achieved 20 vs 12 GFLOP/s; ``--dtype bfloat16
---iterations 5``: 2.02 vs 3.53 s (1.75×; bf16 matmul 0.24 TFLOP/s vs fp32 0.03–0.04 here, but this
-338k-parameter model is bound by per-op overhead, not matmuls). ``--shape 0.5b --iterations 2
---repeats 1 --no-warmup --sft-steps 0 --batch 4 --n 2 --mini 2 --max-new-tokens 32`` (358M params,
-vocab 327): training phases ours 58.6 s vs TRL 48.0 s (0.82×: our actor update 41.6 s vs TRL's
-loss+backward+optimizer 28.9 s, old+ref log-probs 16.9 s vs 19.2 s), peak RSS 9.0 / 9.6 GiB.
-
-After this round's rollout and training changes (23 Nov 2026, load ~3 on the 2-core machine, 1 thread,
-``--batch 32 --n 8 --mini 8 --repeats 3``): **2.08× TRL samples/s, 2.37× generated tok/s** (240.5 vs
-115.5 samples/s; goal ≥ 2×: met). Per iteration: generate 0.173 s vs 0.585 s (shared prefill, CPU
-decode attention); old log-probs 0.185 s + ref 0.167 s vs TRL's 0.652 s; actor update 0.491 s vs
-1.164 s; training phases **2.15×** TRL's (0.843 vs 1.816 s; the training issue's CPU target is 2.5×:
-not met), at 52% of the same-run matmul rate vs TRL's 23%; our artifacts 0.06 s.
-
-After the first actor mini-batch's old log-probs came from its own forward (the old-log-prob pass skips
-those rows; measured with the chunked log-probs on ``log_softmax``, since reverted because it moves the
-SFT checkpoints' rounding, and at this vocabulary of 327 neither faster nor slower) (23 Nov 2026, 1
-thread, the 2-core machine at load ~2.5 with a learning run beside it, ``--batch 32 --n 8 --mini 8
---repeats 3``): 241.8 vs 118.5 samples/s (2.04×); training phases ours 0.821 s (old log-probs 0.130 +
-ref 0.179 + actor update 0.512) vs TRL 1.626 s = **1.98×** (the 2.5× target: **not met**). A profile of
-one ``ppo_iteration`` here: ``mm``/``addmm`` 56% of self CPU time (inner dimensions 128–256: ~70 GFLOP/s
-vs 98 for 2048²), CPU flash attention over the length buckets 13%, elementwise ``mul`` of HF's
-RMSNorm/RoPE/SwiGLU 7.6%, the buckets' gathers ~6%, logsumexp/exp ~4%, AdamW ~1%: what is left is fusing
-the elementwise ops (liger on CUDA; ``torch.compile`` on CPU, not done). At ``--shape 0.5b`` the actor
-update's extra seconds over TRL's are first-touch page faults of the AdamW state and gradients in its
-first step (~8.7 s for 2 × 1.4 GB here); warm and isolated, our step is faster than a TRL-like padded
-one (7.4 vs 10.5 s). A glibc setting that keeps freed heap memory (mallopt) halved the AdamW step's page
-faults but holds the process at its peak memory (+2 GiB at 0.5b); it is not merged.
-
-With ``model.share_prompts`` (on by default: our old/reference log-probs and actor update compute each
-prompt group's ~30-token prompt once per micro-batch for its 8 samples of ~20 response tokens, where
-TRL computes it 8 times; ``--no-share-prompts`` turns it off) (23 Nov 2026, idle 2-core machine, load
-~0.9, 1 thread, ``--batch 32 --n 8 --mini 8 --repeats 3``): **3.04× TRL samples/s**, 3.51× generated
-tok/s (364.5 vs 120.1 samples/s); training phases **3.13×** TRL's (0.504 s: old log-probs 0.086 + ref
-0.117 + actor update 0.301, vs TRL's 0.622 + 0.958 = 1.579 s; the issue's CPU target 2.5×: met);
-right after, ``--no-share-prompts``: 2.25× samples/s, training phases 2.13× (0.754 vs 1.609 s). The
-same A/B on one captured 32×8 batch, ours only (6 iterations, medians): 0.802/0.834 s without,
-0.465/0.454 s with shared prompts. ``model.torch_compile`` on top: 0.487 s (slower on this CPU at this
-size; the first forward compiles in ~13 s).
-Then with the token budgets counting stored tokens and keeping a prompt's samples together (the no-grad
-passes run whole groups; load ~1–2): 3.07× samples/s (356.9 vs 116.2); training phases **3.35×**
-(0.495 s: 0.080 + 0.108 + 0.308, vs TRL's 0.629 + 1.029 = 1.657 s).
+Ours runs the RL loop's iteration body (the rollout → reward → ppo_update stage functions with their
+Parquet artifacts, no Prefect task runs; ``benchmarks/orchestration.py`` measures Prefect's share) in a
+plain loop; TRL is timed from the first ``on_step_begin`` to the last ``on_step_end``. A warm-up run of
+each side comes first, then the sides alternate ``--repeats`` times. Prints samples/s and generated
+tokens/s per run, each side's median and the ratio ours/TRL (goal ≥ 2×), and where the time goes: ours
+from the stage manifests' summaries and the stage-call timers, TRL from timers wrapped around its
+``_generate``, ``_calculate_rewards``, ``_get_per_token_logps_and_entropies``, ``compute_loss`` and
+``training_step``.
 """
 
 from __future__ import annotations
