@@ -26,11 +26,7 @@ own run, ``run.json`` has its own seed; MLflow has exactly one run per run id, F
 seed as a param, metrics logged and one registered model version, and no other MLflow run; different
 seeds give different weights; the stage flow runs of the concurrent runs overlapped on the gpu pool.
 
-Measured here (26 Nov 2026, the 2-core CPU machine, defaults, other test suites running beside it, so
-the seconds are noisy): all checks passed; 4 runs together 778 s, alone 248 / 215 / 269 / 307 s (sum
-1039 s): together / one alone 3.0, sum alone / together 1.34; up to 4 gpu flow runs at once. An earlier
-run (same machine) measured together 633 s vs alone 125-140 s (ratio ~4.8). On 2 cores the runs compete
-for the CPU: running them together buys no throughput beyond the overlap of process start-ups and waits.
+Figures measured so far: ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
