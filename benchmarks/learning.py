@@ -5,13 +5,13 @@
     .venv/bin/python benchmarks/learning.py            # quickstart (PPO) + quickstart_grpo, seeds 1 2 3
     .venv/bin/python benchmarks/learning.py --configs configs/quickstart.yaml --seeds 1
     .venv/bin/python benchmarks/learning.py trainer.total_iterations=30   # overrides for every run
-    .venv/bin/python benchmarks/learning.py --configs configs/quickstart.yaml rollout.name=vllm   # on vLLM
+    .venv/bin/python benchmarks/learning.py rollout.name=vllm --configs configs/quickstart.yaml   # on vLLM
     .venv/bin/python benchmarks/learning.py --tools   # quickstart_tools (multi-turn, calculator), seeds 1 2 3
     .venv/bin/python benchmarks/learning.py --sharpen   # quickstart_sharpen: GRPO + PPO + SFT-only control
     .venv/bin/python benchmarks/learning.py --configs configs/quickstart_grpo.yaml \
-        --variants generate:rollout.decode=generate base: \
-        ahead:trainer.rollout_ahead=1,rollout.share_weights=false base_own:rollout.share_weights=false \
-        --pairs ahead=base_own --store /tmp/learning-variants   # one SFT per seed, 4 RL loops on it
+        --variants base: ahead:trainer.rollout_ahead=1,rollout.share_weights=false \
+        base_own:rollout.share_weights=false \
+        --pairs ahead=base_own --store /tmp/learning-variants   # one SFT per seed, 3 RL loops on it
 
 A seed sets ``data.seed`` (which problems, which held out, shuffling), ``trainer.seed`` (model init,
 dropout-free training order) and ``rollout.seed`` (sampling). Accuracy is greedy exact-match on the
