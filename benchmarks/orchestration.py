@@ -219,7 +219,8 @@ def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> d
     from stages.floor.state import drop_state, get_state, init_state, ppo_models
     from verl_core.reward import batch_from_columns, rewards_table
     from verl_core.runtime.run import start_run
-    from verl_core.training.ppo import RolloutBatch, ppo_iteration
+    from verl_core.training.batch import RolloutBatch
+    from verl_core.training.ppo import ppo_iteration
 
     cfg = s["cfg"]
     ctx = start_run(cfg, run_id)

@@ -36,7 +36,8 @@ from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
 from verl_core.runtime.ranks import broadcast_from_main, is_main
 from verl_core.runtime.run import RunContext
-from verl_core.training.ppo import RolloutBatch, ppo_iteration
+from verl_core.training.batch import RolloutBatch
+from verl_core.training.ppo import ppo_iteration
 
 
 @task(name="ppo_update")

@@ -48,7 +48,7 @@ from verl_core.store import ArtifactStore, Manifest, StageWriter, storage_option
 from verl_core.store.schemas import TOKEN_MASK, TURNS
 
 if TYPE_CHECKING:
-    from verl_core.training.ppo import RolloutBatch
+    from verl_core.training.batch import RolloutBatch
 
 TOKENIZER_PREFIX = "tokenizer/"  # template_pack's tokenizer files
 MODEL_PREFIX = "model"  # an export's HF model dir

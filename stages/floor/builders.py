@@ -4,12 +4,14 @@ that one config knob means one thing everywhere (the RL loop, validation, eval, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from torch import nn
 
+from verl_core.algorithms.rollout_correction import RolloutCorrectionSpec
 from verl_core.config import (
     JudgeConfig,
     MixedPrecisionConfig,
@@ -67,7 +69,8 @@ from verl_core.tools import load_tools
 from verl_core.tools.parsing import TOOL_CALL_FORMATS
 from verl_core.training.distributed import rank_shard
 from verl_core.training.engine import OptimSpec
-from verl_core.training.ppo import ActorLossSpec, PPOSpec, RolloutCorrectionSpec
+from verl_core.training.ppo import PPOSpec
+from verl_core.training.ppo_kernels import ActorLossSpec
 from verl_core.training.precision import MixedPrecision
 
 # --------------------------------------------------------------------------------------------------
@@ -352,59 +355,67 @@ def iteration_count(cfg: VerlFlowConfig, planned: int, completed: int) -> StepCo
     )
 
 
+def optim_spec(
+    *, lr: float, weight_decay: float, grad_clip: float, total_steps: int, warmup_ratio: float, scheduler: str
+) -> OptimSpec:
+    """AdamW and its LR schedule over ``total_steps`` optimizer steps, the first
+    ``int(warmup_ratio · total_steps)`` of them a linear warm-up (the actor, the critic and SFT)."""
+    return OptimSpec(
+        lr=lr,
+        weight_decay=weight_decay,
+        warmup_steps=int(warmup_ratio * total_steps),
+        total_steps=total_steps,
+        scheduler=scheduler,
+        grad_clip=grad_clip,
+    )
+
+
 def actor_spec(cfg: VerlFlowConfig, iterations: int) -> OptimSpec:
     """The actor's optimizer and LR schedule over ``iterations`` RL iterations
     (``actor.ppo_epochs`` × mini-batches optimizer steps each)."""
     a = cfg.actor
     total = iterations * a.ppo_epochs * (cfg.data.train_batch_size // a.ppo_mini_batch_size)
-    return OptimSpec(
-        lr=a.lr,
-        weight_decay=a.weight_decay,
-        warmup_steps=int(a.warmup_steps_ratio * total),
-        total_steps=total,
-        scheduler=a.lr_scheduler,
-        grad_clip=a.grad_clip,
-    )
+    return optim_spec(
+        lr=a.lr, weight_decay=a.weight_decay, grad_clip=a.grad_clip, total_steps=total,
+        warmup_ratio=a.warmup_steps_ratio, scheduler=a.lr_scheduler,
+    )  # fmt: skip
 
 
 def critic_spec(cfg: VerlFlowConfig, iterations: int) -> OptimSpec:
     """The critic's optimizer over ``iterations`` RL iterations (constant LR)."""
     c = cfg.critic
     total = iterations * c.ppo_epochs * (cfg.data.train_batch_size // c.ppo_mini_batch_size)
-    return OptimSpec(
-        lr=c.lr,
-        weight_decay=c.weight_decay,
-        warmup_steps=0,
-        total_steps=total,
-        scheduler="constant",
-        grad_clip=c.grad_clip,
-    )
+    return optim_spec(
+        lr=c.lr, weight_decay=c.weight_decay, grad_clip=c.grad_clip, total_steps=total,
+        warmup_ratio=0.0, scheduler="constant",
+    )  # fmt: skip
+
+
+S = TypeVar("S")
+
+
+def _spec_from(spec_type: type[S], section: Any, **others: Any) -> S:
+    """``spec_type`` (a dataclass) from ``section``'s fields of the same names, and ``others``."""
+    names = [f.name for f in dataclasses.fields(spec_type) if f.name not in others]  # type: ignore[arg-type]
+    return spec_type(**{n: getattr(section, n) for n in names}, **others)
 
 
 def ppo_spec(cfg: VerlFlowConfig, iteration: int) -> PPOSpec:
-    """The settings of iteration ``iteration``'s update (the actor waits out ``trainer.critic_warmup``)."""
+    """The settings of iteration ``iteration``'s update (the actor waits out ``trainer.critic_warmup``).
+    Fields named as in ``actor`` and ``algorithm`` (and its ``rollout_correction``) come from there."""
     a, c, alg = cfg.actor, cfg.critic, cfg.algorithm
-    rc = alg.rollout_correction
-    temperature = cfg.rollout.temperature or 1.0
-    return PPOSpec(
-        actor=ActorLossSpec(
-            policy_loss=a.policy_loss,
-            loss_agg_mode=a.resolved_loss_agg_mode,
-            clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
-            clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high,
-            clip_ratio_c=a.clip_ratio_c,
-            entropy_coeff=a.entropy_coeff,
-            use_kl_loss=a.use_kl_loss,
-            kl_loss_coef=a.kl_loss_coef,
-            kl_loss_type=a.kl_loss_type,
-            temperature=temperature,
-        ),
-        adv_estimator=alg.adv_estimator,
-        gamma=alg.gamma,
-        lam=alg.lam,
-        norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
-        use_kl_in_reward=alg.use_kl_in_reward,
-        kl_penalty=alg.kl_penalty,
+    actor = _spec_from(
+        ActorLossSpec,
+        a,
+        loss_agg_mode=a.resolved_loss_agg_mode,
+        clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
+        clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high,
+        temperature=cfg.rollout.temperature or 1.0,
+    )
+    return _spec_from(
+        PPOSpec,
+        alg,
+        actor=actor,
         actor_epochs=a.ppo_epochs,
         actor_mini_batch_groups=a.ppo_mini_batch_size,
         critic_epochs=c.ppo_epochs,
@@ -420,14 +431,7 @@ def ppo_spec(cfg: VerlFlowConfig, iteration: int) -> PPOSpec:
         horizon=float(cfg.data.max_response_length),
         update_actor=iteration >= cfg.trainer.critic_warmup,
         use_rollout_logprobs=a.use_rollout_logprobs,
-        rollout_correction=RolloutCorrectionSpec(
-            rollout_is=rc.rollout_is,
-            rollout_is_threshold=rc.rollout_is_threshold,
-            rollout_rs=rc.rollout_rs,
-            rollout_rs_threshold=rc.rollout_rs_threshold,
-            rollout_rs_threshold_lower=rc.rollout_rs_threshold_lower,
-            log_prob_diff_threshold=rc.log_prob_diff_threshold,
-        ),
+        rollout_correction=_spec_from(RolloutCorrectionSpec, alg.rollout_correction),
     )
 
 

@@ -75,7 +75,8 @@ from verl_core.runtime.run_length import StepCount
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest
 from verl_core.training.engine import TrainEngine
-from verl_core.training.ppo import AdapterDisabledPolicy, LogProbModel, PPOModels
+from verl_core.training.ppo import PPOModels
+from verl_core.training.ppo_kernels import AdapterDisabledPolicy, LogProbModel
 from verl_core.training.strategies import build_train_engine, full_weights, prepare_frozen
 
 PENDING = "pending"  # checkpoint files holding the manifests of updates it publishes

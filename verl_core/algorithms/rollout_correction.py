@@ -32,6 +32,7 @@ and ``log_prob_abs_diff_frac_above`` are ours.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
 import torch
@@ -231,6 +232,24 @@ class RolloutCorrection(NamedTuple):
     weights: Tensor | None
     response_mask: Tensor
     metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class RolloutCorrectionSpec:
+    """Which correction :func:`rollout_correction` applies (``algorithm.rollout_correction`` of the
+    config, where the defaults live)."""
+
+    rollout_is: str | None  # TIS weight level: token | sequence; None: no weights
+    rollout_is_threshold: float  # truncation C of the weights
+    rollout_rs: str | None  # rejection level: token | sequence | geometric; None: no rejection
+    rollout_rs_threshold: float  # rejected above
+    rollout_rs_threshold_lower: float | None  # rejected below (None: 1 / rollout_rs_threshold)
+    log_prob_diff_threshold: float  # |Δ log-prob| counted by log_prob_abs_diff_frac_above
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the correction changes the loss (weights or rejects tokens); off: metrics only."""
+        return self.rollout_is is not None or self.rollout_rs is not None
 
 
 def rollout_correction(

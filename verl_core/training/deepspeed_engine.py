@@ -30,7 +30,14 @@ from torch import Tensor, nn
 from verl_core.errors import ArtifactCorruptError, ConfigError
 from verl_core.runtime.doctor import require
 from verl_core.runtime.watchdog import beat
-from verl_core.training.engine import NonFiniteError, OptimSpec, StepStats, lr_multiplier, param_groups
+from verl_core.training.engine import (
+    ADAM_BETAS,
+    NonFiniteError,
+    OptimSpec,
+    StepStats,
+    lr_schedule,
+    param_groups,
+)
 from verl_core.training.precision import MixedPrecision
 
 T = TypeVar("T")
@@ -103,14 +110,8 @@ class DeepSpeedTrainEngine:
         # ZeRO drops empty parameter groups (LoRA has no 1-D parameters), and the LR schedule must
         # then see the same groups as the wrapped optimizer
         groups = [g for g in param_groups(model, spec.weight_decay) if g["params"]]
-        optimizer = torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, foreach=False)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer,
-            lambda s: lr_multiplier(
-                s, warmup_steps=spec.warmup_steps, total_steps=spec.total_steps,
-                scheduler=spec.scheduler, min_ratio=spec.min_lr_ratio,
-            ),
-        )  # fmt: skip
+        optimizer = torch.optim.AdamW(groups, lr=spec.lr, betas=ADAM_BETAS, foreach=False)
+        scheduler = lr_schedule(optimizer, spec)
         config = deepspeed_config(spec.grad_clip, zero_stage, mixed_precision)
         if zero_stage == 3:
             _register_output_head(model)

@@ -34,16 +34,20 @@ class NonFiniteError(VerlFlowError):
     """A loss or gradient became NaN/Inf; raised before the optimizer step (nothing is committed)."""
 
 
+ADAM_BETAS = (0.9, 0.999)  # AdamW's β₁, β₂ (not a config knob)
+
+
 @dataclass(frozen=True)
 class OptimSpec:
-    lr: float
-    weight_decay: float
+    """AdamW and its LR schedule (:func:`lr_schedule`); the stage builds it from the config, where the
+    defaults live."""
+
+    lr: float  # peak learning rate
+    weight_decay: float  # on matrices only (:func:`param_groups`)
     warmup_steps: int
     total_steps: int
     scheduler: str  # "constant" | "cosine"
-    grad_clip: float
-    betas: tuple[float, float] = (0.9, 0.999)
-    min_lr_ratio: float = 0.0
+    grad_clip: float  # global gradient norm
 
 
 class StepStats(NamedTuple):
@@ -53,13 +57,11 @@ class StepStats(NamedTuple):
     micro_batches: int
 
 
-def lr_multiplier(
-    step: int, *, warmup_steps: int, total_steps: int, scheduler: str, min_ratio: float = 0.0
-) -> float:
+def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, scheduler: str) -> float:
     """Multiplier of the peak LR at optimizer step ``step`` (0-based).
 
     Linear warm-up: (step+1)/warmup for step < warmup. Then ``constant`` → 1, or ``cosine`` →
-    min + (1−min)·½(1 + cos(π·progress)), progress = (step − warmup)/(total − warmup) ∈ [0, 1]."""
+    ½(1 + cos(π·progress)), progress = (step − warmup)/(total − warmup) ∈ [0, 1]."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if scheduler == "constant":
@@ -68,7 +70,17 @@ def lr_multiplier(
         raise ValueError(f"unknown lr scheduler {scheduler!r}; valid: constant, cosine")
     span = max(1, total_steps - warmup_steps)
     progress = min(1.0, (step - warmup_steps) / span)
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def lr_schedule(optimizer: torch.optim.Optimizer, spec: OptimSpec) -> torch.optim.lr_scheduler.LambdaLR:
+    """``optimizer``'s LR schedule: the peak ``spec.lr`` × :func:`lr_multiplier` of the step."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: lr_multiplier(
+            s, warmup_steps=spec.warmup_steps, total_steps=spec.total_steps, scheduler=spec.scheduler
+        ),
+    )
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -134,18 +146,9 @@ class TrainEngine:
         if not self.params:
             raise VerlFlowError("the model has no trainable parameters")
         self.optimizer = torch.optim.AdamW(
-            param_groups(self.model, spec.weight_decay), lr=spec.lr, betas=spec.betas, foreach=False
+            param_groups(self.model, spec.weight_decay), lr=spec.lr, betas=ADAM_BETAS, foreach=False
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda s: lr_multiplier(
-                s,
-                warmup_steps=spec.warmup_steps,
-                total_steps=spec.total_steps,
-                scheduler=spec.scheduler,
-                min_ratio=spec.min_lr_ratio,
-            ),
-        )
+        self.scheduler = lr_schedule(self.optimizer, spec)
         self.global_step = 0
 
     @property

@@ -30,7 +30,7 @@ from verl_core.rollout.multi_turn import (
 from verl_core.seeding import derive_seed
 from verl_core.store.schemas import conform
 from verl_core.tools import load_tools
-from verl_core.training.ppo import RolloutBatch
+from verl_core.training.batch import RolloutBatch
 from verl_core.training.ppo_kernels import response_log_probs
 
 

@@ -17,22 +17,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from tests.verl_core.training.specs import correction_spec, ppo_spec
 from verl_core.algorithms import make_kl_controller
 from verl_core.data.packing import pack
 from verl_core.models.heads import value_model_from_policy
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
+from verl_core.training.batch import RolloutBatch
 from verl_core.training.data_parallel import MicroBatch, dp_view
 from verl_core.training.engine import OptimSpec
-from verl_core.training.ppo import (
-    ActorLossSpec,
-    PPOModels,
-    PPOSpec,
-    RolloutBatch,
-    RolloutCorrectionSpec,
-    ppo_iteration,
-)
-from verl_core.training.ppo_kernels import response_log_probs
+from verl_core.training.ppo import PPOModels, PPOSpec, ppo_iteration
+from verl_core.training.ppo_kernels import ActorLossSpec, response_log_probs
 from verl_core.training.sft import sft_loss, sft_step_plan
 from verl_core.training.strategies import build_train_engine, prepare_frozen
 
@@ -155,19 +150,19 @@ def rl_spec(estimator: str) -> PPOSpec:
     )
     budgets = {"actor_token_budget": BUDGET, "critic_token_budget": BUDGET}
     budgets.update(log_prob_token_budget=NO_GRAD_BUDGET, ref_token_budget=NO_GRAD_BUDGET)
-    return PPOSpec(
-        actor=actor,
+    return ppo_spec(
+        actor,
         adv_estimator=estimator,
         lam=0.95,
         actor_mini_batch_groups=1,  # 3 rows per optimizer step: split 2 | 1 over 2 ranks
         critic_mini_batch_groups=1,
         horizon=8.0,
-        rollout_correction=RolloutCorrectionSpec(
+        rollout_correction=correction_spec(
             rollout_is="token", rollout_is_threshold=1.2, rollout_rs="geometric", rollout_rs_threshold=1.15
         )
         if estimator == "grpo"
-        else RolloutCorrectionSpec(),
-        **budgets,  # type: ignore[arg-type]
+        else correction_spec(),
+        **budgets,
     )
 
 

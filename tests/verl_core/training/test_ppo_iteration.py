@@ -13,22 +13,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tests.verl_core.training.specs import ppo_spec
 from tests.verl_core.training.test_ppo import decoder_token_counts
 from verl_core.algorithms import make_kl_controller
 from verl_core.models.heads import value_model_from_policy
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
+from verl_core.training.batch import RolloutBatch, minibatches
 from verl_core.training.engine import NonFiniteError, OptimSpec, TrainEngine
-from verl_core.training.ppo import (
-    ActorLossSpec,
-    PPOIterationResult,
-    PPOModels,
-    PPOSpec,
-    RolloutBatch,
-    minibatches,
-    ppo_iteration,
-)
-from verl_core.training.ppo_kernels import response_log_probs
+from verl_core.training.ppo import PPOIterationResult, PPOModels, PPOSpec, ppo_iteration
+from verl_core.training.ppo_kernels import ActorLossSpec, response_log_probs
 
 VOCAB = 61
 # 3 prompt groups × 2 samples, ragged prompts (1-3 tokens) and responses (1-4 tokens)
@@ -77,7 +71,6 @@ def make_spec(**kw: object) -> PPOSpec:
         temperature=1.0,
     )
     base: dict[str, object] = {
-        "actor": actor,
         "adv_estimator": "grpo",
         "actor_epochs": 2,
         "actor_mini_batch_groups": 2,  # 3 groups → mini-batches of 2 and 1 groups per epoch
@@ -86,7 +79,7 @@ def make_spec(**kw: object) -> PPOSpec:
         "horizon": 4.0,
     }
     base.update(kw)
-    return PPOSpec(**base)  # type: ignore[arg-type]
+    return ppo_spec(actor, **base)
 
 
 def make_models(*, critic: bool = False, ref: bool = False) -> PPOModels:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from stages.floor.builders import ppo_spec
+from tests.verl_core.training.specs import correction_spec
 from tests.verl_core.training.test_ppo_iteration import (
     PROMPTS,
     RESPONSES,
@@ -19,8 +20,8 @@ from tests.verl_core.training.test_ppo_iteration import (
     run,
     weights,
 )
+from verl_core.algorithms.rollout_correction import RolloutCorrectionSpec
 from verl_core.config import load_config
-from verl_core.training.ppo import RolloutCorrectionSpec
 from verl_core.training.ppo_kernels import response_log_probs
 
 N_TOKENS = sum(len(r) for r in RESPONSES)  # 13 response tokens
@@ -35,7 +36,7 @@ def old_log_probs() -> torch.Tensor:
 def test_no_gap_with_correction_on_changes_nothing() -> None:
     a, b = make_models(), make_models()
     run(a, make_spec())
-    corr = RolloutCorrectionSpec(rollout_is="token", rollout_rs="token", rollout_rs_threshold=1.5)
+    corr = correction_spec(rollout_is="token", rollout_rs="token", rollout_rs_threshold=1.5)
     result = run(b, make_spec(rollout_correction=corr), make_batch(behaviour_log_probs=old_log_probs()))
     wa, wb = weights(a.actor), weights(b.actor)
     for k in wa:
@@ -66,7 +67,7 @@ def test_truncated_weights_scale_the_gradient() -> None:
     run(plain, spec)
     corrected = make_models()
     corrected_grads = record_gradients(corrected.actor_engine)
-    corr = RolloutCorrectionSpec(rollout_is="token", rollout_is_threshold=1.5)
+    corr = correction_spec(rollout_is="token", rollout_is_threshold=1.5)
     behaviour = old_log_probs() - math.log(2.0)
     result = run(
         corrected,
@@ -89,7 +90,7 @@ def test_a_rejected_sequence_is_left_out_like_a_masked_one() -> None:
     behaviour[3, :4] -= math.log(2.0)  # 4 tokens of sample 3, each w = 2
     rejected = make_models()
     rejected_grads = record_gradients(rejected.actor_engine)
-    corr = RolloutCorrectionSpec(rollout_rs="sequence", rollout_rs_threshold=2.0)
+    corr = correction_spec(rollout_rs="sequence", rollout_rs_threshold=2.0)
     result = run(
         rejected,
         make_spec(adv_estimator="remax", actor_epochs=1, actor_mini_batch_groups=3, rollout_correction=corr),
@@ -108,7 +109,7 @@ def test_a_rejected_sequence_is_left_out_like_a_masked_one() -> None:
 
 
 def test_correction_needs_recomputed_old_log_probs() -> None:
-    corr = RolloutCorrectionSpec(rollout_is="token")
+    corr = correction_spec(rollout_is="token")
     batch = make_batch(behaviour_log_probs=old_log_probs())
     with pytest.raises(ValueError, match="not use_rollout_logprobs"):
         run(make_models(), make_spec(use_rollout_logprobs=True, rollout_correction=corr), batch)
