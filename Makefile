@@ -101,7 +101,7 @@ typecheck: $(STAMP)
 # (tests/conftest.py). The project's own bytecode is compiled once first, for the same reason as
 # UV_COMPILE_BYTECODE: the suite starts many Python processes.
 pytest: $(STAMP) $(VLLM_STAMP) bwrap
-	$(PY) -m compileall -q -x '/\.venv' verl_core stages flows tests benchmarks examples >/dev/null
+	$(PY) -m compileall -q -x '/\.venv' verl_core stages flows launcher tests benchmarks examples >/dev/null
 	VERL_FLOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) VERL_FLOW_REQUIRE_VLLM=1 $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The engine's own tests run inside the vLLM environment (tests/vllm imports vllm).

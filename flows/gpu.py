@@ -7,14 +7,20 @@ loop's flow is :func:`flows.rl.rl_loop` itself (one flow run for all iterations,
 policy, reference and critic stay in GPU memory between them). Each starts with
 :func:`stages.floor.environment.check_environment`: the worker's packages and torch build against what the
 config needs, the fast part of ``verl-flow doctor``.
+
+An SPMD job (:mod:`launcher.spmd`) of the SFT stage or the RL loop runs :func:`sft_rank` or
+:func:`rl_rank` on every rank, named in the job by import path (``"flows.gpu:rl_rank"``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefect import flow
 
 from flows.dispatch import heartbeat
-from flows.spmd import SpmdJob, needs_spmd, run_job
+from flows.rl import rl_iterations
+from launcher.spmd import SpmdJob, needs_spmd, run_job
 from stages.export import export_model
 from stages.floor.environment import check_environment
 from stages.floor.logging import watched
@@ -28,10 +34,11 @@ def sft_flow(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str) ->
     """SFT warm-up of the run; returns the sft stage's manifest URI."""
     with heartbeat(ctx, config):  # dispatched: the pipeline tells it alive from preempted by this
         check_environment(config)  # this worker's packages and torch build can run the config (no network)
-        if needs_spmd(config):  # every rank runs sft_warmup (flows.spmd), rank 0 as this flow run's task
+        if needs_spmd(config):  # every rank runs sft_rank (launcher.spmd), rank 0 as this flow run's task
             job = SpmdJob(
-                stage="sft", ctx=ctx, config=config, template_pack_uri=template_pack_uri, final=False
-            )
+                stage="sft", entry="flows.gpu:sft_rank", flow="flows.gpu:sft_flow", ctx=ctx, config=config,
+                args={"template_pack_uri": template_pack_uri}, final=False,
+            )  # fmt: skip
             return str(run_job(job)["sft_uri"])
         with watched(ctx, "sft", config.execution.stall_timeout_s):
             return sft_warmup(ctx, config.model, config.sft, config.trainer, template_pack_uri, config.actor)
@@ -47,3 +54,23 @@ def export_flow(
         check_environment(config)
         with watched(ctx, "export", config.execution.stall_timeout_s, iteration):
             return export_model(ctx, config, template_pack_uri, iteration)
+
+
+def sft_rank(
+    ctx: RunContext, config: VerlFlowConfig, *, as_tasks: bool, template_pack_uri: str
+) -> dict[str, Any]:
+    """Every rank's part of the SFT job: ``sft_warmup`` (a task of the launching flow run on the main
+    rank, ``as_tasks``); returns ``{"sft_uri": ...}``."""
+    fn = sft_warmup if as_tasks else sft_warmup.fn
+    c = config
+    # every rank watched, as rl_iterations' stages are: a rank stuck (in a collective too) is failed
+    with watched(ctx, "sft", c.execution.stall_timeout_s):
+        uri = fn(ctx, c.model, c.sft, c.trainer, template_pack_uri, c.actor)
+    return {"sft_uri": uri}
+
+
+def rl_rank(
+    ctx: RunContext, config: VerlFlowConfig, *, as_tasks: bool, template_pack_uri: str, sft_uri: str | None
+) -> dict[str, Any]:
+    """Every rank's part of the RL-loop job: :func:`flows.rl.rl_iterations`; returns its result as JSON."""
+    return rl_iterations(ctx, config, template_pack_uri, sft_uri, as_tasks=as_tasks).to_json()

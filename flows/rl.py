@@ -21,7 +21,7 @@ a checkpoint is taken only after it is committed, so a resume samples nothing co
 Iteration 0 (and a resumed run's first iteration, committed already) is rolled out first, alone.
 
 More than one process (``trainer.nnodes × trainer.n_gpus_per_node``) or a sharded strategy: the flow
-runs :func:`rl_iterations` as an SPMD job under torchrun (:mod:`flows.spmd`); every rank runs the same
+runs :func:`rl_iterations` as an SPMD job under torchrun (:mod:`launcher.spmd`); every rank runs the same
 loop, the main rank runs the stages as tasks of this flow run and scores the rollouts, the others follow.
 """
 
@@ -37,7 +37,7 @@ from prefect import flow, task
 
 from flows.dispatch import heartbeat
 from flows.sampling import sample_iteration
-from flows.spmd import SpmdJob, needs_spmd, run_job
+from launcher.spmd import SpmdJob, needs_spmd, run_job
 from stages.floor.environment import check_environment
 from stages.floor.locations import ckpt_stage, validations
 from stages.floor.logging import stage_logger, timed, watched
@@ -134,8 +134,9 @@ def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft
         check_environment(config)  # this worker's packages and torch build can run the config (no network)
         if needs_spmd(config):
             job = SpmdJob(
-                stage="rl-loop", ctx=ctx, config=config, template_pack_uri=template_pack_uri, sft_uri=sft_uri
-            )
+                stage="rl-loop", entry="flows.gpu:rl_rank", flow="flows.rl:rl_loop", ctx=ctx, config=config,
+                args={"template_pack_uri": template_pack_uri, "sft_uri": sft_uri},
+            )  # fmt: skip
             return RLResult.from_json(run_job(job))
         return rl_iterations(ctx, config, template_pack_uri, sft_uri)
 

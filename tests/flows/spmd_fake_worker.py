@@ -1,4 +1,4 @@
-"""A stand-in for ``flows.spmd`` in tests/flows/test_infra_spmd.py: the real torchrun rendezvous and
+"""A stand-in for ``launcher.spmd`` in tests/flows/test_infra_spmd.py: the real torchrun rendezvous and
 gloo group, a fake job. Node 0's worker gets ``--job FILE`` (JSON ``{"stage", "final", "fail_follower"}``),
 a follower's gets ``--job rendezvous``; the spec reaches every rank through an all-gather (whichever
 rank node 0's worker got: c10d orders nodes by host name and pid, not by who launched first)."""

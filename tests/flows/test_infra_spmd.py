@@ -1,5 +1,5 @@
 """Multi-node recipes (infra/k8s/spmd-*, infra/slurm/, infra/spmd-node.sh) and the follower node
-(flows/follow.py, ``verl-flow spmd-follow`` / ``spmd-command``). No cluster here: the manifests are
+(launcher/follow.py, ``verl-flow spmd-follow`` / ``spmd-command``). No cluster here: the manifests are
 checked for shape, and their node commands are run with fake ``verl-flow``/``srun``/``scontrol`` on
 PATH; what they would launch must be exactly ``verl_core.runtime.launch.torchrun_command`` for the geometry of
 node 0's config (one definition). The follower loop runs against an injected runner, and once against
@@ -22,7 +22,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.follow import FollowError, follow, launch_spec
+from launcher.follow import FollowError, follow, launch_spec
 from verl_core.config import load_config
 from verl_core.runtime.launch import (
     FOLLOWER_JOB_URI,
@@ -56,7 +56,7 @@ def test_torchrun_command_node_0_hosts_followers_join() -> None:
         "--rdzv-id",
         "verl-flow",
     ]
-    tail = ["--nproc-per-node", "8", "--max-restarts", "0", "-m", "flows.spmd", "--job"]
+    tail = ["--nproc-per-node", "8", "--max-restarts", "0", "-m", "launcher.spmd", "--job"]
     head = [sys.executable, "-m", "torch.distributed.run", *common, "--rdzv-conf", "is_host=1", *tail]
     follower = [sys.executable, "-m", "torch.distributed.run", *common, "--rdzv-conf", "is_host=0", *tail]
     assert torchrun_command(spec, "s3://b/runs/r/job.json") == [*head, "s3://b/runs/r/job.json"]
@@ -142,7 +142,7 @@ def test_follow_gives_up_when_no_job_comes() -> None:
 
 def test_spmd_follow_cli_prints_one_line_on_a_failed_job(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeTorchrun([(RL, 7)])
-    monkeypatch.setattr("flows.follow.run_subprocess", fake)
+    monkeypatch.setattr("launcher.follow.run_subprocess", fake)
     geometry = ["--nnodes", "2", "--nproc-per-node", "4", "--rdzv-endpoint", "n0:29400"]
     result = cli.invoke(app, ["spmd-follow", *geometry])
     assert result.exit_code == 1

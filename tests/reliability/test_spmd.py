@@ -100,7 +100,7 @@ def _rank_pid(root: int, rank: int) -> int | None:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"RANK={rank}".encode() in env and b"flows.spmd" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if f"RANK={rank}".encode() in env and b"launcher.spmd" in Path(f"/proc/{pid}/cmdline").read_bytes():
             return pid
     return None
 

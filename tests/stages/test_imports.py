@@ -17,17 +17,18 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGE_FILES = sorted((ROOT / "stages").glob("*.py"))
 FLOOR_FILES = sorted((ROOT / "stages" / "floor").glob("*.py"))
 BENCHMARK_FILES = sorted((ROOT / "benchmarks").glob("*.py"))
+FLOW_FILES = sorted((ROOT / "flows").rglob("*.py"))  # the CLI package too
 
 
 def _package(path: Path) -> list[str]:
-    """The package a file's relative imports start from: ``flows/cli.py`` → ``["flows"]``; a
+    """The package a file's relative imports start from: ``flows/rl.py`` → ``["flows"]``; a
     package's ``__init__.py`` is in the package itself (``stages/floor/__init__.py`` → ``["stages",
     "floor"]``)."""
     return list(path.relative_to(ROOT).with_suffix("").parts[:-1])
 
 
 def _absolute(path: Path, node: ast.ImportFrom) -> str:
-    """The absolute module of ``from ... import``: ``from .x import y`` in ``flows/cli.py`` is
+    """The absolute module of ``from ... import``: ``from .x import y`` in ``flows/rl.py`` is
     ``flows.x``, ``from ..stages.eval import y`` is ``stages.eval``, ``from . import y`` is ``flows``."""
     if node.level == 0:
         assert node.module is not None
@@ -152,7 +153,7 @@ def test_benchmarks_import_no_private_stage_name(path: Path) -> None:
     assert not bad, "benchmarks call components, never a stage's private helpers:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "flows").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FLOW_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_flows_import_no_private_stage_name(path: Path) -> None:
     bad = _private_stage_imports(path)
     assert not bad, "flows use stage tasks and the floor's public names:\n" + "\n".join(bad)
@@ -180,7 +181,7 @@ def test_the_task_check_catches_helpers() -> None:
     assert _not_tasks("stages.eval", []) == ["stages.eval (a module)"]
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "flows").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FLOW_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_flows_take_only_tasks_and_flows_from_stage_modules(path: Path) -> None:
     bad = [
         f"{_where(path, line)}: {what}"

@@ -1,20 +1,20 @@
 """The torchrun command of an SPMD job (the SFT stage or the RL loop on several processes).
 
 One function builds it for every place that launches one: the flows on this host
-(:mod:`flows.spmd`), the Kubernetes job and the Slurm script of ``infra/`` (which call
+(:mod:`launcher.spmd`), the Kubernetes job and the Slurm script of ``infra/`` (which call
 ``verl-flow spmd-command`` so they run exactly this command). torchrun (torch.distributed elastic)
 starts ``nproc_per_node`` workers on each of ``nnodes`` nodes that meet through a c10d rendezvous;
-each worker runs ``python -m flows.spmd --job JOB_URI``.
+each worker runs ``python -m launcher.spmd --job JOB_URI``.
 
-    one node:   torchrun --standalone --nnodes 1 --nproc-per-node G --max-restarts 0 -m flows.spmd --job URI
-    N nodes:    torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HOST:PORT
-                         --rdzv-id ID --rdzv-conf is_host=1|0 --max-restarts 0 -m flows.spmd --job URI
+    one node: torchrun --standalone --nnodes 1 --nproc-per-node G --max-restarts 0 -m launcher.spmd --job URI
+    N nodes:  torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HOST:PORT
+                       --rdzv-id ID --rdzv-conf is_host=1|0 --max-restarts 0 -m launcher.spmd --job URI
 
 ``--max-restarts 0``: a failed rank fails the job (the stage's own resume restarts it from its last
 checkpoint, under Prefect's control), torchrun does not restart workers behind the flow's back.
 
 Multi-node: node 0 runs the pipeline (or the RL-loop flow) and launches its jobs with their job URI;
-nodes 1..N−1 run ``verl-flow spmd-follow`` (:mod:`flows.follow`), the same command with the job URI
+nodes 1..N−1 run ``verl-flow spmd-follow`` (:mod:`launcher.follow`), the same command with the job URI
 :data:`FOLLOWER_JOB_URI`: their workers receive the job spec from node 0's after the rendezvous. Node 0
 hosts the rendezvous store (``is_host=1``, stated rather than guessed from host names, which fails
 when the endpoint is a DNS name not yet published, e.g. a Kubernetes Service), followers never do.
@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-WORKER_MODULE = "flows.spmd"
+WORKER_MODULE = "launcher.spmd"
 FOLLOWER_JOB_URI = "rendezvous"
 """Job URI of a follower node's workers: the spec comes from node 0 through the rendezvous store."""
 JOB_INFO_ENV = "VERL_FLOW_JOB_INFO"
@@ -64,7 +64,7 @@ class LaunchSpec:
 def torchrun_command(
     spec: LaunchSpec, job_uri: str, *, python: str | None = None, module: str = WORKER_MODULE
 ) -> list[str]:
-    """The argv that runs the SPMD job described at ``job_uri`` (see :mod:`flows.spmd`) with ``spec``;
+    """The argv that runs the SPMD job described at ``job_uri`` (see :mod:`launcher.spmd`) with ``spec``;
     ``job_uri`` :data:`FOLLOWER_JOB_URI` on follower nodes. ``module``: the worker (tests swap in a
     fake one to exercise the real torchrun rendezvous)."""
     argv = [python or sys.executable, "-m", "torch.distributed.run"]

@@ -11,7 +11,7 @@ def test_one_node_uses_a_standalone_rendezvous() -> None:
     argv = torchrun_command(LaunchSpec(1, 2, rdzv_id="r-rl-loop"), "/tmp/job.json", python="py")
     assert argv == [
         "py", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--nproc-per-node", "2", "--max-restarts", "0", "-m", "flows.spmd", "--job", "/tmp/job.json",
+        "--nproc-per-node", "2", "--max-restarts", "0", "-m", "launcher.spmd", "--job", "/tmp/job.json",
     ]  # fmt: skip
 
 
@@ -21,7 +21,7 @@ def test_several_nodes_meet_at_the_c10d_endpoint() -> None:
     assert torchrun_command(spec, "rendezvous", python="py") == [
         "py", "-m", "torch.distributed.run", "--nnodes", "4", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "node0:29400", "--rdzv-id", "r-rl-loop", "--rdzv-conf", "is_host=0",
-        "--nproc-per-node", "8", "--max-restarts", "0", "-m", "flows.spmd", "--job", "rendezvous",
+        "--nproc-per-node", "8", "--max-restarts", "0", "-m", "launcher.spmd", "--job", "rendezvous",
     ]  # fmt: skip
     assert spec.world_size == 32  # 4 nodes × 8 processes
 

@@ -1,4 +1,4 @@
-"""The SPMD launcher's failure report and when a config runs as an SPMD job."""
+"""The SPMD launcher: its failure report, when a config runs as an SPMD job, the entry point of a job."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from flows.spmd import PREFECT_CONTEXT_ENV, SpmdJob, failure_summary, needs_spmd, run_rank
+from launcher.spmd import (
+    PREFECT_CONTEXT_ENV,
+    SpmdJob,
+    SpmdJobError,
+    failure_summary,
+    needs_spmd,
+    resolve,
+    run_rank,
+)
 from verl_core.config import VerlFlowConfig, load_config
 from verl_core.runtime.run import RunContext
 from verl_core.runtime.watchdog import StallError
@@ -17,7 +25,7 @@ from verl_core.runtime.watchdog import StallError
 KILLED = """
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-flows.spmd FAILED
+launcher.spmd FAILED
 ------------------------------------------------------------
 Failures:
 [1]:
@@ -47,7 +55,7 @@ Root Cause (first observed failure):
   exitcode  : 1 (pid: 77)
   error_file: /tmp/torchelastic/attempt_0/1/error.json
   traceback : Traceback (most recent call last):
-    File "flows/spmd.py", line 10, in wrapper
+    File "launcher/spmd.py", line 10, in wrapper
       return f(*args, **kwargs)
   ValueError: rank 3 ran out of prompts
 ============================================================
@@ -91,8 +99,7 @@ def test_every_rank_runs_sft_under_the_stall_watchdog(
 ) -> None:
     # issue 18: a rank stuck in the SFT stage (a collective that never returns, here a sleep) is failed
     # after execution.stall_timeout_s, naming the stage, as the RL loop's stages are on every rank
-    import flows.pipeline  # noqa: F401 - binds the real sft_warmup (flows.gpu) before the patch below
-    import stages.sft
+    import flows.gpu
 
     class Stuck:
         @staticmethod
@@ -100,12 +107,20 @@ def test_every_rank_runs_sft_under_the_stall_watchdog(
             time.sleep(60)
             return "never"
 
-    monkeypatch.setattr(stages.sft, "sft_warmup", Stuck)
+    monkeypatch.setattr(flows.gpu, "sft_warmup", Stuck)
     monkeypatch.delenv(PREFECT_CONTEXT_ENV, raising=False)
     cfg = load_config(None, ["execution.stall_timeout_s=1"])
-    job = SpmdJob(stage="sft", ctx=RunContext(run_id="stuck", store_url=str(tmp_path)), config=cfg,
-                  template_pack_uri="unused", final=True)  # fmt: skip
+    job = SpmdJob(stage="sft", entry="flows.gpu:sft_rank", flow="flows.gpu:sft_flow",
+                  ctx=RunContext(run_id="stuck", store_url=str(tmp_path)), config=cfg,
+                  args={"template_pack_uri": "unused"}, final=True)  # fmt: skip
     t0 = time.monotonic()
     with pytest.raises(StallError, match=r"^sft: no progress for 1 s \(execution.stall_timeout_s\)"):
         run_rank(job)  # one process: this is the main rank
     assert time.monotonic() - t0 < 5  # the timeout + a poll, not the sleep
+
+
+def test_an_entry_point_is_resolved_from_its_import_path() -> None:
+    # the job names what its ranks run; the launcher imports it only on the worker side
+    assert resolve("launcher.spmd:failure_summary") is failure_summary
+    with pytest.raises(SpmdJobError, match=r"^an SPMD entry point is 'module:name', got 'launcher.spmd'$"):
+        resolve("launcher.spmd")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from flows.prefect_api import api_failure
+from launcher.prefect_api import api_failure
 
 
 def _raised_during(outer: Exception, inner: Exception) -> Exception:

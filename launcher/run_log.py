@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from launcher.prefect_api import api_failure
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import VerlFlowError
 from verl_core.runtime.run import default_run_id
@@ -122,8 +123,6 @@ class RunLog:
                 import traceback
 
                 traceback.print_exception(exc, file=sys.stderr)
-        from flows.prefect_api import api_failure
-
         what = api_failure(exc) or (
             str(exc) if isinstance(exc, VerlFlowError) else f"{type(exc).__name__}: {exc}"
         )

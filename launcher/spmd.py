@@ -1,11 +1,12 @@
-"""SPMD jobs: the SFT stage and the RL loop on several processes (``trainer.nnodes ×
+"""SPMD jobs: a stage (the SFT stage, the RL loop) on several processes (``trainer.nnodes ×
 trainer.n_gpus_per_node``, or any sharded strategy), launched with torchrun.
 
 The launching side (:func:`run_job`, called by the SFT and RL-loop flows) writes the job spec (run
-context, config, stage inputs) to a private directory, hands the worker its Prefect context, runs
-:func:`verl_core.runtime.launch.torchrun_command` and waits. The worker side (``python -m flows.spmd --job
-PATH``, every rank): joins the process group, receives the job from node 0, and runs the very stage
-code a single process runs (:func:`flows.rl.rl_iterations`, :func:`stages.sft.sft_warmup`):
+context, config, the entry point's arguments) to a private directory, hands the worker its Prefect
+context, runs :func:`verl_core.runtime.launch.torchrun_command` and waits. The worker side (``python -m
+launcher.spmd --job PATH``, every rank): joins the process group, receives the job from node 0, and
+calls the job's entry point (an import path, ``"flows.gpu:rl_rank"``, resolved here: the launcher
+imports nothing of the flows), which runs the very stage code a single process runs:
 
 * the main rank (node 0's first, :mod:`verl_core.runtime.ranks`) runs it inside the parent flow run's Prefect
   context (its tasks appear in the parent flow run; it talks to the parent's API, never starting a
@@ -22,6 +23,7 @@ from the last checkpoint when the flow runs again, with any world size.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -32,11 +34,11 @@ import threading
 from collections import deque
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from flows.follow import launch_spec
+from launcher.follow import launch_spec
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import VerlFlowError
 from verl_core.runtime.launch import FOLLOWER_JOB_URI, JOB_INFO_ENV, JobInfo, torchrun_command, write_job_info
@@ -46,15 +48,20 @@ PREFECT_CONTEXT_ENV = "VERL_FLOW_PREFECT_CONTEXT"  # file with the parent flow r
 
 
 class SpmdJob(BaseModel):
-    """What every rank of one job runs (JSON, written by the launching flow)."""
+    """What every rank of one job runs (JSON, written by the launching flow).
+
+    ``entry`` is called on every rank as ``entry(ctx, config, as_tasks=..., **args)`` and returns the
+    stage's result (JSON-ready; the main rank's is the job's); ``as_tasks``: this rank runs the stages
+    as Prefect tasks of the flow run named by ``flow`` (the main rank, when the launcher had one)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    stage: Literal["sft", "rl-loop"]
+    stage: str  # the job's name in messages and in what followers learn ("sft", "rl-loop")
+    entry: str  # "module:function" every rank runs
+    flow: str  # "module:flow": the Prefect flow whose run the main rank joins
     ctx: RunContext
     config: VerlFlowConfig
-    template_pack_uri: str
-    sft_uri: str | None = None
+    args: dict[str, Any]  # the entry's keyword arguments (JSON values)
     final: bool = True  # the last SPMD job of the pipeline: followers stop after it
     result_path: str | None = None  # the main rank writes the stage's result (JSON) here
 
@@ -215,35 +222,34 @@ def _prefect_context(flow: Any) -> AbstractContextManager[Any]:
     return hydrated_context(serialized)
 
 
+def resolve(path: str) -> Any:
+    """The object at ``"package.module:name"`` (an SPMD job's entry point or flow)."""
+    module, sep, name = path.partition(":")
+    if not sep or not module or not name:
+        raise SpmdJobError(f"an SPMD entry point is 'module:name', got {path!r}")
+    return getattr(importlib.import_module(module), name)
+
+
 def run_rank(job: SpmdJob) -> dict[str, Any] | None:
-    """This rank's part of ``job``; the main rank returns the stage's result (JSON-ready)."""
-    from flows.gpu import sft_flow
-    from flows.rl import rl_iterations, rl_loop
-    from stages.floor.logging import watched
-    from stages.sft import sft_warmup
+    """This rank's part of ``job``: its entry point, the main rank inside the launching flow run's
+    Prefect context (when it has one) and with the run's trackers, the others without; the main rank
+    returns the stage's result (JSON-ready)."""
     from verl_core.runtime.ranks import is_main
 
     main = is_main()
     prefect = main and bool(os.environ.get(PREFECT_CONTEXT_ENV))
     ctx = job.ctx if main else job.ctx.model_copy(update={"mlflow_run_id": None, "wandb_run_id": None})
-    launcher = rl_loop if job.stage == "rl-loop" else sft_flow  # the flow whose run the main rank joins
-    with _prefect_context(launcher) if prefect else nullcontext():
-        if job.stage == "rl-loop":
-            rl = rl_iterations(ctx, job.config, job.template_pack_uri, job.sft_uri, as_tasks=prefect)
-            return rl.to_json() if main else None
-        fn = sft_warmup if prefect else sft_warmup.fn
-        c = job.config
-        # every rank watched, as rl_iterations' stages are: a rank stuck (in a collective too) is failed
-        with watched(ctx, "sft", c.execution.stall_timeout_s):
-            uri = fn(ctx, c.model, c.sft, c.trainer, job.template_pack_uri, c.actor)
-        return {"sft_uri": uri} if main else None
+    entry = resolve(job.entry)
+    with _prefect_context(resolve(job.flow)) if prefect else nullcontext():
+        result: dict[str, Any] = entry(ctx, job.config, as_tasks=prefect, **job.args)
+    return result if main else None
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of every rank: ``python -m flows.spmd --job PATH`` (``rendezvous`` on followers)."""
+    """Entry point of every rank: ``python -m launcher.spmd --job PATH`` (``rendezvous`` on followers)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    parser = argparse.ArgumentParser(prog="python -m flows.spmd")
+    parser = argparse.ArgumentParser(prog="python -m launcher.spmd")
     parser.add_argument("--job", required=True, help=f"job spec file on node 0, or {FOLLOWER_JOB_URI!r}")
     args = parser.parse_args(argv)
     record(_worker)(args.job)

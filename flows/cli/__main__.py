@@ -1,0 +1,5 @@
+"""``python -m flows.cli ...``: the ``verl-flow`` command."""
+
+from flows.cli import main
+
+main()

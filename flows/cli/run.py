@@ -1,0 +1,266 @@
+"""The commands that run a pipeline flow: ``run``, ``replay``, ``rescore``, and ``config show`` (the
+config a run would use). The full log of a run goes to a file; a failure prints one line
+(:mod:`launcher.run_log`)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from flows.cli.common import (
+    ConfigArg,
+    OverridesArg,
+    RunIdArg,
+    StoreOpt,
+    fail,
+    load,
+    open_store,
+    out,
+    print_table,
+)
+from stages.floor.parent import parent_overrides, parse_parent_spec
+from verl_core.config import StoreConfig, VerlFlowConfig, to_yaml
+from verl_core.errors import ConfigError, VerlFlowError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from flows.results import PipelineResult, RescoreResult
+
+config_app = typer.Typer(help="Inspect configurations.", no_args_is_help=True)
+
+
+def run(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option("--run-id", help="Run id (default: experiment name + config hash; reruns resume)"),
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show Prefect's failure lines and tracebacks")
+    ] = False,
+    fork: Annotated[
+        str | None,
+        typer.Option(
+            "--fork",
+            help="RUN_ID@ITER: start from that run's checkpoint ckpt/iter-ITER (same store) with this "
+            "config (parent.run_id, parent.iteration)",
+        ),
+    ] = None,
+) -> None:
+    """Run the pipeline for CONFIG with OVERRIDES (the config is validated before any work).
+    The full log goes to a file (logs/RUN_ID/ beside runs/ in a local store); a failure prints one line."""
+    if fork is not None:
+        try:
+            overrides = [*(overrides or []), *parent_overrides(*parse_parent_spec(fork))]
+        except ConfigError as e:
+            fail(e, 2)
+    cfg = load(config, overrides)
+    if cfg.parent is not None:  # the parent's checkpoint (and a replay's data): one line, before any work
+        from stages.floor.parent import check_parent
+        from verl_core.runtime.run import default_run_id
+
+        try:
+            check_parent(open_store(cfg.store.url), cfg, run_id or default_run_id(cfg))
+        except VerlFlowError as e:
+            fail(e, 1)
+
+    def pipeline() -> PipelineResult:
+        from flows.pipeline import rlhf_pipeline
+
+        return rlhf_pipeline(config=cfg, run_id=run_id)
+
+    _run_logged(cfg, run_id, verbose, pipeline)
+
+
+def _run_logged(
+    cfg: VerlFlowConfig, run_id: str | None, verbose: bool, call: Callable[[], PipelineResult]
+) -> None:
+    """Run a pipeline flow (``call``) from the command line: Prefect quiet and its API checked first,
+    the full log to the run's log file, a failure printed as one line (exit 2 for a config error)."""
+    from verl_core.runtime.env import set_quiet_env
+
+    set_quiet_env()
+    from launcher.prefect_api import check_api
+    from launcher.run_log import RunLog, log_path
+
+    try:
+        check_api()
+    except VerlFlowError as e:
+        fail(e, 1)
+    log = RunLog(log_path(cfg, run_id), verbose)
+    try:
+        result = call()
+    except Exception as e:
+        fail(log.failure_line(e), 2 if isinstance(e, ConfigError) else 1)
+    finally:
+        log.close()
+    _print_result(result)
+    out.print(f"full log: {log.path}", highlight=False, soft_wrap=True)
+
+
+def _print_result(result: PipelineResult) -> None:
+    """The summary a quickstart ends with: stages, validation accuracy before/after RL, wall times."""
+    stages = Table("stage", "manifest", "seconds", title=f"run {result.run_id}")
+    for name, uri in result.stages.ran().items():
+        stages.add_row(name, uri, f"{result.timing_s.get(name, 0.0):.1f}")
+    print_table(stages)
+    acc = result.val_accuracy
+    if acc:
+        first, last = min(acc), max(acc)
+        table = Table("validation", "iteration", "accuracy", title="held-out accuracy (greedy)")
+        table.add_row("SFT checkpoint" if first == 0 else "first", str(first), f"{acc[first]:.3f}")
+        table.add_row("after RL", str(last), f"{acc[last]:.3f}")
+        table.add_row("change", "", f"{acc[last] - acc[first]:+.3f}")
+        print_table(table)
+    if result.rl_timing_s:
+        times = Table("RL phase", "seconds", title="time inside the RL loop")
+        for phase, seconds in result.rl_timing_s.items():
+            times.add_row(phase, f"{seconds:.1f}")
+        print_table(times)
+
+
+@config_app.command("show")
+def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Print the resolved config (YAML) and its hash."""
+    cfg = load(config, overrides)
+    sys.stdout.write(to_yaml(cfg))
+    sys.stdout.write(f"# config_hash: {cfg.config_hash()}\n")
+
+
+def rescore_cmd(
+    run_id: RunIdArg,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="reward.* (and sandbox.*) settings, e.g. reward.gsm8k_method=flexible"),
+    ] = None,
+    iterations: Annotated[
+        str | None,
+        typer.Option(
+            "--iterations",
+            help="A:B: only training/validation iterations A <= i < B (also A:, :B, N); eval stages are "
+            "rescored only without it",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name", help="Name of the rescore (default: the new reward config's hash, 8 hex digits)"
+        ),
+    ] = None,
+    store: StoreOpt = None,
+) -> None:
+    """Score every stored rollout of RUN_ID (training, validation, eval) again with the reward settings
+    changed by OVERRIDES into rescore/NAME/..., and compare with the stored rewards (report: Parquet,
+    markdown, a plot; an MLflow child run of the run). Idempotent: a rerun skips what was committed."""
+    from stages.floor.locations import check_rescore_name
+    from stages.floor.rescore import check_rescore_overrides, parse_iterations
+
+    try:  # what can be checked before the flow starts, in one line
+        check_rescore_overrides(overrides or [])
+        if iterations is not None:
+            parse_iterations(iterations)
+        if name is not None:
+            check_rescore_name(name)
+        open_store(store).read_run_record(run_id)  # a run that is not there: one line, before the flow starts
+    except ConfigError as e:
+        fail(e, 2)
+    except VerlFlowError as e:
+        fail(e, 1)
+    from verl_core.runtime.env import set_quiet_env
+
+    set_quiet_env()
+    from flows.rescore import rescore_flow
+    from launcher.prefect_api import check_api
+
+    try:
+        check_api()
+        result = rescore_flow(
+            run_id=run_id, overrides=overrides or [], iterations=iterations, name=name,
+            store_url=store or StoreConfig().url,
+        )  # fmt: skip
+    except ConfigError as e:
+        fail(e, 2)
+    except VerlFlowError as e:
+        fail(e, 1)
+    _print_rescore(result)
+
+
+def _print_rescore(result: RescoreResult) -> None:
+    r = result.report
+    table = Table(
+        "source", "rows", "score stored → new", "accuracy stored → new", "agreement", "TT", "TF", "FT", "FF",
+        "changed", title=f"rescore {result.name} of run {result.run_id}",
+    )  # fmt: skip
+    for p in [*r.parts, r.total]:
+        table.add_row(
+            p.source, str(p.rows), f"{p.score_old_mean:.4f} → {p.score_new_mean:.4f}",
+            f"{p.accuracy_old:.4f} → {p.accuracy_new:.4f}", f"{p.agreement:.4f}",
+            str(p.tt), str(p.tf), str(p.ft), str(p.ff), str(p.scores_changed),
+        )  # fmt: skip
+    print_table(table)
+    out.print(
+        f"reward config {result.reward_config_hash[:12]}; {len(result.stages)} stages rescored in "
+        f"rescore/{result.name}; wall time {result.wall_s:.1f} s, scoring {r.scoring_s:.1f} s (training "
+        f"rollouts {r.train_scoring_s:.1f} s; the run's own rollout + reward of those iterations: "
+        f"{r.original_s:.1f} s)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    out.print(f"report: {result.report_uri}", highlight=False, soft_wrap=True)
+
+
+def replay_cmd(
+    run_id: RunIdArg,
+    start: Annotated[
+        int, typer.Option("--from", min=1, help="Start from the run's checkpoint after this many updates")
+    ],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="algorithm.*, actor.*, critic.* settings, e.g. algorithm.adv_estimator=rloo"),
+    ] = None,
+    new_run_id: Annotated[
+        str | None,
+        typer.Option("--run-id", help="Run id of the replay (default: RUN_ID-replayITER-<config hash>)"),
+    ] = None,
+    rewards: Annotated[
+        str | None,
+        typer.Option("--rewards", help="Train on the rewards of the run's rescore NAME (verl-flow rescore)"),
+    ] = None,
+    store: StoreOpt = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show Prefect's failure lines and tracebacks")
+    ] = False,
+) -> None:
+    """A new run that starts from RUN_ID's checkpoint at --from and trains the iterations after it on
+    RUN_ID's stored rollouts and rewards (or a rescore's) with OVERRIDES, instead of sampling. With no
+    overrides it reproduces RUN_ID's checkpoints bit for bit; settings that would change the rollouts
+    are refused. Rerun the same command to resume."""
+    from stages.floor.locations import check_rescore_name
+    from stages.floor.parent import check_parent, replay_config, replay_run_id
+
+    try:  # the overrides, the parent's checkpoint and its stored data: one line, before any work
+        if rewards is not None:
+            check_rescore_name(rewards)
+        st = open_store(store)
+        cfg = replay_config(st, run_id, start, overrides or [], rewards)
+        new_run_id = new_run_id or replay_run_id(run_id, start, cfg.config_hash())
+        check_parent(st, cfg, new_run_id)
+    except ConfigError as e:
+        fail(e, 2)
+    except VerlFlowError as e:
+        fail(e, 1)
+
+    def replay() -> PipelineResult:
+        from flows.replay import replay_flow
+
+        return replay_flow(
+            run_id=run_id, start_iteration=start, overrides=overrides or [], new_run_id=new_run_id,
+            rewards=rewards, store_url=st.url,
+        )  # fmt: skip
+
+    _run_logged(cfg, new_run_id, verbose, replay)
