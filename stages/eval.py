@@ -30,17 +30,16 @@ from stages.floor.artifacts import (
     load_tokenizer,
     materialise_export,
     read_policy,
-    rollouts_table,
 )
-from stages.floor.builders import build_scorers, engine_kwargs, generate_rollouts, score_batch
+from stages.floor.builders import build_scorers, engine_kwargs
+from stages.floor.heldout import Scored, generate_passes, greedy_sampling, sampled_sampling, score_passes
 from stages.floor.locations import eval_stage, parse_export_stage
 from stages.floor.logging import stage_logger
 from stages.floor.reports import EvalReport, SourceReport
-from verl_core.algorithms.evaluation import mean_by_source, pass_at_k, per_prompt_correct
+from verl_core.algorithms.evaluation import mean_by_source
 from verl_core.config import VerlFlowConfig
 from verl_core.models.loading import load_causal_lm, resolve_device
-from verl_core.reward import batch_from_columns, rewards_table
-from verl_core.rollout import RolloutEngine, SamplingParams, make_engine
+from verl_core.rollout import RolloutEngine, make_engine
 from verl_core.rollout.endpoint import EndpointEngine, check_tokenizer
 from verl_core.runtime.run import RunContext
 from verl_core.store import ArtifactStore
@@ -80,7 +79,8 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
     if e.max_samples:
         prompts = prompts.slice(0, e.max_samples)
     engine, tokenizer = _engine(store, cfg, source, template_pack_uri)
-    try:  # the engine is closed after the passes (a vLLM engine's process, a server connection)
+    max_len = cfg.data.max_response_length
+    try:  # the engine is closed after generating (a vLLM engine's process, a server connection)
         if source.model_dir is None:  # the run's own tokenizer: the ids it was trained on
             ids = prompts.column("input_ids").to_pylist()
         else:
@@ -90,33 +90,23 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
             text = prompts.column("prompt_text")[0].as_py()
             check_tokenizer(engine, text, tokenizer(text, add_special_tokens=False)["input_ids"])
 
-        # 3. Greedy pass (accuracy) and sampled pass (pass@k), scored by the run's reward scorers
-        runs = {"greedy": SamplingParams(n=1, temperature=0.0, seed=e.seed)}
-        if e.k > 1:
-            runs["sampled"] = SamplingParams(n=e.k, temperature=e.temperature, top_p=e.top_p, seed=e.seed)
-        per_prompt: dict[str, dict[int, tuple[int, int]]] = {}
-        scorers = build_scorers(cfg.reward, cfg.sandbox)
-        for name, sp in runs.items():
-            sp = SamplingParams(
-                n=sp.n, temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed,
-                max_new_tokens=cfg.data.max_response_length, stop=tuple(cfg.rollout.stop),
-            )  # fmt: skip
-            gen = generate_rollouts(
-                engine, tokenizer, ids, sp, cfg.rollout.multi_turn, cfg.data.max_response_length, cfg.sandbox
-            )
-            rollouts = rollouts_table(
-                gen.completions, prompts, iteration=-1, policy_version=-1, trajectories=gen.trajectories
-            )
-            batch = batch_from_columns(rollouts)
-            result = score_batch(cfg.reward, cfg.sandbox, batch, cfg.data.max_response_length, scorers)
-            per_prompt[name] = per_prompt_correct(batch.group_id, result.correct)  # validation's rule too
-            stage.write_table(f"{name}/rollouts.parquet", rollouts, "rollouts")
-            stage.write_table(f"{name}/rewards.parquet", rewards_table(batch, result), "rewards")
+        # 3. Greedy pass (accuracy) and sampled pass (pass@k)
+        passes = {"greedy/": greedy_sampling(e, max_len, cfg.rollout.stop)}
+        sampled = sampled_sampling(e, max_len, cfg.rollout.stop)
+        if sampled is not None:
+            passes["sampled/"] = sampled
+        generated = generate_passes(
+            engine, tokenizer, ids, passes, cfg.rollout.multi_turn, max_len, cfg.sandbox
+        )
     finally:
         engine.close()
 
-    # 4. Report, metrics, commit
-    report = _report(source.label, prompts.column("data_source").to_pylist(), per_prompt, e.k)
+    # 4. Score with the run's reward scorers (built once for both passes), write, report, commit
+    scored = score_passes(
+        stage, prompts, generated, build_scorers(cfg.reward, cfg.sandbox),
+        reward=cfg.reward, sandbox=cfg.sandbox, max_response_length=max_len, iteration=-1, policy_version=-1,
+    )  # fmt: skip
+    report = _report(source.label, prompts.column("data_source").to_pylist(), scored, e.k)
     stage.write_json("report.json", report.summary())
     uri = stage.commit(summary=report.summary())
     ctx.tracker().log_metrics(_metrics(report), step=0)
@@ -157,22 +147,18 @@ def _load(
     return policy, load_tokenizer(store, template_pack_uri)
 
 
-def _report(
-    label: str, sources: list[str], per_prompt: dict[str, dict[int, tuple[int, int]]], k: int
-) -> EvalReport:
+def _report(label: str, sources: list[str], scored: dict[str, Scored], k: int) -> EvalReport:
     """Accuracy (greedy), pass@1 and pass@k (sampled), overall and per data source."""
-    greedy = [c / n for _, (n, c) in sorted(per_prompt["greedy"].items())]
+    greedy = [c / n for n, c in scored["greedy/"].per_prompt.values()]
     by_source = {
         s: SourceReport(prompts=a.prompts, accuracy=a.accuracy)
         for s, a in mean_by_source(sources, greedy).items()
     }
     pass_1 = pass_k = None
-    if "sampled" in per_prompt:
-        counts = [nc for _, nc in sorted(per_prompt["sampled"].items())]
-        p1 = [pass_at_k(n, c, 1) for n, c in counts]
-        pk = [pass_at_k(n, c, k) for n, c in counts]
-        pass_1, pass_k = sum(p1) / max(1, len(p1)), sum(pk) / max(1, len(pk))
-        for s, a in mean_by_source(sources, pk).items():
+    if "sampled/" in scored:
+        sampled = scored["sampled/"]
+        pass_1, pass_k = sampled.pass_at(1), sampled.pass_at(k)
+        for s, a in mean_by_source(sources, sampled.pass_at_k_each(k)).items():
             by_source[s] = by_source[s].model_copy(update={"pass_at_k": a.accuracy})
     return EvalReport(
         source=label,

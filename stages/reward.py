@@ -27,7 +27,7 @@ import time
 import pyarrow as pa
 from prefect import task
 
-from stages.floor.builders import score_batch
+from stages.floor.builders import run_scorers, score_batch
 from stages.floor.locations import generation_stage, iteration_stage
 from stages.floor.logging import stage_logger
 from verl_core.algorithms.dynamic_sampling import FILTER_METRICS, filter_groups
@@ -83,7 +83,7 @@ def reward(
 
     # 3. Build the scorers and score
     t0 = time.perf_counter()
-    result = score_batch(cfg, sandbox, batch, max_response_length)
+    result = score_batch(cfg, sandbox, batch, max_response_length, run_scorers(ctx.run_id, cfg, sandbox))
     seconds = time.perf_counter() - t0
     metrics = result.metrics
     baseline = rollouts.column("is_baseline").to_pylist()

@@ -11,6 +11,7 @@ besides the stage tasks themselves.
     samples     per-sample tables (train/val rollouts) for the tracker, Prefect table artifacts
     state       the RL loop's in-memory state and its checkpoint protocol
     spmd        the SPMD stage pattern (main rank decides the skip and commits, every rank computes)
+    heldout     the held-out passes validation and eval share (greedy and sampled, scored, pass@k)
     logging     stage loggers, progress bars, the ``timed`` context manager
     environment what a config needs of the environment (packages, CUDA): the fast check the GPU
                 stage flows run at start, and ``verl-flow doctor``'s checks

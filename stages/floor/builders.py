@@ -22,6 +22,7 @@ from verl_core.config import (
     RolloutConfig,
     SandboxConfig,
     VerlFlowConfig,
+    canonical_json,
 )
 from verl_core.data.templates import CHATML
 from verl_core.errors import ConfigError
@@ -250,6 +251,25 @@ def build_scorers(cfg: RewardConfig, sandbox: SandboxConfig) -> list[WeightedSco
     """The weighted scorers of ``reward.scorers`` (loads the function / reward model they name; an
     HTTP scorer's unset token variable fails here, and so does the code scorer without a sandbox)."""
     return [WeightedScorer(s.name, s.weight, SCORER_BUILDERS.get(s.name)(cfg, sandbox)) for s in cfg.scorers]
+
+
+_RUN_SCORERS: dict[str, dict[str, list[WeightedScorer]]] = {}  # run id → sections' JSON → scorers
+
+
+def run_scorers(run_id: str, cfg: RewardConfig, sandbox: SandboxConfig) -> list[WeightedScorer]:
+    """The scorers of ``cfg`` (and ``sandbox``) for run ``run_id``, built on the phase's first call and
+    reused until :func:`drop_scorers` ends the phase (the RL loop): a ``model`` scorer loads its weights
+    once, not every iteration. Keyed by the two sections' JSON, so another config gets its own."""
+    key = canonical_json([cfg.model_dump(mode="json"), sandbox.model_dump(mode="json")])
+    built = _RUN_SCORERS.setdefault(run_id, {})
+    if key not in built:
+        built[key] = build_scorers(cfg, sandbox)
+    return built[key]
+
+
+def drop_scorers(run_id: str) -> None:
+    """Forget run ``run_id``'s scorers (a reward model's weights are freed with them)."""
+    _RUN_SCORERS.pop(run_id, None)
 
 
 def score_batch(

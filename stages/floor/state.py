@@ -45,6 +45,7 @@ from stages.floor.builders import (
     actor_spec,
     build_policy,
     critic_spec,
+    drop_scorers,
     engine_kwargs,
     iteration_count,
     load_reference,
@@ -118,7 +119,9 @@ def get_state(ctx: RunContext) -> RLState:
 
 
 def drop_state(run_id: str) -> None:
-    """Forget the run's RL state and close its rollout engine (a vLLM engine's process stops here)."""
+    """Forget the run's RL state and its scorers, close its rollout engine (a vLLM engine's process
+    stops here)."""
+    drop_scorers(run_id)
     state = _STATES.pop(run_id, None)
     if state is not None:
         state.engine.close()

@@ -85,6 +85,7 @@ def test_scan_sees_the_stage_files() -> None:
         "rescore",
         "parent",
         "spmd",
+        "heldout",
     }
 
 

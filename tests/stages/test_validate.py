@@ -1,7 +1,8 @@
 """Validation stage on a tiny model: greedy held-out accuracy = mean ``correct`` of the committed
 rewards, committed with the policy lineage, skipped on rerun, refused for the wrong policy version;
 with partial-credit rewards, accuracy is the fraction scoring ≥ ``reward.correct_threshold`` (not the
-mean reward), as the eval stage counts it on the same policy."""
+mean reward), as the eval stage counts it on the same policy; the scorers are built once for the
+run's validations."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from pathlib import Path
 import pytest
 
 from stages.eval import evaluate
+from stages.floor import builders
 from stages.floor.artifacts import in_run_source
 from stages.floor.locations import iteration_stage, validations
 from stages.floor.reports import read_eval_report
 from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
 from stages.validate import validate
 from tests.stages.conftest import TINY_RL
-from verl_core.config import VerlFlowConfig, validate_config
+from verl_core.config import RewardConfig, SandboxConfig, VerlFlowConfig, validate_config
+from verl_core.reward import WeightedScorer
 from verl_core.runtime.run import RunContext
 
 # scores 0.5 or 1.0 (tests/flows/rl_rewards.py); the default correct_threshold is 1.0
@@ -140,3 +143,35 @@ def test_validation_pass_at_k_is_the_eval_stages(tiny_rl: tuple[Path, str]) -> N
     assert store.read_table(ev, "sampled/rewards.parquet").column("correct").to_pylist() == correct
     report = read_eval_report(store, uri)
     assert (report.pass_at_1, report.pass_at_k) == (m.summary["val/pass_at_1"], m.summary["val/pass_at_4"])
+
+
+def test_validations_of_one_run_build_the_scorers_once(
+    tiny_rl: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    builds: list[RewardConfig] = []
+    build = builders.build_scorers
+
+    def counting(cfg: RewardConfig, sandbox: SandboxConfig) -> list[WeightedScorer]:
+        builds.append(cfg)
+        return build(cfg, sandbox)
+
+    monkeypatch.setattr(builders, "build_scorers", counting)
+    cfg = PASS_AT_K  # a greedy and a sampled pass each validation, scored by the same scorers
+
+    def val_samples(n: int) -> VerlFlowConfig:  # other stage params (a new attempt), the same reward
+        return cfg.model_copy(update={"data": cfg.data.model_copy(update={"max_val_samples": n})})
+
+    ctx = RunContext(run_id="validate-scorers", store_url=str(tiny_rl[0]))
+    init_state(ctx, cfg, tiny_rl[1], None)
+    try:
+        validate.fn(ctx, val_samples(8), tiny_rl[1], 0)
+        validate.fn(ctx, val_samples(7), tiny_rl[1], 0)
+        assert len(builds) == 1
+    finally:
+        drop_state(ctx.run_id)
+    init_state(ctx, cfg, tiny_rl[1], None)  # the run's next phase builds them again
+    try:
+        validate.fn(ctx, val_samples(6), tiny_rl[1], 0)
+    finally:
+        drop_state(ctx.run_id)
+    assert len(builds) == 2
