@@ -21,7 +21,6 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 import flows.rl as rl_flow
-import stages.sft as sft_stage
 from flows.cli import app
 from flows.rl import rl_loop
 from stages.floor.locations import list_checkpoints
@@ -32,6 +31,7 @@ from verl_core.runtime.run import RunContext
 from verl_core.runtime.run_length import ShortRunError
 from verl_core.runtime.tracking import RUN_ID_TAG
 from verl_core.runtime.watchdog import StallError
+from verl_core.training import sft as sft_loop
 from verl_core.training.engine import TrainEngine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,21 +61,21 @@ def test_a_complete_run_records_planned_equal_to_completed(tmp_path: Path) -> No
 
 def test_a_resumed_run_whose_loader_runs_out_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     args = ["run", TINY, f"store.url={tmp_path}", *FAST, "--run-id", "short"]
-    real_rows = sft_stage._batch_rows
+    real_rows = sft_loop.batch_rows
 
     def killed_at_step_1(n: int, batch_size: int, step: int, *rest: int) -> list[int]:
         if step == 1:  # after the checkpoint of step 1 (sft.save_every=1)
             raise RuntimeError("killed")
         return real_rows(n, batch_size, step, *rest)
 
-    monkeypatch.setattr(sft_stage, "_batch_rows", killed_at_step_1)
+    monkeypatch.setattr(sft_loop, "batch_rows", killed_at_step_1)
     killed = runner.invoke(app, args)
     assert killed.exit_code == 1 and "RuntimeError: killed" in killed.stderr, killed.output
 
     def runs_out_after_step_1(n: int, batch_size: int, step: int, *rest: int) -> Sequence[int]:
         return [] if step >= 1 else real_rows(n, batch_size, step, *rest)
 
-    monkeypatch.setattr(sft_stage, "_batch_rows", runs_out_after_step_1)
+    monkeypatch.setattr(sft_loop, "batch_rows", runs_out_after_step_1)
     resumed = runner.invoke(app, args)  # resumes at step 1 of 2, and the loader has nothing left
     assert resumed.exit_code == 1, resumed.output
     assert "sft: completed 1 of 2 planned SFT optimizer steps, and no stop" in resumed.stderr
