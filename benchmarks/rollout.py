@@ -13,6 +13,7 @@ T = 1, no top-k/top-p.
 - baseline: the same prompts, each repeated n times, as ONE left-padded batch through
   ``model.generate(do_sample=True, top_k=0, use_cache=True)`` (transformers' defaults: dynamic cache);
 - engine-<path>: ``HFEngine(model, tok, max_batch_size=..., decode=<path>)`` for each ``--paths``
+  (``generate``: ``HFEngine.generate_reference``)
   (length-bucketed batches, behaviour log-probs, stop handling, results in request order):
   ``generate`` is the engine before issue 16 (transformers generate + static cache, eager),
   ``loop`` its own eager decode loop, ``compiled`` the CUDA-graph decode step (CUDA only; elsewhere
@@ -189,8 +190,11 @@ def main() -> None:
     engines = {}
     wanted = args.engines.split(",")
     for path in args.paths.split(",") if "hf" in wanted else []:
-        engines[path] = HFEngine(model, tok, max_batch_size=args.max_batch_size, decode=path)
-        runs[f"engine-{path}"] = partial(_engine_run, engines[path], prompts, params)
+        reference = path == "generate"  # HFEngine.generate_reference: transformers generate, same sampler
+        engines[path] = HFEngine(
+            model, tok, max_batch_size=args.max_batch_size, decode="loop" if reference else path
+        )
+        runs[f"engine-{path}"] = partial(_engine_run, engines[path], prompts, params, reference)
     if "vllm" in wanted:
         t0 = time.perf_counter()
         vllm = make_engine(
@@ -255,8 +259,11 @@ def _ratio(a: str, b: str, rate: dict[str, float], tokens: dict[str, int], cpu: 
     print(f"{a} / {b}: {rate[a] / rate[b]:.2f}× wall, {per_cpu:.2f}× per CPU second")
 
 
-def _engine_run(engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams) -> int:
-    return sum(len(c.response_ids) for c in engine.generate(prompts, params))
+def _engine_run(
+    engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, reference: bool = False
+) -> int:
+    generate = engine.generate_reference if reference else engine.generate  # type: ignore[attr-defined]
+    return sum(len(c.response_ids) for c in generate(prompts, params))
 
 
 def _sync(device: torch.device) -> None:

@@ -1,4 +1,4 @@
-"""Template/pack stage: prompt and SFT tables → token ids, loss masks, a packing plan, a tokenizer.
+"""Template/pack stage: prompt and SFT tables → token ids, loss masks, a tokenizer.
 
 Reads the preprocess stage's tables and writes
 
@@ -7,8 +7,7 @@ Reads the preprocess stage's tables and writes
     prompt_tokens/{train,val}.parquet    kind "prompt_tokens": RL prompts rendered with the
                                          generation prompt, their ids, ground truth
     sft_tokens/{train,val}.parquet       kind "sft_tokens": prompt + response ids, assistant-only mask
-    pack_plan/train.parquet              kind "pack_plan": token-budget bins of the SFT train rows
-    report.json                          length statistics, truncations/drops, packing vs padding waste
+    report.json                          length statistics, truncations/drops
 
 Later stages load the tokenizer with :func:`stages.floor.artifacts.load_tokenizer` from this stage's manifest.
 """
@@ -34,9 +33,6 @@ from verl_core.data import (
     chat_format,
     length_stats,
     load_pretrained_tokenizer,
-    packing_waste,
-    padded_waste,
-    plan_bins,
     save_tokenizer_files,
     tokenize_prompts,
     tokenize_sft,
@@ -55,7 +51,7 @@ SPLITS = ("train", "val")
 def template_pack(
     ctx: RunContext, data: DataConfig, model: ModelConfig, preprocess_uri: str, tools: Sequence[str] = ()
 ) -> str:
-    """Tokenize the run's prompts and SFT rows and plan their packing; returns the manifest URI.
+    """Tokenize the run's prompts and SFT rows; returns the manifest URI.
     ``tools``: tool specs (``rollout.multi_turn.tools`` when multi-turn is on) whose schemas the
     prompts show the model, in the chat template's tool list (the hermes template's system turn)."""
     store = ctx.store()
@@ -73,14 +69,7 @@ def template_pack(
     sft = {s: store.read_table(upstream, f"sft/{s}.parquet") for s in SPLITS}
 
     # 3. The tokenizer: trained on the run's own training text, or the base model's
-    if model.init == "scratch":
-        texts = _training_texts(prompts["train"], sft["train"], data.tokenizer_train_rows)
-        tokenizer = train_tokenizer(
-            texts, model.vocab_size, chat_template=None, model_max_length=model.max_position_embeddings
-        )
-    else:
-        assert model.path is not None  # the config's cross checks require it
-        tokenizer = load_pretrained_tokenizer(model.path, trust_remote_code=model.trust_remote_code)
+    tokenizer = _tokenizer(prompts["train"], sft["train"], data, model)
 
     # 4. The chat template (stored in the tokenizer so that every later stage renders the same)
     try:
@@ -97,21 +86,7 @@ def template_pack(
     if not tok_prompts["train"].input_ids:
         raise DataError("template_pack: every training prompt was dropped by data.truncation=drop")
 
-    # 6. Plan the packing of the SFT training rows into token-budget bins
-    sft_lengths = [len(ids) for ids in tok_sft["train"].input_ids]
-    bins = plan_bins(sft_lengths, data.pack_token_budget, data.pack_algorithm)
-    per_batch = max(1, round(len(sft_lengths) / max(1, len(bins))))
-    packing = {
-        "token_budget": data.pack_token_budget,
-        "algorithm": data.pack_algorithm,
-        "bins": len(bins),
-        "sequences": len(sft_lengths),
-        "packed_waste": round(packing_waste(sft_lengths, bins, data.pack_token_budget), 5),
-        "padded_batch_size": per_batch,
-        "padded_waste": round(padded_waste(sft_lengths, per_batch), 5),
-    }
-
-    # 7. Write tokenizer files, token tables, the plan and the report
+    # 6. Write tokenizer files, token tables and the report
     for name, blob in save_tokenizer_files(tokenizer).items():
         stage.write_bytes(TOKENIZER_PREFIX + name, blob)
     for s in SPLITS:
@@ -119,8 +94,7 @@ def template_pack(
             f"prompt_tokens/{s}.parquet", _prompt_table(prompts[s], tok_prompts[s]), "prompt_tokens"
         )
         stage.write_table(f"sft_tokens/{s}.parquet", _sft_table(sft[s], tok_sft[s]), "sft_tokens")
-    stage.write_table("pack_plan/train.parquet", _plan_table(bins, sft_lengths), "pack_plan")
-    report = _report(fmt, tokenizer, model, tok_prompts, tok_sft, packing)
+    report = _report(fmt, tokenizer, model, tok_prompts, tok_sft)
     stage.write_json("report.json", report)
     uri = stage.commit(
         summary={
@@ -131,15 +105,14 @@ def template_pack(
                 for k, t in (("prompts", tok_prompts), ("sft", tok_sft))
                 for s in SPLITS
             },
-            "packing": packing,
         }
     )
 
-    # 8. Log and track the main figures
+    # 7. Log and track the main figures
     metrics = _metrics(report)
     log.info(
         "template_pack: template %s, vocab %d, prompt tokens mean %.1f max %d, SFT tokens p95 %.0f, "
-        "%d truncated / %d dropped, %d bins (waste %.2f%% packed vs %.2f%% padded)",
+        "%d truncated / %d dropped",
         fmt.name,
         len(tokenizer),
         metrics["data/prompt_len_mean"],
@@ -147,12 +120,21 @@ def template_pack(
         metrics["data/sft_len_p95"],
         metrics["data/truncated_rows"],
         metrics["data/dropped_rows_length"],
-        metrics["data/pack_bins"],
-        100 * metrics["data/pack_waste"],
-        100 * metrics["data/padded_waste"],
     )
     ctx.tracker().log_metrics(metrics, step=0)
     return uri
+
+
+def _tokenizer(prompts: pa.Table, sft: pa.Table, data: DataConfig, model: ModelConfig) -> Any:
+    """A tokenizer trained on the training prompts and SFT rows (``model.init=scratch``), else the
+    base model's."""
+    if model.init == "scratch":
+        texts = _training_texts(prompts, sft, data.tokenizer_train_rows)
+        return train_tokenizer(
+            texts, model.vocab_size, chat_template=None, model_max_length=model.max_position_embeddings
+        )
+    assert model.path is not None  # the config's cross checks require it
+    return load_pretrained_tokenizer(model.path, trust_remote_code=model.trust_remote_code)
 
 
 def _params(data: DataConfig, model: ModelConfig) -> dict[str, Any]:
@@ -166,7 +148,7 @@ def _params(data: DataConfig, model: ModelConfig) -> dict[str, Any]:
     )
     model_fields = ("init", "path", "vocab_size", "max_position_embeddings", "trust_remote_code")
     return {
-        "data": {k: getattr(data, k) for k in (*data_fields, "pack_token_budget", "pack_algorithm")},
+        "data": {k: getattr(data, k) for k in data_fields},
         "model": {k: getattr(model, k) for k in model_fields},
     }
 
@@ -244,26 +226,12 @@ def _sft_table(sft: pa.Table, tok: Tokenized) -> pa.Table:
     return pa.table(columns, schema=get_schema("sft_tokens"))
 
 
-def _plan_table(bins: list[list[int]], lengths: list[int]) -> pa.Table:
-    rows: dict[str, list[int]] = {"bin": [], "seq_index": [], "offset": [], "length": []}
-    for b, members in enumerate(bins):
-        offset = 0
-        for i in members:
-            rows["bin"].append(b)
-            rows["seq_index"].append(i)
-            rows["offset"].append(offset)
-            rows["length"].append(lengths[i])
-            offset += lengths[i]
-    return pa.Table.from_pydict(rows, schema=get_schema("pack_plan"))
-
-
 def _report(
     fmt: ChatFormat,
     tokenizer: Any,
     model: ModelConfig,
     prompts: dict[str, Tokenized],
     sft: dict[str, Tokenized],
-    packing: dict[str, Any],
 ) -> dict[str, Any]:
     lengths: dict[str, Any] = {}
     counts: dict[str, dict[str, int]] = {}
@@ -282,7 +250,6 @@ def _report(
         "chat_template": fmt.name,
         "lengths": lengths,
         "truncation": counts,
-        "packing": packing,
     }
 
 
@@ -292,7 +259,7 @@ def _all_counts(counts: Counter[str]) -> dict[str, int]:
 
 
 def _metrics(report: dict[str, Any]) -> dict[str, float]:
-    lengths, packing = report["lengths"], report["packing"]
+    lengths = report["lengths"]
     truncated = sum(v for c in report["truncation"].values() for k, v in c.items() if k.endswith("truncated"))
     dropped = sum(v for c in report["truncation"].values() for k, v in c.items() if k.endswith("dropped"))
     return {
@@ -303,8 +270,5 @@ def _metrics(report: dict[str, Any]) -> dict[str, float]:
         "data/sft_len_p95": lengths["sft_train"]["p95"],
         "data/truncated_rows": truncated,
         "data/dropped_rows_length": dropped,
-        "data/pack_bins": packing["bins"],
-        "data/pack_waste": packing["packed_waste"],
-        "data/padded_waste": packing["padded_waste"],
         "data/vocab_size": report["tokenizer"]["vocab_size"],
     }

@@ -32,7 +32,6 @@ CFG = VerlFlowConfig.model_validate(
             "train_batch_size": B,
             "max_response_length": 16,
             "truncation": "right",
-            "pack_token_budget": 512,
         },
         "model": {
             "hidden_size": 32,

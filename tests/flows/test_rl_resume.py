@@ -28,7 +28,6 @@ CFG = VerlFlowConfig.model_validate(
             "train_batch_size": 2,
             "max_response_length": 16,
             "truncation": "right",  # SFT targets (unused here) may be longer than 16 tokens
-            "pack_token_budget": 512,
         },
         "model": {
             "hidden_size": 32,

@@ -47,7 +47,7 @@ def _config(root: Path) -> VerlFlowConfig:
     return validate_config(
         {
             "store": {"url": str(root)},
-            "data": {"arithmetic_train_size": 32, "arithmetic_val_size": 8, "pack_token_budget": 512},
+            "data": {"arithmetic_train_size": 32, "arithmetic_val_size": 8},
             "model": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
                       "num_key_value_heads": 2},
             "eval": {"k": 1},

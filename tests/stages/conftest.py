@@ -20,7 +20,6 @@ TINY_RL = VerlFlowConfig.model_validate(
             "train_batch_size": 2,
             "max_response_length": 8,
             "truncation": "right",
-            "pack_token_budget": 512,
         },
         "model": {
             "hidden_size": 32,

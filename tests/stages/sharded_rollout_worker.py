@@ -13,7 +13,7 @@ from tests.verl_core.rollout.conftest import arithmetic_texts, tiny_model
 from verl_core.config import MultiTurnConfig
 from verl_core.data.tokenizer import train_tokenizer
 from verl_core.rollout import HFEngine, SamplingParams
-from verl_core.rollout.hf import encode_prompts
+from verl_core.rollout.requests import encode_prompts
 
 PROMPTS = [
     "Q: 12 + 7 = ? A:",

@@ -26,7 +26,7 @@ from verl_core.errors import ArtifactNotFoundError, ConfigError
 from verl_core.runtime.run import RunContext, start_run
 
 TINY = {
-    "data": {"arithmetic_train_size": 64, "arithmetic_val_size": 8, "pack_token_budget": 512},
+    "data": {"arithmetic_train_size": 64, "arithmetic_val_size": 8},
     "model": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2},
     "trainer": {"experiment_name": "export-test"},
 }

@@ -18,7 +18,7 @@ from verl_core.config import DataConfig, ModelConfig, SFTConfig, TrainerConfig
 from verl_core.runtime.run import RunContext
 from verl_core.training.engine import TrainEngine
 
-DATA = DataConfig(arithmetic_train_size=96, arithmetic_val_size=16, pack_token_budget=512)
+DATA = DataConfig(arithmetic_train_size=96, arithmetic_val_size=16)
 MODEL = ModelConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
 SFT = SFTConfig(epochs=1, batch_size=16, lr=3e-3, warmup_ratio=0.0, val_every=3, save_every=2, log_every=2)
 

@@ -1,12 +1,34 @@
 """The one typed configuration of a verl-flow run.
 
-:mod:`.schema` holds the sections, every default and one-line description, and the cross-field
+:mod:`.schema` assembles the sections (:mod:`.model`, :mod:`.training`, :mod:`.generation`,
+:mod:`.run`, on :mod:`.base`) with every default and one-line description, and the cross-field
 checks; :mod:`.loader` reads YAML, applies dotted overrides (``actor.lr=1e-6``), words errors as one
 line (field path, value given, what was expected), hashes and flattens. Import from here::
 
     from verl_core.config import VerlFlowConfig, load_config, with_overrides
 """
 
+from verl_core.algorithms import LossAggMode
+from verl_core.config.base import (
+    AdvEstimator,
+    KLEstimator,
+    NonNegFloat,
+    NonNegInt,
+    PolicyLoss,
+    PositiveFloat,
+    PositiveInt,
+    Prob,
+    Section,
+)
+from verl_core.config.generation import (
+    HttpEndpointConfig,
+    JudgeConfig,
+    MultiTurnConfig,
+    RemoteRewardConfig,
+    RewardConfig,
+    RewardScorerConfig,
+    RolloutConfig,
+)
 from verl_core.config.loader import (
     apply_override,
     canonical_json,
@@ -19,46 +41,27 @@ from verl_core.config.loader import (
     validate_config,
     with_overrides,
 )
-from verl_core.config.schema import (
-    PLACEMENT_FIELDS,
-    ActorConfig,
-    AdvEstimator,
-    AlgorithmConfig,
-    CriticConfig,
-    DataConfig,
+from verl_core.config.model import DataConfig, MixedPrecisionConfig, ModelConfig, QuantizationConfig
+from verl_core.config.run import (
     EvalConfig,
     ExecutionConfig,
     ExportConfig,
-    FilterGroupsConfig,
-    HttpEndpointConfig,
-    JudgeConfig,
-    KLControlConfig,
-    KLEstimator,
-    LossAggMode,
-    MixedPrecisionConfig,
-    ModelConfig,
-    MultiTurnConfig,
-    NonNegFloat,
-    NonNegInt,
     ParentConfig,
-    PolicyLoss,
-    PositiveFloat,
-    PositiveInt,
-    Prob,
-    QuantizationConfig,
-    RefConfig,
-    RemoteRewardConfig,
-    RewardConfig,
-    RewardScorerConfig,
-    RolloutConfig,
-    RolloutCorrectionConfig,
     SandboxConfig,
-    Section,
-    SFTConfig,
     StoreConfig,
     TrackingConfig,
     TrainerConfig,
-    VerlFlowConfig,
+)
+from verl_core.config.schema import PLACEMENT_FIELDS, VerlFlowConfig
+from verl_core.config.training import (
+    ActorConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    FilterGroupsConfig,
+    KLControlConfig,
+    RefConfig,
+    RolloutCorrectionConfig,
+    SFTConfig,
 )
 
 __all__ = [

@@ -2,9 +2,7 @@
 
 ``generate`` runs, per token, a chain of per-step machinery (input preparation, mask building,
 logits processors, stopping criteria, a ``torch.cat`` of the ids); :func:`decode_loop` does only
-what a step needs, and drops finished rows from the batch (measured on the quickstart model, CPU,
-batch 256: ~8% less CPU time than ``generate`` with the same sampler before any row finishes; the
-rest is the model's forward):
+what a step needs, and drops finished rows from the batch:
 
 1. prefill (:func:`prefill`): one forward of the distinct left-padded prompts into the KV cache
    (the ``n`` samples of a prompt share it), position ids ``cumsum(mask) - 1`` (pads at 0, masked
@@ -17,9 +15,10 @@ rest is the model's forward):
    :class:`CompiledStep`); eager, once a quarter of the running rows are done, those rows leave
    the batch and the cache.
 
-The tokens equal those of ``generate`` with the same sampler (the reference path; tested), since
-both run the same forwards on the same inputs. Returns tokens and log-probs ``(B, T)``, ``T ≤
-max_new_tokens`` (uncut: the caller cuts at the first stop).
+The tokens equal those of ``generate`` with the same sampler (:func:`reference_decode`, the
+readable reference the loop is tested against), since both run the same forwards on the same inputs.
+Returns tokens and log-probs ``(B, T)``, ``T ≤ max_new_tokens`` (uncut: the caller cuts at the first
+stop).
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from verl_core.models.loading import unwrap
-from verl_core.rollout.sampler import TokenSampler
+from verl_core.rollout.sampler import SampleAndRecord, TokenSampler
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +73,8 @@ def decode_sdpa_attention(
 ) -> tuple[Tensor, None]:
     """transformers' ``sdpa`` attention, except a decode step on CPU (one query per row, with a mask):
     :func:`decode_attention`, the same formula as two small batched matmuls, which cost less than
-    sdpa's CPU kernel there (quickstart model, batch 256, 1 thread: ~15% less process CPU time per
-    rollout, ``benchmarks/rollout.py``). Registered with transformers as :data:`DECODE_ATTENTION`;
-    the HF engine switches its model to it for the duration of a rollout."""
+    sdpa's CPU kernel there (``benchmarks/rollout.py``). Registered with transformers as
+    :data:`DECODE_ATTENTION`; the HF engine switches its model to it for the duration of a rollout."""
     if query.shape[2] == 1 and query.device.type == "cpu" and attention_mask is not None:
         return decode_attention(query, key, value, attention_mask, scaling), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -96,6 +94,19 @@ def _register() -> None:
 
 
 _register()
+
+
+def choose_decode(decode: str, device: torch.device, static_cache: bool) -> tuple[str, str]:
+    """The decode path for ``decode`` on ``device``, and why: ``auto`` → ``compiled`` on CUDA (with a
+    static cache), ``loop`` elsewhere (a CPU compile is slow: only when asked for);
+    ``compiled`` without a static cache → ``loop``, logged."""
+    if decode == "compiled" and not static_cache:
+        log.warning("rollout.decode=compiled falls back to the eager loop: the model has no static KV cache")
+        return "loop", "compiled asked for, but the model has no static KV cache: eager loop"
+    if decode == "compiled" or (decode == "auto" and device.type == "cuda" and static_cache):
+        graphs = "CUDA graphs" if device.type == "cuda" else "inductor, no CUDA graphs"
+        return "compiled", f"{decode}: compiled decode step ({graphs}) over a static KV cache"
+    return "loop", f"{decode}: own eager loop over a {'static' if static_cache else 'dynamic'} KV cache"
 
 
 class Decoded(NamedTuple):
@@ -213,8 +224,8 @@ def _keep_cache_rows(cache: Any, keep: Tensor) -> None:
 class CompiledStep:
     """A decode step compiled with ``torch.compile(mode=..., fullgraph=True)``, once per input shape.
     On CUDA ``mode="reduce-overhead"``: CUDA graphs replay the step's kernels without per-kernel
-    launch cost; on CPU ``mode="default"`` (inductor fuses the small ops; compiling costs about a
-    minute per shape on a 2-core box). Shapes are ``(batch bucket, cache-length bucket)`` (see
+    launch cost; on CPU ``mode="default"`` (inductor fuses the small ops; a compile per shape is
+    slow there). Shapes are ``(batch bucket, cache-length bucket)`` (see
     :func:`bucket`), so compiles stay bounded; :attr:`compiles` counts them. The 4-D attention mask
     is built outside the graph (as transformers does for its own compiled decoding). On the first
     failure it logs the reason and runs eager from then on (:attr:`fallback` holds the reason).
@@ -287,3 +298,65 @@ class StopStrings:
     def __call__(self, tokens: Tensor) -> Tensor:
         texts = self.tokenizer.batch_decode(tokens[:, -self.window :].tolist(), skip_special_tokens=True)
         return torch.tensor([any(s in t for s in self.stop) for t in texts], device=tokens.device)
+
+
+def reference_decode(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    recorder: SampleAndRecord,
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    stop_strings: Callable[[Tensor], Tensor] | None = None,
+    static_cache: bool = True,
+) -> Decoded:
+    """The readable reference of :func:`decode_loop`: transformers ``model.generate`` in greedy mode,
+    ``recorder`` (the same sampler as a logits processor) its only logits processor, so generate's
+    argmax is the sampler's draw. Same inputs and outputs as :func:`decode_loop`; tests check the loop
+    (and the compiled path's bucketing) against it, ``benchmarks/rollout.py`` times it. Not a config
+    choice."""
+    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+    criteria = StoppingCriteriaList()
+    if stop_strings is not None:
+        criteria.append(_StopStringCriterion(stop_strings, input_ids.shape[1]))
+    config = GenerationConfig(
+        do_sample=False,  # `recorder` samples; generate takes the argmax of what it returns
+        max_new_tokens=max_new_tokens,
+        eos_token_id=list(stop_ids),
+        pad_token_id=pad_id,
+        use_cache=True,
+        cache_implementation="static" if static_cache else None,
+        disable_compile=True,
+        return_dict_in_generate=True,
+    )
+    forget_static_cache_length(model)
+    out = model.generate(  # type: ignore[operator]
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        generation_config=config,
+        logits_processor=LogitsProcessorList([recorder]),
+        stopping_criteria=criteria,
+    )
+    forget_static_cache_length(model)
+    tokens = out.sequences[:, input_ids.shape[1] :]  # (B, T_new)
+    return Decoded(tokens, recorder.finish(tokens))  # (B, T_new) each
+
+
+class _StopStringCriterion:
+    """A ``(tokens (B, t)) → (B,) bool`` stop-string check as a ``generate`` stopping criterion."""
+
+    def __init__(self, stop: Callable[[Tensor], Tensor], prompt_width: int) -> None:
+        self.stop, self.prompt_width = stop, prompt_width
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: Any) -> Tensor:
+        return self.stop(input_ids[:, self.prompt_width :])
+
+
+def forget_static_cache_length(model: nn.Module) -> None:
+    """transformers sizes a static cache for the longest of all generate calls so far (it avoids
+    recompiling); without compilation that only costs time, so each batch gets its own size."""
+    base = unwrap(model)
+    if hasattr(base, "_previous_max_cache_length"):
+        del base._previous_max_cache_length

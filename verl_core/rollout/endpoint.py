@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from verl_core.data.tokenizer import IM_END
 from verl_core.errors import VerlFlowError
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
-from verl_core.rollout.hf import encode_prompts
+from verl_core.rollout.requests import encode_prompts
 from verl_core.rollout.sampler import check_prompt_keys
 from verl_core.seeding import derive_seed
 

@@ -1,4 +1,4 @@
-"""Rollouts with transformers ``generate`` (KV cache), for CPU runs and single-GPU colocated training.
+"""Rollouts with a transformers model and its KV cache, for CPU runs and single-GPU colocated training.
 
 How a ``generate(prompts, params)`` call runs:
 1. prompts → token ids (strings are encoded as-is, ``add_special_tokens=False``), checked against
@@ -6,7 +6,7 @@ How a ``generate(prompts, params)`` call runs:
 2. each prompt repeated ``n`` times → requests ``(prompt_index, sample_index, ids)``;
 3. requests sorted by prompt length and cut into batches of at most ``max_batch_size`` sequences and
    ``max_batch_tokens`` padded tokens (bucketing: little left padding inside a batch);
-4. each batch left-padded and decoded by one of three paths (``decode``), all drawing through the
+4. each batch left-padded and decoded by one of two paths (``decode``), both drawing through the
    one sampler (:class:`~verl_core.rollout.sampler.TokenSampler`: records the behaviour log-probs,
    applies temperature / top-k / top-p, draws the token with the row's own uniform at each step, a
    hash of (row key, step) where row key = ``derive_seed("sample", seed, prompt_key, sample_index)``,
@@ -14,14 +14,13 @@ How a ``generate(prompts, params)`` call runs:
    rank it is generated in, so a rollout split over ranks (each passing its prompts' ``prompt_keys``)
    samples exactly what one process does. The paths:
    - ``loop``: the engine's own loop over a static KV cache (:func:`verl_core.rollout.decode.decode_loop`),
-     eager; the CPU default (the fastest measured there, see ``benchmarks/rollout.py``);
+     eager; the CPU default (see ``benchmarks/rollout.py``);
    - ``compiled``: the same loop with the decode step compiled into CUDA graphs, batch and cache
      length bucketed to powers of two (:class:`~verl_core.rollout.decode.CompiledStep`); the CUDA
      default; elsewhere, or when compiling fails, it runs eager and logs why;
-   - ``generate``: transformers ``model.generate`` in greedy mode with the sampler as its only
-     logits processor (:class:`~verl_core.rollout.sampler.SampleAndRecord`): the reference the
-     other two are tested against (same tokens);
-   ``auto`` picks ``compiled`` on CUDA, ``loop`` elsewhere; the choice is logged once per engine;
+   ``auto`` picks ``compiled`` on CUDA, ``loop`` elsewhere; the choice is logged once per engine.
+   :meth:`HFEngine.generate_reference` decodes the same batches with transformers ``generate``
+   (:func:`verl_core.rollout.decode.reference_decode`): the reference both paths are tested against;
 5. responses cut at the first stop token or stop string, results put back in
    ``(prompt_index, sample_index)`` order.
 
@@ -40,9 +39,9 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -55,10 +54,22 @@ from verl_core.rollout.base import Completion, FinishReason, SamplingParams
 from verl_core.rollout.decode import (
     DECODE_ATTENTION,
     CompiledStep,
+    Decoded,
     StopStrings,
     bucket,
+    choose_decode,
     decode_loop,
     eager_step,
+    forget_static_cache_length,
+    reference_decode,
+)
+from verl_core.rollout.requests import (
+    check_lengths,
+    check_params,
+    cut_at_stop_string,
+    encode_prompts,
+    left_pad,
+    plan_batches,
 )
 from verl_core.rollout.sampler import SampleAndRecord, TokenSampler, check_prompt_keys
 from verl_core.runtime.watchdog import beat
@@ -66,7 +77,7 @@ from verl_core.seeding import sample_keys
 
 log = logging.getLogger(__name__)
 
-DECODE_PATHS = ("auto", "loop", "compiled", "generate")
+DECODE_PATHS = ("auto", "loop", "compiled")
 
 
 class _Request(NamedTuple):
@@ -80,6 +91,10 @@ class _Sample(NamedTuple):
     logprobs: list[float]
 
 
+# one batch: (rows, row keys, params, stop ids, pad id) → tokens and behaviour log-probs (B, T)
+_DecodeFn = Callable[[list[list[int]], list[int], SamplingParams, list[int], int], Decoded]
+
+
 class HFEngine:
     """:class:`~verl_core.rollout.base.RolloutEngine` on transformers ``generate``.
 
@@ -89,7 +104,7 @@ class HFEngine:
     ``rows × (prompt + max_new_tokens)`` of one ``generate`` batch (default: no bound).
     ``share_weights``: sample from the live module (True) or from an own copy synced explicitly
     (False; see the module docstring); ``policy_version``: the version of the weights it starts with;
-    ``decode``: ``auto | loop | compiled | generate`` (see the module docstring)."""
+    ``decode``: ``auto | loop | compiled`` (see the module docstring)."""
 
     def __init__(
         self,
@@ -159,10 +174,32 @@ class HFEngine:
         *,
         prompt_keys: Sequence[int] | None = None,
     ) -> list[Completion]:
+        return self._generate(prompts, params, prompt_keys, self._decode_loop)
+
+    def generate_reference(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        params: SamplingParams | None = None,
+        *,
+        prompt_keys: Sequence[int] | None = None,
+    ) -> list[Completion]:
+        """:meth:`generate` with every batch decoded by transformers ``generate`` (greedy, the sampler
+        as its logits processor: :func:`~verl_core.rollout.decode.reference_decode`): the readable
+        reference the engine's decode paths must match token for token. Tests and
+        ``benchmarks/rollout.py`` call it; no config value selects it."""
+        return self._generate(prompts, params, prompt_keys, self._decode_reference)
+
+    def _generate(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        params: SamplingParams | None,
+        prompt_keys: Sequence[int] | None,
+        decode: _DecodeFn,
+    ) -> list[Completion]:
         params = params or SamplingParams()
-        _check_params(params)
+        check_params(params)
         prompt_ids = encode_prompts(self.tokenizer, prompts)
-        _check_lengths(prompt_ids, params.max_new_tokens, _max_positions(self.model))
+        check_lengths(prompt_ids, params.max_new_tokens, _max_positions(self.model))
         pkeys = check_prompt_keys(prompt_keys, len(prompt_ids))
         requests = [
             _Request(i, j, ids) for i, ids in enumerate(prompt_ids) for j in range(params.n)
@@ -181,7 +218,8 @@ class HFEngine:
             for batch in batches:
                 rows = [requests[k].ids for k in batch]
                 keys = [row_keys[k] for k in batch]
-                for k, sample in zip(batch, self._generate_batch(rows, keys, params, stop_ids), strict=True):
+                decoded = self._generate_batch(decode, rows, keys, params, stop_ids)
+                for k, sample in zip(batch, decoded, strict=True):
                     samples[k] = sample
                     tokens += len(sample.response_ids)
                 beat(sequences=f"{len(samples)}/{len(requests)}", generated_tokens=tokens)
@@ -259,21 +297,23 @@ class HFEngine:
         return list(dict.fromkeys(ids))
 
     def _generate_batch(
-        self, rows: list[list[int]], keys: list[int], params: SamplingParams, stop_ids: list[int]
+        self,
+        decode: _DecodeFn,
+        rows: list[list[int]],
+        keys: list[int],
+        params: SamplingParams,
+        stop_ids: list[int],
     ) -> list[_Sample]:
-        """Sample one batch, row b with the uniforms of ``keys[b]``; returns each row's generated
-        tokens (pad included, uncut) and their behaviour log-probs."""
+        """Sample one batch with ``decode``, row b with the uniforms of ``keys[b]``; returns each row's
+        generated tokens (pad included, uncut) and their behaviour log-probs."""
         pad_id = self.tokenizer.pad_token_id
         pad_id = stop_ids[0] if pad_id is None else int(pad_id)
-        if self.decode == "generate":
-            tokens, logprobs = self._decode_generate(rows, keys, params, stop_ids, pad_id)
-        else:
-            tokens, logprobs = self._decode_loop(rows, keys, params, stop_ids, pad_id)
+        tokens, logprobs = decode(rows, keys, params, stop_ids, pad_id)
         return [_Sample(t, lp) for t, lp in zip(tokens.tolist(), logprobs.tolist(), strict=True)]
 
     def _decode_loop(
         self, rows: list[list[int]], keys: list[int], params: SamplingParams, stop_ids: list[int], pad_id: int
-    ) -> tuple[Tensor, Tensor]:
+    ) -> Decoded:
         """The own loop (:func:`decode_loop`); compiled: batch and cache length padded to their buckets
         (extra rows: one pad token, done from the start) and the bucket's cache reused."""
         from transformers import DynamicCache, StaticCache
@@ -311,40 +351,26 @@ class HFEngine:
             rows=n_real,
             compact=self.compiled_step is None,  # a compiled step keeps its batch shape
         )
-        return out.tokens[:n_real], out.logprobs[:n_real]
+        return Decoded(out.tokens[:n_real], out.logprobs[:n_real])
 
-    def _decode_generate(
+    def _decode_reference(
         self, rows: list[list[int]], keys: list[int], params: SamplingParams, stop_ids: list[int], pad_id: int
-    ) -> tuple[Tensor, Tensor]:
-        """The reference path: ``model.generate`` in greedy mode, the sampler as its logits processor."""
-        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-
+    ) -> Decoded:
+        """:func:`reference_decode` of the left-padded rows."""
         input_ids, attention_mask = left_pad(rows, pad_id, _device(self.model))  # (B, P)
         recorder = SampleAndRecord(params, torch.tensor(keys, dtype=torch.long, device=input_ids.device))
-        criteria = StoppingCriteriaList()
-        if any(params.stop):
-            stop = StopStrings(self.tokenizer, params.stop)
-            criteria.append(_StopStringCriterion(stop, input_ids.shape[1]))
-        config = GenerationConfig(
-            do_sample=False,  # `recorder` samples; generate takes the argmax of what it returns
-            max_new_tokens=params.max_new_tokens,
-            eos_token_id=stop_ids,
-            pad_token_id=pad_id,
-            use_cache=True,
-            cache_implementation="static" if _static_cache_ok(self.model) else None,
-            disable_compile=True,
-            return_dict_in_generate=True,
+        stop = StopStrings(self.tokenizer, params.stop) if any(params.stop) else None
+        return reference_decode(
+            self.model,
+            input_ids,
+            attention_mask,
+            recorder,
+            params.max_new_tokens,
+            stop_ids,
+            pad_id,
+            stop_strings=stop,
+            static_cache=_static_cache_ok(self.model),
         )
-        _forget_static_cache_length(self.model)
-        out = self.model.generate(  # type: ignore[operator]
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            generation_config=config,
-            logits_processor=LogitsProcessorList([recorder]),
-            stopping_criteria=criteria,
-        )
-        tokens = out.sequences[:, input_ids.shape[1] :]  # (B, T_new)
-        return tokens, recorder.finish(tokens)  # (B, T_new) each
 
     def _completion(
         self, request: _Request, sample: _Sample, params: SamplingParams, stop_ids: list[int]
@@ -370,107 +396,6 @@ class HFEngine:
         )
 
 
-# -- pieces (free functions, tested on their own) ---------------------------------------------------
-
-
-def encode_prompts(tokenizer: Any, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
-    """Strings → ids with ``add_special_tokens=False`` (templated already); id lists pass through."""
-    out = []
-    for i, p in enumerate(prompts):
-        if isinstance(p, str):
-            ids = list(tokenizer.encode(p, add_special_tokens=False))
-        else:
-            ids = [int(t) for t in cast("Sequence[int]", p)]
-        if not ids:
-            raise ValueError(f"prompt {i} is empty")
-        out.append(ids)
-    return out
-
-
-def plan_batches(
-    lengths: Sequence[int], max_new_tokens: int, max_batch_size: int, max_batch_tokens: int | None = None
-) -> list[list[int]]:
-    """Indices of requests grouped into generate batches, shortest prompts first.
-
-    A batch holds at most ``max_batch_size`` rows and, when ``max_batch_tokens`` is set, at most that
-    many padded tokens ``rows × (longest prompt + max_new_tokens)`` (a single row always fits)."""
-    order = sorted(range(len(lengths)), key=lambda k: (lengths[k], k))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for k in order:
-        rows = len(current) + 1
-        padded = rows * (lengths[k] + max_new_tokens)  # sorted: request k is the longest so far
-        if current and (
-            rows > max_batch_size or (max_batch_tokens is not None and padded > max_batch_tokens)
-        ):
-            batches.append(current)
-            current = []
-        current.append(k)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """``(input_ids (B, P), attention_mask (B, P))`` with each row right-aligned (left padding)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for b, r in enumerate(rows):
-        ids[b, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-        mask[b, width - len(r) :] = 1
-    return ids.to(device), mask.to(device)
-
-
-def cut_at_stop_string(tokenizer: Any, ids: Sequence[int], stop: Sequence[str]) -> tuple[int, str] | None:
-    """The first stop-string match in the decoded response: ``(tokens to keep, text)``, or None.
-
-    Tokens are kept up to and including the one that completes the match; the text ends right after
-    the matched stop string (text decoded without special tokens)."""
-    text = tokenizer.decode(list(ids), skip_special_tokens=True)
-    ends = [text.find(s) + len(s) for s in stop if s and s in text]
-    if not ends:
-        return None
-
-    def matched(m: int) -> bool:
-        prefix = tokenizer.decode(list(ids[:m]), skip_special_tokens=True)
-        return any(s and s in prefix for s in stop)
-
-    lo, hi = 1, len(ids)  # smallest m with matched(m): matched is monotone in m
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if matched(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo, text[: min(ends)]
-
-
-class _StopStringCriterion:
-    """:class:`StopStrings` as a ``generate`` stopping criterion (the reference path)."""
-
-    def __init__(self, stop: StopStrings, prompt_width: int) -> None:
-        self.stop, self.prompt_width = stop, prompt_width
-
-    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: Any) -> Tensor:
-        return self.stop(input_ids[:, self.prompt_width :])
-
-
-def choose_decode(decode: str, device: torch.device, static_cache: bool) -> tuple[str, str]:
-    """The decode path for ``decode`` on ``device``, and why: ``auto`` → ``compiled`` on CUDA (with a
-    static cache), ``loop`` elsewhere (a CPU compile costs about a minute per shape: asked for only);
-    ``compiled`` without a static cache → ``loop``, logged."""
-    if decode == "generate":
-        return decode, "asked for: transformers generate, the reference path"
-    if decode == "compiled" and not static_cache:
-        log.warning("rollout.decode=compiled falls back to the eager loop: the model has no static KV cache")
-        return "loop", "compiled asked for, but the model has no static KV cache: eager loop"
-    if decode == "compiled" or (decode == "auto" and device.type == "cuda" and static_cache):
-        graphs = "CUDA graphs" if device.type == "cuda" else "inductor, no CUDA graphs"
-        return "compiled", f"{decode}: compiled decode step ({graphs}) over a static KV cache"
-    return "loop", f"{decode}: own eager loop over a {'static' if static_cache else 'dynamic'} KV cache"
-
-
 # -- context managers and checks ------------------------------------------------------------------------
 
 
@@ -491,33 +416,11 @@ def _generation_mode(model: nn.Module) -> Iterator[None]:
         with torch.no_grad():
             yield
     finally:
-        _forget_static_cache_length(model)
+        forget_static_cache_length(model)
         base.generation_config = saved_config
         if base.config._attn_implementation != saved_attention:
             base.set_attn_implementation(saved_attention)
         model.train(training)
-
-
-def _check_params(params: SamplingParams) -> None:
-    if params.n < 1:
-        raise ConfigError(f"rollout.n: expected ≥ 1, got {params.n}")
-    if params.temperature < 0:
-        raise ConfigError(f"rollout.temperature: expected ≥ 0, got {params.temperature}")
-    if not 0 < params.top_p <= 1:
-        raise ConfigError(f"rollout.top_p: expected in (0, 1], got {params.top_p}")
-    if params.max_new_tokens < 1:
-        raise ConfigError(f"rollout.max_new_tokens: expected ≥ 1, got {params.max_new_tokens}")
-
-
-def _check_lengths(prompt_ids: list[list[int]], max_new_tokens: int, max_positions: int | None) -> None:
-    if max_positions is None:
-        return
-    for i, ids in enumerate(prompt_ids):
-        if len(ids) + max_new_tokens > max_positions:
-            raise ConfigError(
-                f"prompt {i}: {len(ids)} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-                f"max_position_embeddings ({max_positions}); shorten the prompt or lower max_new_tokens"
-            )
 
 
 def _max_positions(model: nn.Module) -> int | None:
@@ -528,14 +431,6 @@ def _max_positions(model: nn.Module) -> int | None:
 def _static_cache_ok(model: nn.Module) -> bool:
     """Models that declare full-graph compilability (Qwen2, Llama, ...) support transformers' StaticCache."""
     return bool(getattr(unwrap(model), "_can_compile_fullgraph", False))
-
-
-def _forget_static_cache_length(model: nn.Module) -> None:
-    """transformers sizes a static cache for the longest of all generate calls so far (it avoids
-    recompiling); without compilation that only costs time, so each batch gets its own size."""
-    base = unwrap(model)
-    if hasattr(base, "_previous_max_cache_length"):
-        del base._previous_max_cache_length
 
 
 def _sharded(model: nn.Module) -> bool:

@@ -59,7 +59,7 @@ from verl_core.data.tokenizer import IM_END
 from verl_core.errors import ConfigError
 from verl_core.models.loading import unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
-from verl_core.rollout.hf import encode_prompts
+from verl_core.rollout.requests import encode_prompts
 from verl_core.rollout.sampler import check_prompt_keys
 from verl_core.rollout.weight_sync import (
     StagingDir,

@@ -195,7 +195,7 @@ class VLLMProcessEngine:
         *,
         prompt_keys: Sequence[int] | None = None,
     ) -> list[Completion]:
-        from verl_core.rollout.hf import encode_prompts
+        from verl_core.rollout.requests import encode_prompts
 
         params = params or SamplingParams()
         ids = encode_prompts(self.tokenizer, prompts) if self.tokenizer is not None else prompts

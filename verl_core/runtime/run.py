@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from verl_core.config import VerlFlowConfig, config_dump, flatten_config
-from verl_core.config.schema import StoreConfig
+from verl_core.config.run import StoreConfig
 from verl_core.runtime.tracking import (
     FanOutTracker,
     MlflowTracker,

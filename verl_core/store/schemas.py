@@ -164,20 +164,6 @@ register_schema(
     ),
 )
 
-# Packing plan: sequence ``seq_index`` (row number in the sft_tokens table) sits in bin ``bin`` at
-# token ``offset``; one row per sequence, rows ordered by (bin, offset).
-register_schema(
-    "pack_plan",
-    pa.schema(
-        [
-            ("bin", pa.int32()),
-            ("seq_index", pa.int64()),
-            ("offset", pa.int32()),
-            ("length", pa.int32()),
-        ]
-    ),
-)
-
 # Rollouts of one RL iteration (rollout stage): one row per sample, ordered by (group_id,
 # sample_index). ``group_id`` is the prompt's position in the iteration's batch (GRPO groups);
 # ``prompt_index`` the prompt row's ``index`` in the prompt set. ``logprobs`` are the engine's

@@ -1,13 +1,12 @@
 """The config schema: defaults and descriptions, cross-field checks, the algorithm names it shares
-with the registries, and the shipped configs (headers, experiment names, every field read)."""
+with the registries, and the shipped configs (headers, experiment names). Every key read and
+tested: test_keys_used.py."""
 
 from __future__ import annotations
 
-import ast
 import itertools
 import re
 import typing
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -18,19 +17,17 @@ from verl_core import algorithms
 from verl_core.config import (
     ActorConfig,
     AdvEstimator,
-    KLEstimator,
-    LossAggMode,
-    PolicyLoss,
-    VerlFlowConfig,
-    load_config,
-)
-from verl_core.config.schema import (
     AlgorithmConfig,
     CriticConfig,
     DataConfig,
     KLControlConfig,
+    KLEstimator,
+    LossAggMode,
+    PolicyLoss,
     RefConfig,
     RolloutConfig,
+    VerlFlowConfig,
+    load_config,
 )
 from verl_core.data import adapter_names
 from verl_core.errors import ConfigError
@@ -38,9 +35,6 @@ from verl_core.rollout import ENGINES
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
-
-# Fields no code reads yet, each waiting for the open issue that wires it.
-NOT_YET_READ: dict[str, str] = {}
 
 
 def _fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str | None]]:
@@ -59,14 +53,6 @@ def _section(annotation: object) -> type[BaseModel] | None:
         if isinstance(cand, type) and issubclass(cand, BaseModel):
             return cand
     return None
-
-
-def _leaves(model: type[BaseModel], prefix: str = "") -> list[str]:
-    out = []
-    for name, field in model.model_fields.items():
-        sub = _section(field.annotation)
-        out.extend(_leaves(sub, f"{prefix}{name}.") if sub is not None else [prefix + name])
-    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -239,134 +225,24 @@ def test_shipped_configs_have_distinct_experiment_names() -> None:
     assert len(set(names)) == len(names), names
 
 
-# --------------------------------------------------------------------------------------------------
-# Every field is read somewhere
-
-
-def _owners(model: type[BaseModel], prefix: str = "") -> dict[str, tuple[str, str, str]]:
-    """leaf path → (class that holds it, the attribute name of that section, the field name)."""
-    out: dict[str, tuple[str, str, str]] = {}
-    for name, field in model.model_fields.items():
-        sub = _section(field.annotation)
-        if sub is not None:
-            out.update(_owners(sub, f"{prefix}{name}."))
-        else:
-            out[prefix + name] = (model.__name__, prefix.rstrip(".").rsplit(".", 1)[-1], name)
-    return out
-
-
-class _Reads(ast.NodeVisitor):
-    """Qualified reads of one file: ``(tag, field)`` for every ``<x>.field`` where ``<x>`` is
-    ``<...>.section`` (tag ``.section``) or a name bound to a section: annotated with its class
-    (tag: the class name), assigned from ``<...>.section`` or looped over it, or ``self`` in the class;
-    ``getattr(<...>.section, name)`` reads every field named by a string literal of the file.
-    Validators (``@model_validator`` / ``@field_validator``) do not count: checking is not using."""
-
-    def __init__(self, classes: set[str]) -> None:
-        self.classes, self.bound, self.reads = classes, defaultdict(set), set()
-        self.pending: list[tuple[str, str]] = []  # (name, field), resolved once every binding is known
-        self.dynamic: set[str] = set()  # sections read as getattr(<...>.section, name)
-        self.strings: set[str] = set()  # string literals, the names such getattr calls may use
-
-    def _tags(self, node: ast.expr | None) -> set[str]:
-        if node is None:
-            return set()
-        if isinstance(node, ast.Attribute):
-            return {"." + node.attr}
-        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        return names & self.classes  # an annotation naming a section class
-
-    def _bind(self, target: ast.expr, value: ast.expr | None) -> None:
-        if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple):
-            for t, v in zip(target.elts, value.elts, strict=False):
-                self._bind(t, v)
-        elif isinstance(target, ast.Name) and isinstance(value, ast.Attribute):
-            self.bound[target.id].add("." + value.attr)
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        if node.name in self.classes:
-            self.bound["self"].add(node.name)
-        self.generic_visit(node)
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        if any("validator" in ast.unparse(d) for d in node.decorator_list):
-            return
-        for arg in [*node.args.args, *node.args.kwonlyargs]:
-            self.bound[arg.arg] |= self._tags(arg.annotation) & self.classes
-        self.generic_visit(node)
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        if isinstance(node.target, ast.Name):
-            self.bound[node.target.id] |= self._tags(node.annotation) & self.classes
-        self.generic_visit(node)
-
-    def visit_Assign(self, node: ast.Assign) -> None:
-        for target in node.targets:
-            self._bind(target, node.value)
-        self.generic_visit(node)
-
-    def visit_For(self, node: ast.For) -> None:
-        self._bind(node.target, node.iter)
-        self.generic_visit(node)
-
-    def visit_comprehension(self, node: ast.comprehension) -> None:
-        self._bind(node.target, node.iter)
-        self.generic_visit(node)
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        if isinstance(node.value, ast.Attribute):
-            self.reads.add(("." + node.value.attr, node.attr))
-        elif isinstance(node.value, ast.Name):
-            self.pending.append((node.value.id, node.attr))
-        self.generic_visit(node)
-
-    def visit_Call(self, node: ast.Call) -> None:
-        func, args = node.func, node.args
-        if (
-            isinstance(func, ast.Name)
-            and func.id == "getattr"
-            and args
-            and isinstance(args[0], ast.Attribute)
-        ):
-            self.dynamic.add("." + args[0].attr)
-        self.generic_visit(node)
-
-    def visit_Constant(self, node: ast.Constant) -> None:
-        if isinstance(node.value, str):
-            self.strings.add(node.value)
-
-    def resolved(self) -> set[tuple[str, str]]:
-        bound = {(tag, f) for name, f in self.pending for tag in self.bound.get(name, ())}
-        return self.reads | bound | {(tag, s) for tag in self.dynamic for s in self.strings}
-
-
-def _qualified_reads(classes: set[str]) -> set[tuple[str, str]]:
-    reads: set[tuple[str, str]] = set()
-    for folder in ("verl_core", "stages", "flows"):
-        for path in sorted((REPO / folder).rglob("*.py")):
-            visitor = _Reads(classes)
-            visitor.visit(ast.parse(path.read_text()))
-            reads |= visitor.resolved()
-    return reads
-
-
-def test_every_config_field_is_read_somewhere() -> None:
-    owners = _owners(VerlFlowConfig)
-    assert set(NOT_YET_READ) <= set(owners), "an allow-listed field is gone: drop it from NOT_YET_READ"
-    reads = _qualified_reads({cls for cls, _, _ in owners.values()})
-
-    def is_read(leaf: str) -> bool:
-        cls, section, name = owners[leaf]
-        return ("." + section, name) in reads or (cls, name) in reads
-
-    unread = [leaf for leaf in owners if not is_read(leaf) and leaf not in NOT_YET_READ]
-    assert unread == [], f"fields no code reads (wire them, or remove them from the schema): {unread}"
-    # an allow-listed field that code now reads must leave the list
-    wired = [leaf for leaf in NOT_YET_READ if is_read(leaf)]
-    assert wired == [], f"read now, drop from NOT_YET_READ: {wired}"
-
-
 def test_ref_path_without_a_kl_term_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"ref.path: 'org/ref' is set but nothing uses a reference"):
         load_config(None, ["ref.path=org/ref"])
     assert load_config(None, ["ref.path=org/ref", "actor.use_kl_loss=true"]).ref.path == "org/ref"
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["data.pack_token_budget=512", "data.pack_algorithm=bfd"],  # removed: nothing read them
+)
+def test_removed_keys_are_unknown_keys(override: str) -> None:
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^unknown key '{re.escape(key)}'; valid keys here: source, "):
+        load_config(None, [override])
+
+
+def test_generate_is_no_decode_path() -> None:
+    # the transformers-generate reference is HFEngine.generate_reference, for tests, not a config value
+    with pytest.raises(ConfigError, match=r"^rollout.decode: got 'generate', expected one of 'auto', 'loop'"):
+        load_config(None, ["rollout.decode=generate"])
+    assert load_config(None, ["rollout.decode=loop"]).rollout.decode == "loop"

@@ -1,6 +1,7 @@
-"""HFEngine decode paths (issue 16): the own loop (and the compiled path's batch / cache-length
-bucketing) draws exactly the tokens of the reference path, transformers ``generate`` with the same
-sampler, with the same behaviour log-probs; the path chosen per device; the bucket sizes by hand."""
+"""HFEngine decode paths: the own loop (and the compiled path's batch / cache-length bucketing) draws
+exactly the tokens of the reference, transformers ``generate`` with the same sampler
+(``HFEngine.generate_reference``), with the same behaviour log-probs; the path chosen per device; the
+bucket sizes by hand."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import torch
 
 from verl_core.errors import ConfigError
 from verl_core.rollout import Completion, HFEngine, SamplingParams, decode
-from verl_core.rollout.decode import CompiledStep, bucket
-from verl_core.rollout.hf import choose_decode
+from verl_core.rollout.decode import CompiledStep, bucket, choose_decode
 
 from .conftest import tiny_model
 
@@ -52,7 +52,7 @@ def test_loop_draws_the_tokens_of_generate(
     tok: Any, prompts: list[str], params: SamplingParams, path: str
 ) -> None:
     model = tiny_model(tok, seed=1)
-    ref = HFEngine(model, tok, max_batch_size=3, decode="generate").generate(prompts, params)
+    ref = HFEngine(model, tok, max_batch_size=3).generate_reference(prompts, params)
     engine = HFEngine(model, tok, max_batch_size=3, decode="loop")  # ragged prompts, several batches
     if path == "bucketed":
         bucketed(engine)
@@ -71,7 +71,7 @@ def test_stop_tokens_and_stop_strings_as_generate(
         decode, "_keep_cache_rows", lambda c, k: compactions.append(len(k)) or keep_rows(c, k)
     )
     model = tiny_model(tok, seed=1)
-    free = HFEngine(model, tok, decode="generate").generate(prompts, SAMPLED)
+    free = HFEngine(model, tok).generate_reference(prompts, SAMPLED)
     # stop tokens: each prompt's first sample's third token; stop strings: the text of a fifth token
     stop_ids = tuple({c.response_ids[2] for c in free if c.sample_index == 0})
     pieces = [
@@ -84,7 +84,7 @@ def test_stop_tokens_and_stop_strings_as_generate(
         dataclasses.replace(SAMPLED, stop=stop),
         dataclasses.replace(SAMPLED, stop=stop, stop_token_ids=stop_ids),
     ):
-        ref = HFEngine(model, tok, max_batch_size=5, decode="generate").generate(prompts, params)
+        ref = HFEngine(model, tok, max_batch_size=5).generate_reference(prompts, params)
         assert sum(c.finish_reason == "stop" for c in ref) >= 3  # the stops do fire
         compactions.clear()
         assert_same(HFEngine(model, tok, max_batch_size=5, decode="loop").generate(prompts, params), ref)
@@ -111,7 +111,7 @@ def test_bucketed_path_reuses_one_cache_per_bucket(tok: Any, prompts: list[str])
 def test_own_copy_engine_runs_the_loop(tok: Any, prompts: list[str]) -> None:
     model = tiny_model(tok, seed=1)
     own = HFEngine(model, tok, share_weights=False, decode="loop")
-    ref = HFEngine(model, tok, decode="generate").generate(prompts, SAMPLED)
+    ref = HFEngine(model, tok).generate_reference(prompts, SAMPLED)
     assert_same(own.generate(prompts, SAMPLED), ref)
 
 
@@ -127,17 +127,18 @@ def test_choose_decode_per_device(caplog: pytest.LogCaptureFixture) -> None:
     assert choose_decode("auto", CPU, True)[0] == "loop"  # a CPU compile costs ~1 min: only when asked
     assert choose_decode("auto", CUDA, True)[0] == "compiled"
     assert choose_decode("auto", CUDA, False)[0] == "loop"  # no static cache: eager loop, dynamic cache
-    assert choose_decode("generate", CUDA, True)[0] == "generate"
     assert choose_decode("compiled", CPU, True)[0] == "compiled"  # inductor without CUDA graphs
-    with caplog.at_level(logging.WARNING, logger="verl_core.rollout.hf"):
+    with caplog.at_level(logging.WARNING, logger="verl_core.rollout.decode"):
         path, reason = choose_decode("compiled", CUDA, False)
     assert path == "loop" and "no static KV cache" in reason
     assert "falls back to the eager loop: the model has no static KV cache" in caplog.text
 
 
 def test_unknown_decode_path_is_a_config_error(model: Any, tok: Any) -> None:
-    with pytest.raises(ConfigError, match=r"rollout\.decode: expected one of auto, loop, compiled, generate"):
-        HFEngine(model, tok, decode="fast")
+    with pytest.raises(
+        ConfigError, match=r"rollout\.decode: expected one of auto, loop, compiled, got 'generate'"
+    ):
+        HFEngine(model, tok, decode="generate")  # the reference is generate_reference, not a path
 
 
 @pytest.mark.gpu

@@ -14,7 +14,7 @@ from verl_core.errors import ConfigError
 from verl_core.models.loading import apply_lora
 from verl_core.models.packed import packed_log_probs, use_varlen_attention
 from verl_core.rollout import Completion, HFEngine, RolloutEngine, SamplingParams
-from verl_core.rollout.hf import cut_at_stop_string, plan_batches
+from verl_core.rollout.requests import cut_at_stop_string, plan_batches
 from verl_core.rollout.sampler import sample_inverse_cdf
 
 from .conftest import tiny_model
