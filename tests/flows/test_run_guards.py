@@ -96,7 +96,6 @@ RL = with_overrides(
         "data.train_batch_size=2",
         "data.max_response_length=16",
         "data.truncation=right",
-        "data.pack_token_budget=512",
         "model.hidden_size=32",
         "model.intermediate_size=64",
         "model.num_attention_heads=4",

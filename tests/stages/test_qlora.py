@@ -42,7 +42,6 @@ DATA = {
     "train_batch_size": 2,
     "max_response_length": 8,
     "truncation": "right",
-    "pack_token_budget": 512,
 }
 
 
