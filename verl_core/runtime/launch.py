@@ -41,12 +41,13 @@ JOB_INFO_ENV = "VERL_FLOW_JOB_INFO"
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """Geometry of one SPMD job. ``rdzv_endpoint`` None: one node, a rendezvous on this host."""
+    """Geometry of one SPMD job (``trainer.*`` of the config, where the defaults live).
+    ``rdzv_endpoint`` None: one node, a rendezvous on this host."""
 
     nnodes: int
     nproc_per_node: int
     rdzv_id: str
-    rdzv_endpoint: str | None = None
+    rdzv_endpoint: str | None
 
     def __post_init__(self) -> None:
         if self.nnodes < 1 or self.nproc_per_node < 1:

@@ -8,7 +8,8 @@ from verl_core.runtime.launch import LaunchSpec, torchrun_command
 
 
 def test_one_node_uses_a_standalone_rendezvous() -> None:
-    argv = torchrun_command(LaunchSpec(1, 2, rdzv_id="r-rl-loop"), "/tmp/job.json", python="py")
+    spec = LaunchSpec(1, 2, rdzv_id="r-rl-loop", rdzv_endpoint=None)
+    argv = torchrun_command(spec, "/tmp/job.json", python="py")
     assert argv == [
         "py", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
         "--nproc-per-node", "2", "--max-restarts", "0", "-m", "launcher.spmd", "--job", "/tmp/job.json",
@@ -28,4 +29,4 @@ def test_several_nodes_meet_at_the_c10d_endpoint() -> None:
 
 def test_several_nodes_need_an_endpoint() -> None:
     with pytest.raises(ValueError, match=r"trainer\.rdzv_endpoint"):
-        LaunchSpec(2, 1, rdzv_id="x")
+        LaunchSpec(2, 1, rdzv_id="x", rdzv_endpoint=None)
