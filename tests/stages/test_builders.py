@@ -1,5 +1,6 @@
 """The floor's config → verl_core builders: one engine-kwargs builder per registered rollout engine,
-the PPO spec of an iteration, the update seed."""
+the PPO spec of an iteration (the schema's defaults, fields by name), the optimizer specs, the update
+seed."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import pytest
 from stages.floor.builders import (
     ENGINE_KWARGS,
     SCORER_BUILDERS,
+    actor_spec,
     build_scorers,
+    critic_spec,
     engine_kwargs,
+    optim_spec,
     ppo_spec,
     update_seed,
 )
@@ -68,6 +72,51 @@ def test_ppo_spec_of_an_iteration() -> None:
     explicit = load_config(None, ["actor.policy_loss=gspo", "actor.loss_agg_mode=token-mean"])
     assert ppo_spec(explicit, 0).actor.loss_agg_mode == "token-mean"
     assert ppo_spec(load_config(None, []), 0).micro_batch_size is None  # token budgets by default
+
+
+def test_ppo_spec_takes_the_schema_defaults_and_fields_by_name() -> None:
+    default = ppo_spec(load_config(None, []), 0)
+    # the schema's budgets: actor/critic micro-batches 4096 tokens, log-prob and reference forwards 8192
+    budgets = (default.actor_token_budget, default.critic_token_budget)
+    assert (*budgets, default.log_prob_token_budget, default.ref_token_budget) == (4096, 4096, 8192, 8192)
+    assert not default.rollout_correction.enabled
+    cfg = load_config(
+        None,
+        [
+            "algorithm.gamma=0.9",
+            "algorithm.lam=0.8",
+            "actor.kl_loss_coef=0.05",
+            "actor.entropy_coeff=0.01",
+            "algorithm.rollout_correction.log_prob_diff_threshold=0.3",
+        ],
+    )
+    spec = ppo_spec(cfg, 0)
+    assert (spec.gamma, spec.lam, spec.actor.kl_loss_coef, spec.actor.entropy_coeff) == (0.9, 0.8, 0.05, 0.01)
+    assert spec.rollout_correction.log_prob_diff_threshold == 0.3
+
+
+def test_optimizer_specs_by_hand() -> None:
+    cfg = load_config(
+        None,
+        [
+            "data.train_batch_size=8",
+            "actor.ppo_mini_batch_size=2",
+            "actor.ppo_epochs=2",
+            "actor.warmup_steps_ratio=0.1",
+            "critic.ppo_mini_batch_size=4",
+        ],
+    )
+    # actor: 5 iterations × 2 epochs × 8/2 mini-batches = 40 steps, warm-up int(0.1 · 40) = 4
+    actor = actor_spec(cfg, 5)
+    assert (actor.total_steps, actor.warmup_steps, actor.scheduler) == (40, 4, cfg.actor.lr_scheduler)
+    # critic: 5 × 1 epoch × 8/4 = 10 steps, constant LR, no warm-up
+    critic = critic_spec(cfg, 5)
+    assert (critic.total_steps, critic.warmup_steps, critic.scheduler) == (10, 0, "constant")
+    # warm-up rounds down: int(0.05 · 30) = int(1.5) = 1
+    spec = optim_spec(
+        lr=1e-3, weight_decay=0.0, grad_clip=1.0, total_steps=30, warmup_ratio=0.05, scheduler="cosine"
+    )
+    assert spec.warmup_steps == 1 and spec.total_steps == 30
 
 
 def test_update_seed_is_one_stream_per_iteration() -> None:
