@@ -1,7 +1,8 @@
-"""One PPO/GRPO iteration, :func:`ppo_iteration`, over a typed :class:`RolloutBatch`; it reads like
-cleanrl's ``ppo.py``: old/ref log-probs and values, token rewards and advantages, then epochs ×
-shuffled mini-batches of whole prompt groups × micro-batches (kernels in
-:mod:`verl_core.training.ppo_kernels`).
+"""One PPO/GRPO iteration, :func:`ppo_iteration`, over a typed :class:`RolloutBatch`
+(:mod:`verl_core.training.batch`); it reads like cleanrl's ``ppo.py``: old/ref log-probs and values,
+token rewards and advantages, then epochs × shuffled mini-batches of whole prompt groups ×
+micro-batches (kernels in :mod:`verl_core.training.ppo_kernels`, metric accounting in
+:mod:`verl_core.training.ppo_metrics`).
 
 Losses follow :mod:`verl_core.algorithms`: one :class:`AggNorm` per mini-batch, and every
 micro-batch loss is its share of the mini-batch loss, so gradients and the logged metrics do not
