@@ -15,9 +15,10 @@ in its own run id so nothing is skipped) run three ways:
   ``flows.rl.run_iteration`` (the ``rollout`` → ``reward`` → ``ppo_update`` tasks; each writes and
   commits its Parquet artifacts, the next reads them), a ``checkpoint`` task at the end; validation off
   (``trainer.test_freq=0``).
-- ``fn``:    the same iteration body, ``run_iteration(..., as_tasks=False)`` (the stage functions
-  called directly, ``task.fn``), in a plain Python loop after ``stages.floor.state.init_state``, with
-  ``save_checkpoint`` at the end: artifacts written and read exactly as in the flow, no Prefect.
+- ``fn``:    the same iteration body, ``run_iteration`` with ``loop_stages(cfg, as_tasks=False)`` (the
+  stage functions called directly, ``task.fn``), in a plain Python loop after
+  ``stages.floor.state.init_state``, with ``save_checkpoint`` at the end: artifacts written and read
+  exactly as in the flow, no Prefect.
 - ``bare``:  the components only: ``engine.generate`` on the iteration's prompt ids, the floor's
   ``score_batch`` on the completions, and ``verl_core.training.ppo.ppo_iteration`` on the
   ``RolloutBatch`` of the in-memory rollouts and rewards tables (the floor's ``ppo_models``/``ppo_spec``,
@@ -110,7 +111,7 @@ def setup(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 class Probe:
     """Times, within one run, the stage bodies (``task.fn``, as the Prefect task engine and
-    ``run_iteration(as_tasks=False)`` call them). Task call − body is the Prefect cost of a task;
+    ``run_iteration`` without tasks call them). Task call − body is the Prefect cost of a task;
     body − kernel (the kernel seconds the stages record in their manifests) is the artifact +
     bookkeeping cost: both measured on the same executions, so load drift on a shared machine cancels
     out of them."""
@@ -181,7 +182,8 @@ def run_flow(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
-    from flows.rl import run_iteration
+    from flows.loop import Loop
+    from flows.rl import loop_stages, run_iteration
     from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
     from verl_core.runtime.run import start_run
 
@@ -191,9 +193,10 @@ def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     init_state(ctx, cfg, s["tp"], s["sft"])
     state = get_state(ctx)
+    loop = Loop(ctx, cfg, s["tp"], state.lineage, parts, loop_stages(cfg, as_tasks=False))
     try:
         for it in range(cfg.trainer.total_iterations):
-            run_iteration(ctx, cfg, s["tp"], it, state.lineage, parts, as_tasks=False)
+            run_iteration(loop, it)
         save_checkpoint(ctx, cfg, cfg.trainer.total_iterations)
         weights = _weights_sum(state.lm)
     finally:
@@ -362,7 +365,7 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, s
     print(f"\n1. the three ways, median (min) over {args.repeats} run(s) of {n} iterations:")
     for k, label in (
         ("flow", "Prefect flow rl_loop (tasks + artifacts)"),
-        ("fn", "run_iteration(as_tasks=False) (artifacts)"),
+        ("fn", "run_iteration, no tasks (artifacts)"),
         ("bare", "bare kernels plain loop"),
     ):
         loop = med(k, lambda r: r["loop_s"])

@@ -231,7 +231,8 @@ UPDATE_PHASES = ("old_log_prob", "ref", "adv", "update_actor")  # the update sum
 
 
 def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
-    from flows.rl import run_iteration
+    from flows.loop import Loop
+    from flows.rl import loop_stages, run_iteration
     from stages.floor.state import drop_state, get_state, init_state
     from verl_core.runtime.run import start_run
 
@@ -252,10 +253,11 @@ def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
     flops: dict[str, float] = defaultdict(float)  # the training phases' model FLOPs (see _hw)
     geometry = s["geometry"]
     reset_peak_memory(s["device"])
+    loop = Loop(ctx, cfg, s["tp"], state.lineage, stage_s, loop_stages(cfg, as_tasks=False))
     try:
         loop0 = time.perf_counter()
         for it in range(iterations):
-            done = run_iteration(ctx, cfg, s["tp"], it, state.lineage, stage_s, as_tasks=False)
+            done = run_iteration(loop, it)
             rs = store.read_manifest(done.rollout).summary
             ws = store.read_manifest(done.reward).summary
             us = state.pending[-1].summary  # the update's manifest is published by the next checkpoint

@@ -27,15 +27,19 @@ loop, the main rank runs the stages as tasks of this flow run and scores the rol
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
+from dataclasses import replace
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from prefect import flow, task
+from prefect.cache_policies import NONE
 
 from flows.dispatch import heartbeat
+from flows.loop import Loop, LoopStages
 from flows.sampling import sample_iteration
 from launcher.spmd import SpmdJob, needs_spmd, run_job
 from stages.floor.environment import check_environment
@@ -50,6 +54,7 @@ from stages.floor.state import (
     get_state,
     init_state,
     save_checkpoint,
+    set_prompt_cursor,
     sync_rollout_weights,
 )
 from stages.ppo_update import ppo_update
@@ -60,6 +65,8 @@ from verl_core.config import VerlFlowConfig
 from verl_core.runtime.ranks import on_main
 from verl_core.runtime.run import RunContext
 from verl_core.runtime.run_length import check_completed
+
+T = TypeVar("T")
 
 
 @task(name="init_rl_state")
@@ -83,48 +90,36 @@ class IterationArtifacts(NamedTuple):
     update: str
 
 
-def run_iteration(
-    ctx: RunContext,
-    config: VerlFlowConfig,
-    template_pack_uri: str,
-    iteration: int,
-    lineage: str,
-    timings: dict[str, float],
-    *,
-    as_tasks: bool = True,
-) -> IterationArtifacts:
-    """rollout → reward → ppo_update of one iteration, adding each stage's seconds to ``timings``.
-    ``as_tasks=False`` calls the stage functions without Prefect task runs (the benchmarks' baseline,
-    the other ranks of an SPMD job). In an SPMD job the main rank alone scores (the others get the URI)."""
-    cfg = config
-    e = cfg.execution
-    if as_tasks:
-        score = reward.with_options(retries=e.task_retries, retry_delay_seconds=e.retry_delay_s)
-        roll, update = rollout, ppo_update
-    else:
-        roll, score, update = rollout.fn, reward.fn, ppo_update.fn  # type: ignore[assignment]
-    stall = e.stall_timeout_s
+def run_iteration(loop: Loop, iteration: int) -> IterationArtifacts:
+    """rollout → reward → ppo_update of one iteration, adding each stage's seconds to ``loop.timings``.
+    In an SPMD job the main rank alone scores (the others get the URI)."""
+    ctx, cfg = loop.ctx, loop.config
+    state = get_state(ctx)
     if cfg.parent is not None and cfg.parent.replay:  # the parent's stored rollouts and rewards
-        parent = cfg.parent
-        get_state(ctx).prompt_cursor = (iteration + 1) * cfg.data.train_batch_size
-        r, w = replay_sources(ctx.store(), parent, iteration)
-        with timed(timings, "update"), watched(ctx, "ppo_update", stall, iteration):
-            u = update(ctx, cfg, r, w, iteration)
-        return IterationArtifacts(r, w, u)
+        set_prompt_cursor(state, (iteration + 1) * cfg.data.train_batch_size)
+        r, w = replay_sources(ctx.store(), cfg.parent, iteration)
+        return IterationArtifacts(r, w, _update(loop, iteration, r, w))
     if cfg.algorithm.filter_groups.enable:  # DAPO dynamic sampling: generation batches until full
-        s = sample_iteration(ctx, cfg, template_pack_uri, iteration, lineage, timings, roll, score)
-        with timed(timings, "update"), watched(ctx, "ppo_update", stall, iteration):
-            u = update(ctx, cfg, s.rollouts, s.rewards, iteration)
-        return IterationArtifacts(s.rollouts[-1], s.rewards[-1], u)
-    get_state(ctx).prompt_cursor = (iteration + 1) * cfg.data.train_batch_size  # one batch per iteration
-    r = _rollout_call(ctx, cfg, template_pack_uri, iteration, lineage, timings, as_tasks=as_tasks)
-    with timed(timings, "reward"), watched(ctx, "reward", stall, iteration):
-        w = on_main(
-            lambda: score(ctx, cfg.reward, r, iteration, cfg.data.max_response_length, sandbox=cfg.sandbox)
+        s = sample_iteration(loop, iteration)
+        return IterationArtifacts(
+            s.rollouts[-1], s.rewards[-1], _update(loop, iteration, s.rollouts, s.rewards)
         )
-    with timed(timings, "update"), watched(ctx, "ppo_update", stall, iteration):
-        u = update(ctx, cfg, r, w, iteration)
-    return IterationArtifacts(r, w, u)
+    set_prompt_cursor(state, (iteration + 1) * cfg.data.train_batch_size)  # one batch per iteration
+    r = _rollout_call(loop, iteration)
+    with timed(loop.timings, "reward"), watched(ctx, "reward", cfg.execution.stall_timeout_s, iteration):
+        w = on_main(
+            lambda: loop.stages.reward(
+                ctx, cfg.reward, r, iteration, cfg.data.max_response_length, sandbox=cfg.sandbox
+            )
+        )
+    return IterationArtifacts(r, w, _update(loop, iteration, r, w))
+
+
+def _update(loop: Loop, iteration: int, rollouts: str | list[str], rewards: str | list[str]) -> str:
+    """Iteration ``iteration``'s update stage (timed, watched)."""
+    ctx, cfg = loop.ctx, loop.config
+    with timed(loop.timings, "update"), watched(ctx, "ppo_update", cfg.execution.stall_timeout_s, iteration):
+        return loop.stages.update(ctx, cfg, rollouts, rewards, iteration)
 
 
 @flow(name="rl-loop", log_prints=True)
@@ -149,102 +144,105 @@ def rl_iterations(
     *,
     as_tasks: bool = True,
 ) -> RLResult:
-    """The loop itself, in this process (one rank of an SPMD job, or the only process)."""
+    """The loop itself, in this process (one rank of an SPMD job, or the only process).
+    ``as_tasks=False`` calls the stage functions without Prefect task runs (the benchmarks' baseline,
+    the other ranks of an SPMD job)."""
     logger = stage_logger(__name__)
-    init, save, val_task = (
-        (init_rl_state, checkpoint, validate) if as_tasks else (init_rl_state.fn, checkpoint.fn, validate.fn)
-    )
+    stages = loop_stages(config, as_tasks=as_tasks)
     cfg, t, store = config, config.trainer, ctx.store()
     stall = cfg.execution.stall_timeout_s
     ahead = t.rollout_ahead and not (cfg.parent is not None and cfg.parent.replay)  # a replay samples none
     val: dict[int, float] = {}
     timings = {"rollout": 0.0, "reward": 0.0, "update": 0.0, "validate": 0.0}
     try:  # one rollout engine for the whole loop, closed when the state is dropped (a vLLM process)
-        start = init(ctx, cfg, template_pack_uri, sft_uri)
-        lineage, total = get_state(ctx).lineage, get_state(ctx).iterations
+        start = stages.init(ctx, cfg, template_pack_uri, sft_uri)
+        state = get_state(ctx)
+        loop = Loop(ctx, cfg, template_pack_uri, state.lineage, timings, stages)
+        total = state.iterations
         if t.val_before_train and start == 0 and t.test_freq:
             with timed(timings, "validate"), watched(ctx, "validate", stall, 0):
-                val[0] = val_task(ctx, cfg, template_pack_uri, 0)
+                val[0] = stages.validate(ctx, cfg, template_pack_uri, 0)
         last_ckpt = None
         if ahead and start < total:  # iteration `start`'s rollout first (committed on a resume)
-            _rollout_call(ctx, cfg, template_pack_uri, start, lineage, timings, as_tasks=as_tasks)
+            _rollout_call(loop, start)
         for it in range(start, total):
             if ahead and it + 1 < total:  # rollout i+1 (policy i) ∥ reward i + update i
-                _overlapped(ctx, cfg, template_pack_uri, it, lineage, timings, as_tasks=as_tasks)
+                _overlapped(loop, it)
             else:
-                run_iteration(ctx, cfg, template_pack_uri, it, lineage, timings, as_tasks=as_tasks)
+                run_iteration(loop, it)
             done = it + 1
             if t.test_freq and (done % t.test_freq == 0 or done == total):
                 with timed(timings, "validate"), watched(ctx, "validate", stall, done):
-                    val[done] = val_task(ctx, cfg, template_pack_uri, done)
+                    val[done] = stages.validate(ctx, cfg, template_pack_uri, done)
             if done == total:  # the final checkpoint marks the plan done: not for a policy short of it
                 check_completed("rl", completed_iterations(ctx, cfg))
             if done == total or (t.save_freq and done % t.save_freq == 0):
-                last_ckpt = save(ctx, cfg, done)
+                last_ckpt = stages.checkpoint(ctx, cfg, done)
             acc = f", val accuracy {val[done]:.3f}" if done in val else ""
             logger.info("rl: iteration %d/%d done%s", done, total, acc)
         iterations = check_completed("rl", completed_iterations(ctx, cfg))
         if last_ckpt is None:  # nothing left to run: the final checkpoint is already committed
             last_ckpt = store.manifest_uri(ctx.run_id, ckpt_stage(total))
-        for done, accuracy in validations(store, ctx.run_id, lineage).items():  # of earlier (resumed) runs
+        for done, accuracy in validations(
+            store, ctx.run_id, loop.lineage
+        ).items():  # of earlier (resumed) runs
             val.setdefault(done, accuracy)
     finally:
         drop_state(ctx.run_id)
     return RLResult(last_ckpt, val, timings, iterations)
 
 
-def _rollout_call(
-    ctx: RunContext,
-    config: VerlFlowConfig,
-    template_pack_uri: str,
-    iteration: int,
-    lineage: str,
-    timings: dict[str, float],
-    *,
-    as_tasks: bool,
-) -> str:
+def _rollout_call(loop: Loop, iteration: int) -> str:
     """Iteration ``iteration``'s rollout stage (timed, watched), the one call of it: run_iteration and
     the ahead rollout make the same call, so run_iteration finds an ahead rollout committed and skips it."""
-    cfg, roll = config, rollout if as_tasks else rollout.fn
-    with timed(timings, "rollout"), watched(ctx, "rollout", cfg.execution.stall_timeout_s, iteration):
-        return roll(  # type: ignore[no-any-return]
-            ctx, cfg.data, cfg.rollout, template_pack_uri, iteration, lineage,
+    ctx, cfg = loop.ctx, loop.config
+    with timed(loop.timings, "rollout"), watched(ctx, "rollout", cfg.execution.stall_timeout_s, iteration):
+        return loop.stages.rollout(
+            ctx, cfg.data, cfg.rollout, loop.template_pack_uri, iteration, loop.lineage,
             cfg.algorithm.greedy_baseline, sandbox=cfg.sandbox,
         )  # fmt: skip
 
 
-def _ahead_rollout_body(
-    ctx: RunContext,
-    config: VerlFlowConfig,
-    template_pack_uri: str,
-    iteration: int,
-    lineage: str,
-    threads: int | None,
-    as_tasks: bool,
-) -> tuple[str, float]:
+def _ahead_rollout_body(loop: Loop, iteration: int, threads: int | None) -> tuple[str, float]:
     """The ahead rollout in its worker thread: its own torch thread count (OpenMP's is per thread),
-    its own watchdog; returns (URI, seconds)."""
+    its own watchdog and timer; returns (URI, seconds)."""
     if threads is not None:
         torch.get_num_threads()  # this thread's lazy OpenMP init first, so the next call sticks
         torch.set_num_threads(threads)
-    seconds: dict[str, float] = {"rollout": 0.0}
-    uri = _rollout_call(ctx, config, template_pack_uri, iteration, lineage, seconds, as_tasks=as_tasks)
-    return uri, seconds["rollout"]
+    alone = replace(loop, timings={"rollout": 0.0})
+    uri = _rollout_call(alone, iteration)
+    return uri, alone.timings["rollout"]
 
 
-ahead_rollout = task(name="rollout_ahead")(_ahead_rollout_body)
+# no cache key: its input is the loop context (stage callables, timings), and results are not cached
+ahead_rollout = task(name="rollout_ahead", cache_policy=NONE)(_ahead_rollout_body)
 
 
-def _overlapped(
-    ctx: RunContext,
-    config: VerlFlowConfig,
-    template_pack_uri: str,
-    iteration: int,
-    lineage: str,
-    timings: dict[str, float],
-    *,
-    as_tasks: bool,
-) -> None:
+def _in_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """``fn(*args)`` in a worker thread of its own (the ahead rollout without Prefect task runs)."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
+    try:
+        return pool.submit(fn, *args)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends when fn returns
+
+
+def loop_stages(config: VerlFlowConfig, *, as_tasks: bool = True) -> LoopStages:
+    """The RL loop's stage callables, chosen here once: Prefect tasks (the reward stage with
+    ``execution.task_retries``), or with ``as_tasks=False`` their plain functions."""
+    e = config.execution
+    if as_tasks:
+        score = reward.with_options(retries=e.task_retries, retry_delay_seconds=e.retry_delay_s)
+        return LoopStages(
+            init_rl_state, rollout, score, ppo_update, validate, checkpoint, ahead_rollout.submit
+        )
+    return LoopStages(
+        init_rl_state.fn, rollout.fn, reward.fn, ppo_update.fn, validate.fn, checkpoint.fn,
+        partial(_in_thread, _ahead_rollout_body),
+    )  # fmt: skip
+
+
+def _overlapped(loop: Loop, iteration: int) -> None:
     """Iteration ``iteration`` with ``trainer.rollout_ahead=1``: iteration i+1's rollout is generated
     from policy i in a worker thread (a Prefect task submitted to the flow's thread-pool task runner,
     or a plain thread without tasks) while :func:`run_iteration` scores and updates iteration i (its
@@ -255,34 +253,25 @@ def _overlapped(
     Runs every stage of the iteration to its end or raises; the ahead rollout is waited for either
     way (its failure is raised when the update succeeded), so the caller's checkpoint comes after it
     is committed: a resume from that checkpoint finds it and generates nothing again."""
-    state = get_state(ctx)
+    state = get_state(loop.ctx)
     cpu = state.device.type == "cpu"
     total_threads = torch.get_num_threads()
     rollout_threads = max(1, total_threads // 2) if cpu else None
-    submit: Any
-    if as_tasks:
-        submit = ahead_rollout.submit
-    else:
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
-        submit = partial(pool.submit, _ahead_rollout_body)
-    args = (ctx, config, template_pack_uri, iteration + 1, lineage, rollout_threads, as_tasks)
     with engine_held(state):
-        future = submit(*args)
+        future = loop.stages.ahead(loop, iteration + 1, rollout_threads)
         if cpu:
             torch.set_num_threads(max(1, total_threads - total_threads // 2))
         try:
-            run_iteration(ctx, config, template_pack_uri, iteration, lineage, timings, as_tasks=as_tasks)
+            run_iteration(loop, iteration)
         except BaseException:
             _wait(future)  # no thread left sampling a state the caller is about to drop
             raise
         finally:
             if cpu:
                 torch.set_num_threads(total_threads)
-            if not as_tasks:
-                pool.shutdown(wait=False)
         _uri, seconds = future.result()
-    timings["rollout"] += seconds
-    with timed(timings, "weight_sync"):  # the boundary: the engine moves to the trainer's version
+    loop.timings["rollout"] += seconds
+    with timed(loop.timings, "weight_sync"):  # the boundary: the engine moves to the trainer's version
         sync_rollout_weights(state)
 
 

@@ -22,15 +22,13 @@ the kept count, which :func:`verl_core.runtime.ranks.on_main` hands to every ran
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from flows.loop import Loop
 from stages.floor.logging import stage_logger, timed, watched
-from stages.floor.state import get_state
-from verl_core.config import VerlFlowConfig
+from stages.floor.state import get_state, set_prompt_cursor
 from verl_core.errors import DataError
 from verl_core.runtime.ranks import is_main, on_main
-from verl_core.runtime.run import RunContext
 
 
 class SampledIteration(NamedTuple):
@@ -41,18 +39,10 @@ class SampledIteration(NamedTuple):
     kept_groups: int
 
 
-def sample_iteration(
-    ctx: RunContext,
-    cfg: VerlFlowConfig,
-    template_pack_uri: str,
-    iteration: int,
-    lineage: str,
-    timings: dict[str, float],
-    roll: Callable[..., str],
-    score: Callable[..., str],
-) -> SampledIteration:
+def sample_iteration(loop: Loop, iteration: int) -> SampledIteration:
     """Generation batches of ``iteration`` until it holds ``data.train_batch_size`` informative groups
-    (or the cap); ``roll`` / ``score``: the rollout and reward stages (tasks or plain functions)."""
+    (or the cap), each rolled out and scored by ``loop.stages`` and timed into ``loop.timings``."""
+    ctx, cfg, timings = loop.ctx, loop.config, loop.timings
     fg, wanted, stall = cfg.algorithm.filter_groups, cfg.data.train_batch_size, cfg.execution.stall_timeout_s
     state, store = get_state(ctx), ctx.store()
     rollouts: list[str] = []
@@ -61,13 +51,13 @@ def sample_iteration(
     while kept < wanted and (fg.max_num_gen_batches == 0 or len(rollouts) < fg.max_num_gen_batches):
         k, cursor = len(rollouts), state.prompt_cursor
         with timed(timings, "rollout"), watched(ctx, "rollout", stall, iteration):
-            r = roll(
-                ctx, cfg.data, cfg.rollout, template_pack_uri, iteration, lineage, False,
+            r = loop.stages.rollout(
+                ctx, cfg.data, cfg.rollout, loop.template_pack_uri, iteration, loop.lineage, False,
                 sandbox=cfg.sandbox, gen_batch=k, cursor=cursor,
             )  # fmt: skip
 
         def scored(r: str = r, k: int = k, need: int = wanted - kept) -> tuple[str, int]:
-            w = score(
+            w = loop.stages.reward(
                 ctx, cfg.reward, r, iteration, cfg.data.max_response_length, sandbox=cfg.sandbox,
                 gen_batch=k, filter_metric=fg.metric, wanted_groups=need,
             )  # fmt: skip
@@ -76,7 +66,7 @@ def sample_iteration(
 
         with timed(timings, "reward"), watched(ctx, "reward", stall, iteration):
             w, found = on_main(scored)  # the main rank scores and decides; every rank gets both
-        state.prompt_cursor = cursor + wanted
+        set_prompt_cursor(state, cursor + wanted)
         rollouts.append(r)
         rewards.append(w)
         kept += found

@@ -2,22 +2,22 @@
 
 Writes ``iter-XXXX/update/update.parquet`` (per-sample score, advantages, returns, KL), logs the first
 ``tracking.log_samples`` samples (prompt, response, score, mean advantage) as a table, and moves the
-in-memory policy from version i to i+1. The new weights live in memory until the next checkpoint
-(every ``trainer.save_freq`` iterations), so the stage's manifest is sealed, not published: the
-checkpoint that makes the weights durable publishes it (see :mod:`stages.floor.state`). A committed
-update is therefore always covered by a checkpoint and never runs again; an uncommitted one is re-run
-after a crash, and being deterministic writes the same table.
+in-memory policy from version i to i+1. The new weights live in memory until the next checkpoint (every
+``trainer.save_freq`` iterations), so the stage's manifest is sealed, not published: the checkpoint that
+makes the weights durable publishes it (see :mod:`stages.floor.state`). A committed update is therefore
+always covered by a checkpoint and never runs again; an uncommitted one is re-run after a crash, and being
+deterministic writes the same table.
 
 Weight sync: right after the update the rollout engine receives policy i+1
-(:func:`stages.floor.state.sync_rollout_weights`, logged as ``timing_s/weight_sync``). Before it, the
-update refuses rollouts sampled by a policy more than ``trainer.rollout_ahead`` versions behind the
-trainer's (their ``policy_version`` column is the version the engine held): a stale engine fails
-loudly instead of training silently off-policy.
+(:func:`stages.floor.state.advance_policy`, logged as ``timing_s/weight_sync``). Before it, the update
+refuses rollouts sampled by a policy more than ``trainer.rollout_ahead`` versions behind the trainer's (their
+``policy_version`` column is the version the engine held): a stale engine fails loudly instead of training
+silently off-policy.
 
 Dynamic sampling (``algorithm.filter_groups``): the update gets the rollout and reward URIs of every
-generation batch of the iteration and trains on their kept rows (``group_filter.parquet`` of each
-reward stage), concatenated in batch order: one combined batch. Reading the batch, the lag check and
-the per-sample table are the floor's (:mod:`stages.floor.artifacts`).
+generation batch of the iteration and trains on their kept rows (``group_filter.parquet`` of each reward
+stage), concatenated in batch order: one combined batch. Reading the batch, the lag check and the per-sample
+table are the floor's (:mod:`stages.floor.artifacts`).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from stages.floor.artifacts import check_policy_lag, read_update_tables, update_
 from stages.floor.builders import ppo_spec, update_seed
 from stages.floor.locations import iteration_stage
 from stages.floor.samples import log_samples, sample_columns
-from stages.floor.state import get_state, ppo_models, sync_rollout_weights
+from stages.floor.spmd import commit_once, committed
+from stages.floor.state import advance_policy, get_state, ppo_models, seal_update
 from verl_core.algorithms.stats import masked_mean
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
-from verl_core.runtime.ranks import broadcast_from_main, is_main
 from verl_core.runtime.run import RunContext
 from verl_core.training.batch import RolloutBatch
 from verl_core.training.ppo import ppo_iteration
@@ -60,7 +60,7 @@ def ppo_update(
         inputs=update_inputs(rollout_uri, reward_uri),
         force=state.version == iteration,
     )
-    if broadcast_from_main(stage.done):  # rank 0 decides for every rank of an SPMD job
+    if committed(stage):
         return stage.manifest_uri
     if state.version != iteration:
         raise RuntimeError(
@@ -91,30 +91,29 @@ def ppo_update(
         where=f"ppo_update: iteration {iteration}",
     )
 
-    # 4. Advance the policy version; the rollout engine receives it before the next rollout (every
-    # rank of an SPMD job: gathering a sharded policy is a collective)
-    state.version = iteration + 1
-    sync_s = sync_rollout_weights(state)
+    # 4. Policy i+1, synced to the rollout engine (every rank: gathering a sharded policy is a collective)
+    sync_s = advance_policy(state, iteration)
 
-    if not is_main():  # every rank holds the new weights (its shard) and synced its engine; rank 0 writes
+    # 5. The main rank writes the per-sample table, seals the manifest (published by the next
+    # checkpoint) and logs; every rank returns the URI
+    def seal() -> str:
+        table = update_table(batch, result.advantages, result.returns, result.kl)
+        stage.write_table("update.parquet", table, "update")
+        summary = {"policy_version": state.version, **{k: result.metrics[k] for k in sorted(result.metrics)}}
+        sampling: dict[str, int] = {}
+        if selected is not None:  # dynamic sampling: generation batches (verl's metric name), groups kept
+            sampling = {
+                "train/num_gen_batches": len(rollout_uri),
+                "train/kept_groups": len(set(batch.group_ids.tolist())),
+            }
+        summary |= {k.removeprefix("train/"): v for k, v in sampling.items()}
+        seal_update(state, stage.seal(summary))
+        tracker = ctx.tracker()
+        tracker.log_metrics({**result.metrics, **sampling, "timing_s/weight_sync": sync_s}, step=iteration)
+        if cfg.tracking.log_samples:
+            advantage = masked_mean(result.advantages, batch.response_mask, dim=-1).tolist()  # (S,) mean
+            columns = sample_columns(rollouts, batch.scores.tolist(), cfg.tracking.log_samples, advantage)
+            log_samples(tracker, "train", iteration, columns)
         return stage.manifest_uri
 
-    # 5. Write the per-sample table, log metrics; the next checkpoint commits
-    table = update_table(batch, result.advantages, result.returns, result.kl)
-    stage.write_table("update.parquet", table, "update")
-    summary = {"policy_version": state.version, **{k: result.metrics[k] for k in sorted(result.metrics)}}
-    sampling: dict[str, int] = {}
-    if selected is not None:  # dynamic sampling: generation batches (verl's metric name), groups kept
-        sampling = {
-            "train/num_gen_batches": len(rollout_uri),
-            "train/kept_groups": len(set(batch.group_ids.tolist())),
-        }
-    summary |= {k.removeprefix("train/"): v for k, v in sampling.items()}
-    state.pending.append(stage.seal(summary))  # published by the next checkpoint
-    tracker = ctx.tracker()
-    tracker.log_metrics({**result.metrics, **sampling, "timing_s/weight_sync": sync_s}, step=iteration)
-    if cfg.tracking.log_samples:
-        advantage = masked_mean(result.advantages, batch.response_mask, dim=-1).tolist()  # (S,) mean
-        columns = sample_columns(rollouts, batch.scores.tolist(), cfg.tracking.log_samples, advantage)
-        log_samples(tracker, "train", iteration, columns)
-    return stage.manifest_uri
+    return commit_once(seal)

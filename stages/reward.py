@@ -23,6 +23,7 @@ The scoring itself is :func:`verl_core.reward.score_rollouts`;
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pyarrow as pa
 from prefect import task
@@ -33,7 +34,7 @@ from stages.floor.logging import stage_logger
 from verl_core.algorithms.dynamic_sampling import FILTER_METRICS, filter_groups
 from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.errors import DataError
-from verl_core.reward import batch_from_columns, metrics_of_rows, rewards_table
+from verl_core.reward import RewardBatch, RewardResult, batch_from_columns, metrics_of_rows, rewards_table
 from verl_core.runtime.run import RunContext
 
 ROLLOUTS_FILE = "rollouts.parquet"
@@ -100,12 +101,32 @@ def reward(
     if gen_batch is not None:
         kept = _filter_groups(table, filter_metric, wanted_groups)
         stage.write_table(FILTER_FILE, kept[0], "group_filter")
+    report = _report(cfg, batch, result, metrics, iteration)
+    stage.write_json("report.json", report)
+    summary = {"iteration": iteration, "rows": batch.size, "metrics": metrics, "seconds": seconds}
+    if kept is not None:
+        summary["filter"] = kept[1]
+    uri = stage.commit(summary=summary)
+
+    # 5. Metrics
+    ctx.tracker().log_metrics({**metrics, "timing_s/reward": seconds}, step=iteration)
+    log.info(
+        "reward: iteration %d, %d rows, score mean %.4f, %d errors zeroed",
+        iteration, batch.size, metrics["critic/score/mean"], report["errors"],
+    )  # fmt: skip
+    return uri
+
+
+def _report(
+    cfg: RewardConfig, batch: RewardBatch, result: RewardResult, metrics: dict[str, float], iteration: int
+) -> dict[str, Any]:
+    """``report.json``: the metrics, the scorers and weights, the errors zeroed (the first 20)."""
     zeroed = [
         {"row": batch.row_name(i), "data_source": batch.data_source[i], "error": e}
         for i, e in enumerate(result.errors)
         if e is not None
     ]
-    report = {
+    return {
         "iteration": iteration,
         "rows": batch.size,
         "scorers": {s.name: s.weight for s in cfg.scorers},
@@ -113,19 +134,6 @@ def reward(
         "errors": len(zeroed),
         "error_examples": zeroed[:20],
     }
-    stage.write_json("report.json", report)
-    summary = {"iteration": iteration, "rows": batch.size, "metrics": metrics, "seconds": seconds}
-    if kept is not None:
-        report["filter"] = summary["filter"] = kept[1]
-    uri = stage.commit(summary=summary)
-
-    # 5. Metrics
-    ctx.tracker().log_metrics({**metrics, "timing_s/reward": seconds}, step=iteration)
-    log.info(
-        "reward: iteration %d, %d rows, score mean %.4f, %d errors zeroed",
-        iteration, batch.size, metrics["critic/score/mean"], len(zeroed),
-    )  # fmt: skip
-    return uri
 
 
 def _filter_groups(rewards: pa.Table, metric: str, wanted_groups: int) -> tuple[pa.Table, dict[str, int]]:

@@ -19,17 +19,22 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from functools import partial
+from typing import NamedTuple
 
+import pyarrow as pa
 from prefect import task
 
 from stages.floor.artifacts import batch_rows, rollouts_table, stream_rows
-from stages.floor.builders import sampling_params, sharded_rollouts
+from stages.floor.builders import Rollouts, sampling_params, sharded_rollouts
 from stages.floor.locations import generation_stage, iteration_stage
-from stages.floor.state import get_state, rollout_version
+from stages.floor.spmd import commit_once, committed
+from stages.floor.state import RLState, get_state, rollout_version
 from verl_core.config import PLACEMENT_FIELDS, DataConfig, RolloutConfig, SandboxConfig
-from verl_core.runtime.ranks import broadcast_from_main, is_main
+from verl_core.rollout import Completion, SamplingParams
+from verl_core.rollout.multi_turn import Trajectory
 from verl_core.runtime.run import RunContext
 from verl_core.seeding import derive_seed
+from verl_core.store import StageWriter
 
 
 @task(name="rollout")
@@ -54,27 +59,10 @@ def rollout(
     stream's position ``cursor`` (None: the iteration's one batch, from iteration·B)."""
     store = ctx.store()
     # 1. Skip when committed for this iteration of this policy lineage
-    params = {
-        "iteration": iteration,
-        "lineage": lineage,
-        "rollout": cfg.model_dump(mode="json", exclude=PLACEMENT_FIELDS["rollout"]),
-        "batch": data.train_batch_size,
-        "max_response_length": data.max_response_length,
-        "seed": data.seed,
-        "shuffle": data.shuffle,
-        "greedy_baseline": greedy_baseline,
-    }
-    where = iteration_stage(iteration, "rollout")
-    if gen_batch is not None:
-        params |= {"gen_batch": gen_batch, "cursor": cursor}
-        where = generation_stage(iteration, "rollout", gen_batch)
-    stage = store.open_stage(
-        ctx.run_id,
-        where,
-        params=params,
-        inputs={"prompts": template_pack_uri},
+    stage = _open_stage(
+        ctx, data, cfg, template_pack_uri, iteration, lineage, greedy_baseline, gen_batch, cursor
     )
-    if broadcast_from_main(stage.done):  # rank 0 decides for every rank of an SPMD job
+    if committed(stage):
         return stage.manifest_uri
     state = get_state(ctx)
     lowest = rollout_version(state, iteration)  # rollout_ahead=1: the trainer may still be one behind
@@ -93,45 +81,123 @@ def rollout(
         rows, epoch = stream_rows(prompts.num_rows, cursor, b, seed=data.seed, shuffle=data.shuffle)
     batch = prompts.take(rows)
 
-    # 3. Generate
-    t0 = time.perf_counter()
-    ids = batch.column("input_ids").to_pylist()
+    # 3. Generate (every rank its share; every rank gets every rollout)
     sampling = sampling_params(cfg, data.max_response_length, iteration, validation=False)
     if gen_batch:  # batch K > 0 of the iteration draws apart from batch 0 (which draws as without filtering)
         sampling = replace(sampling, seed=derive_seed("rollout_gen_batch", cfg.seed, iteration, gen_batch))
+    sampled = _generate(state, data, cfg, batch, sampling, greedy_baseline, sandbox)
+
+    # 4. Write and commit on the main rank; every rank returns the URI
+    where = _Where(iteration, epoch, cursor if gen_batch is not None else iteration * b, (gen_batch or 0) * b)
+    return commit_once(lambda: _commit(ctx, stage, batch, sampled, where))
+
+
+class _Sampled(NamedTuple):
+    """A rollout's generations: the samples, ReMax's greedy baselines (``sample_index = rollout.n``)
+    and their trajectories (multi-turn), and the seconds the generation took."""
+
+    main: Rollouts
+    baselines: list[Completion]
+    baseline_trajectories: list[Trajectory]
+    seconds: float
+
+
+class _Where(NamedTuple):
+    """Where a rollout's rows sit: its iteration, the epoch and prompt-stream position of its batch,
+    and the group id of its first prompt (K·B for generation batch K)."""
+
+    iteration: int
+    epoch: int
+    prompt_cursor: int
+    group_offset: int
+
+
+def _open_stage(
+    ctx: RunContext,
+    data: DataConfig,
+    cfg: RolloutConfig,
+    template_pack_uri: str,
+    iteration: int,
+    lineage: str,
+    greedy_baseline: bool,
+    gen_batch: int | None,
+    cursor: int,
+) -> StageWriter:
+    """The rollout stage of ``iteration`` (or of its generation batch ``gen_batch``), keyed by the
+    policy lineage and every setting that changes what is sampled."""
+    params = {
+        "iteration": iteration,
+        "lineage": lineage,
+        "rollout": cfg.model_dump(mode="json", exclude=PLACEMENT_FIELDS["rollout"]),
+        "batch": data.train_batch_size,
+        "max_response_length": data.max_response_length,
+        "seed": data.seed,
+        "shuffle": data.shuffle,
+        "greedy_baseline": greedy_baseline,
+    }
+    where = iteration_stage(iteration, "rollout")
+    if gen_batch is not None:
+        params |= {"gen_batch": gen_batch, "cursor": cursor}
+        where = generation_stage(iteration, "rollout", gen_batch)
+    return ctx.store().open_stage(
+        ctx.run_id,
+        where,
+        params=params,
+        inputs={"prompts": template_pack_uri},
+    )
+
+
+def _generate(
+    state: RLState,
+    data: DataConfig,
+    cfg: RolloutConfig,
+    batch: pa.Table,
+    sampling: SamplingParams,
+    greedy_baseline: bool,
+    sandbox: SandboxConfig | None,
+) -> _Sampled:
+    """Sample ``batch``'s prompts with the rollout engine (and, for ReMax, one greedy response each)."""
+    t0 = time.perf_counter()
+    ids = batch.column("input_ids").to_pylist()
     gen = partial(
         sharded_rollouts, state.engine, state.tokenizer, ids,
         multi_turn=cfg.multi_turn, max_response_length=data.max_response_length, sandbox=sandbox,
     )  # fmt: skip
     main = gen(sampling)
-    completions, baselines, baseline_traj = main.completions, [], []
+    baselines: list[Completion] = []
+    baseline_traj: list[Trajectory] = []
     if greedy_baseline:
         greedy = gen(replace(sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1))
         baselines = [c._replace(sample_index=sampling.n) for c in greedy.completions]
         baseline_traj = greedy.trajectories or []
-    seconds = time.perf_counter() - t0
-    if not is_main():  # every rank holds every rollout; rank 0 commits them
-        return broadcast_from_main("")
+    return _Sampled(main, baselines, baseline_traj, time.perf_counter() - t0)
 
-    # 4. Write and commit (multi-turn rows carry their loss mask and turns)
+
+def _commit(ctx: RunContext, stage: StageWriter, batch: pa.Table, sampled: _Sampled, where: _Where) -> str:
+    """Write ``rollouts.parquet`` (multi-turn rows carry their loss mask and turns), commit, log the
+    metrics; returns the manifest URI."""
+    main, baselines, seconds = sampled.main, sampled.baselines, sampled.seconds
+    completions = main.completions
     marks = [False] * len(completions) + [True] * len(baselines)
-    trajectories = None if main.trajectories is None else main.trajectories + baseline_traj
+    trajectories = None if main.trajectories is None else main.trajectories + sampled.baseline_trajectories
     table = rollouts_table(
         completions + baselines,
         batch,
-        iteration,
-        state.engine.policy_version,  # the weights the engine sampled from (synced after each update)
+        where.iteration,
+        get_state(
+            ctx
+        ).engine.policy_version,  # the weights the engine sampled from (synced after each update)
         is_baseline=marks,
         trajectories=trajectories,
-        group_offset=(gen_batch or 0) * b,
+        group_offset=where.group_offset,
     )
     stage.write_table("rollouts.parquet", table, "rollouts")
     gen_tokens = sum(len(c.response_ids) for c in completions + baselines)
     summary = {
         "samples": len(completions),
         "baseline_samples": len(baselines),
-        "epoch": epoch,
-        "prompt_cursor": cursor if gen_batch is not None else iteration * b,
+        "epoch": where.epoch,
+        "prompt_cursor": where.prompt_cursor,
         "generated_tokens": gen_tokens,
         "seconds": seconds,
         **main.metrics,  # multi-turn: turns, tool calls, tool-call rate (none for single-turn)
@@ -141,9 +207,9 @@ def rollout(
         {
             "timing_s/rollout": seconds,
             "perf/gen_tokens_per_s": gen_tokens / max(seconds, 1e-9),
-            "train/epoch": epoch,
+            "train/epoch": where.epoch,
             **main.metrics,
         },
-        step=iteration,
+        step=where.iteration,
     )
-    return broadcast_from_main(uri)
+    return uri

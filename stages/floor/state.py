@@ -85,6 +85,10 @@ PENDING = "pending"  # checkpoint files holding the manifests of updates it publ
 
 @dataclass
 class RLState:
+    """One run's RL state. Stages and flows read it; it changes only through this module's functions
+    (:func:`advance_policy`, :func:`seal_update`, :func:`set_prompt_cursor`, :func:`engine_held`,
+    :func:`save_checkpoint`), which ``tests/stages/test_structure.py`` holds."""
+
     run_id: str
     lm: nn.Module  # the HF (or PEFT) policy
     actor: PackedCausalLM
@@ -222,21 +226,21 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
             where = "" if own is not None else f" of run {ckpt.run_id} (fork)"
             stage_logger(__name__).info("rl: resumed from checkpoint at iteration %d%s", version, where)
         rl = _STATES[ctx.run_id] = RLState(
-            ctx.run_id,
-            lm,
-            actor,
-            actor_engine,
-            ref,
-            critic,
-            critic_engine,
-            tokenizer,
-            engine,
-            kl_ctrl,
-            version,
-            iterations,
-            lineage,
-            device,
-            cursor,
+            run_id=ctx.run_id,
+            lm=lm,
+            actor=actor,
+            actor_engine=actor_engine,
+            ref=ref,
+            critic=critic,
+            critic_engine=critic_engine,
+            tokenizer=tokenizer,
+            engine=engine,
+            kl_ctrl=kl_ctrl,
+            version=version,
+            iterations=iterations,
+            lineage=lineage,
+            device=device,
+            prompt_cursor=cursor,
             rollout_ahead=cfg.trainer.rollout_ahead,
             fork_start=fork.identity if fork is not None else None,
         )
@@ -460,6 +464,25 @@ def sync_rollout_weights(state: RLState) -> float:
     else:
         engine.load_weights(policy_weights(lm).items(), state.version)
     return time.perf_counter() - t0
+
+
+def advance_policy(state: RLState, iteration: int) -> float:
+    """After update ``iteration``: the policy in memory is version ``iteration + 1``, and the rollout
+    engine receives it (:func:`sync_rollout_weights`; every rank of an SPMD job must call this).
+    Returns the sync's seconds (``timing_s/weight_sync``)."""
+    state.version = iteration + 1
+    return sync_rollout_weights(state)
+
+
+def seal_update(state: RLState, manifest: Manifest) -> None:
+    """Leave a sealed update manifest pending: :func:`save_checkpoint` publishes it with the
+    checkpoint that makes its weights durable."""
+    state.pending.append(manifest)
+
+
+def set_prompt_cursor(state: RLState, cursor: int) -> None:
+    """Where the next generation batch takes its prompts in the prompt stream (checkpointed)."""
+    state.prompt_cursor = cursor
 
 
 def rollout_version(state: RLState, iteration: int) -> int:

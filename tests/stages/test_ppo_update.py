@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from stages.floor.locations import iteration_stage
-from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
+from stages.floor.state import advance_policy, drop_state, get_state, init_state, save_checkpoint
 from stages.ppo_update import ppo_update
 from stages.reward import reward
 from stages.rollout import rollout
@@ -80,7 +80,7 @@ def test_update_advances_the_policy_and_commits_with_the_checkpoint(
 
 def test_update_needs_the_policy_of_its_iteration(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
     r, w = _inputs(ctx, tiny_rl[1])
-    get_state(ctx).version = 1
+    advance_policy(get_state(ctx), 0)  # the policy of iteration 1
     with pytest.raises(RuntimeError, match="update of iteration 0 needs policy version 0, have 1"):
         ppo_update.fn(ctx, TINY_RL, r, w, 0)
 

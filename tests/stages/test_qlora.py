@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from flows.rl import run_iteration
+from flows.loop import Loop
+from flows.rl import loop_stages, run_iteration
 from stages.export import export_model
 from stages.floor.artifacts import load_tokenizer, materialise_export, read_policy
 from stages.floor.builders import build_policy
@@ -167,8 +168,9 @@ def test_qlora_sft_and_two_grpo_iterations_train_the_adapters(
         base_weights = {n: p.detach().clone() for n, p in state.lm.named_parameters() if "lora_" not in n}
         before = _lora(state.lm)
         assert any(v.abs().sum() > 0 for n, v in before.items() if "lora_B" in n)  # SFT moved them
+        loop = Loop(ctx, cfg, tp, state.lineage, {}, loop_stages(cfg, as_tasks=False))
         for it in range(2):
-            run_iteration(ctx, cfg, tp, it, state.lineage, {}, as_tasks=False)  # rollout → reward → update
+            run_iteration(loop, it)  # rollout → reward → update
             save_checkpoint(ctx, cfg, it + 1)
             update = store.read_manifest(store.manifest_uri(ctx.run_id, iteration_stage(it, "update")))
             assert math.isfinite(update.summary["actor/pg_loss"])

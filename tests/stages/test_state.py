@@ -13,7 +13,15 @@ import torch
 
 from stages.floor.builders import planned_iterations
 from stages.floor.locations import ckpt_stage, iteration_stage, list_checkpoints
-from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
+from stages.floor.state import (
+    advance_policy,
+    drop_state,
+    get_state,
+    init_state,
+    save_checkpoint,
+    seal_update,
+    set_prompt_cursor,
+)
 from tests.stages.conftest import TINY_RL
 from verl_core.config import with_overrides
 from verl_core.errors import ConfigError
@@ -55,11 +63,12 @@ def test_checkpoint_publishes_pending_updates_and_resume_restores_the_optimizer(
     init_state(ctx, TINY_RL, tiny_rl[1], None)
     state = get_state(ctx)
     _train_one_step(ctx)
-    state.version = 1
+    advance_policy(state, 0)  # the policy after update 0: version 1
+    set_prompt_cursor(state, 6)  # e.g. three generation batches of 2 prompts (dynamic sampling)
     # an update stage sealed, not published: it becomes visible only with the checkpoint
     update = store.open_stage(ctx.run_id, iteration_stage(0, "update"))
     update.write_json("report.json", {"iteration": 0})
-    state.pending.append(update.seal({"iteration": 0}))
+    seal_update(state, update.seal({"iteration": 0}))
     assert store.committed(ctx.run_id, iteration_stage(0, "update")) is None
 
     uri = save_checkpoint(ctx, TINY_RL, 1)
@@ -73,7 +82,7 @@ def test_checkpoint_publishes_pending_updates_and_resume_restores_the_optimizer(
     drop_state(ctx.run_id)
     assert init_state(ctx, TINY_RL, tiny_rl[1], None) == 1  # resume_mode=auto: the last checkpoint
     resumed = get_state(ctx)
-    assert resumed.version == 1
+    assert resumed.version == 1 and resumed.prompt_cursor == 6
     assert resumed.actor_engine.global_step == 1
     assert resumed.actor_engine.scheduler.last_epoch == 1
     moments = resumed.actor_engine.optimizer.state_dict()["state"]

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-import stages.ppo_update as ppo_update_module
+import stages.floor.state as state_module
 from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
 from stages.ppo_update import ppo_update
 from stages.reward import reward
@@ -114,7 +114,7 @@ def test_own_copy_engine_samples_the_trainer_policy_of_each_version(
 def test_without_the_sync_the_version_guard_fails_the_update(
     ctx: RunContext, tiny_rl: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ppo_update_module, "sync_rollout_weights", lambda state: 0.0)
+    monkeypatch.setattr(state_module, "sync_rollout_weights", lambda state: 0.0)  # advance_policy's sync
     r0, w0 = _rollout(ctx, SYNC_CFG, tiny_rl[1], 0)
     before = _snapshot(ctx)
     ppo_update.fn(ctx, SYNC_CFG, r0, w0, 0)  # trainer at version 1, the engine still at 0
