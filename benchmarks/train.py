@@ -55,9 +55,10 @@ from _hw import (
 
 from verl_core.data.packing import dynamic_micro_batches, pack
 from verl_core.data.tokenizer import train_tokenizer
-from verl_core.models.attention import AUTO_ORDER, PACKED_ATTENTION, select_backend
+from verl_core.models.attention import PACKED_ATTENTION
 from verl_core.models.loading import ScratchSpec, count_parameters, init_causal_lm, scratch_config
 from verl_core.models.packed import PackedCausalLM
+from verl_core.models.varlen_sdpa import AUTO_ORDER, select_backend
 from verl_core.training.sft import count_loss_tokens, sft_loss
 
 REPO = Path(__file__).resolve().parents[1]

@@ -93,3 +93,13 @@ def test_pretrained_tokenizer_without_template_uses_named_builtin(tmp_path: Path
     tok = load_tokenizer(store, store.manifest_uri("t", "template_pack"))
     row = store.read_table(m, "sft_tokens/train.parquet").to_pylist()[0]
     assert row["input_ids"][-1] == tok.eos_token_id  # plain ends the assistant turn with eos
+
+
+def test_tokenizer_train_rows_is_part_of_the_stage_key(tmp_path: Path) -> None:
+    # data.tokenizer_train_rows changes the trained tokenizer: a rerun with another value recomputes
+    ctx = RunContext(run_id="rows", store_url=str(tmp_path))
+    pre = preprocess.fn(ctx, DataConfig(**SMALL))
+    first = ctx.store().read_manifest(template_pack.fn(ctx, DataConfig(**SMALL), ModelConfig(), pre))
+    fewer = DataConfig(**SMALL, tokenizer_train_rows=6)  # every 10th of the 60 training rows
+    second = ctx.store().read_manifest(template_pack.fn(ctx, fewer, ModelConfig(), pre))
+    assert first.input_key != second.input_key

@@ -62,7 +62,7 @@ class RolloutConfig(Section):
         "machine's RAM (vLLM's 0.92 fails beside other processes)",
     )
     vllm_enforce_eager: bool = _f(
-        False, "vLLM: no torch.compile / CUDA graphs (engine start ~35 s instead of ~55 s on a 2-core CPU)"
+        False, "vLLM: no torch.compile / CUDA graphs (a faster engine start, slower generation)"
     )
     vllm_python: str = _f(
         "auto",

@@ -147,8 +147,8 @@ class ModelConfig(Section):
     torch_compile: bool = _f(
         False,
         "torch.compile each decoder layer for packed training/log-prob/critic forwards (generation "
-        "stays eager); the first forward compiles (CPU: needs a C++ compiler; measured slower on CPU at "
-        "the quickstart's size)",
+        "stays eager); the first forward compiles (CPU: needs a C++ compiler; slower on CPU at the "
+        "quickstart's size)",
     )
     share_prompts: bool = _f(
         True,

@@ -29,7 +29,7 @@ def model_files(
 
     hf_logging.disable_progress_bar()
     # training keeps use_cache off (packed forwards need it off); a saved model is for generation too,
-    # where the KV cache is ~7x faster, so the file says on (our loaders turn it off again)
+    # where the KV cache is much faster, so the file says on (our loaders turn it off again)
     config = getattr(model, "config", None)
     use_cache = getattr(config, "use_cache", None)
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,7 +3,7 @@
 Sequences are concatenated into one row without padding: ``input_ids (N,)`` with per-sequence
 ``position_ids (N,)`` that restart at 0, and ``cu_seqlens (S+1,)`` offsets. The HF decoder is called
 with ``position_ids`` and ``use_cache=False``; models switched to ``varlen_sdpa`` get a
-:class:`~verl_core.models.attention.PackedLayout` and run the packed attention backend it selects
+:class:`~verl_core.models.varlen_sdpa.PackedLayout` and run the packed attention backend it selects
 (:mod:`verl_core.models.attention`), flash-attn models their varlen kernel, others (eager) the
 block-diagonal mask transformers derives from the position ids. With a KV cache present transformers
 silently does *not* restrict attention to each sequence (STACK_NOTES), which is why
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from verl_core.models import attention as attention_lib
+from verl_core.models import varlen_sdpa
 from verl_core.models.attention import SharedPrompts, take
 from verl_core.models.loading import unwrap
 
@@ -66,15 +66,15 @@ def varlen_kwargs(
 ) -> dict[str, Any]:
     """Keyword arguments that make a decoder attend within each packed sequence.
 
-    With ``varlen_sdpa`` (see :mod:`verl_core.models.attention`): a ``PackedLayout`` whose backend
+    With ``varlen_sdpa`` (see :mod:`verl_core.models.varlen_sdpa`): a ``PackedLayout`` whose backend
     (``attention``: a ``PACKED_ATTENTION`` name or ``auto``) every layer runs, and a 1-element
     placeholder 4-D mask that transformers passes through as-is instead of building an N×N mask that
     would be ignored. With flash-attn: the sequence offsets. Otherwise nothing: transformers
     derives the block-diagonal mask from the position ids."""
     impl = unwrap(model).config._attn_implementation
-    if impl == attention_lib.NAME:
+    if impl == varlen_sdpa.NAME:
         return {
-            "packed_layout": attention_lib.PackedLayout(cu_seqlens, attention, shared),
+            "packed_layout": varlen_sdpa.PackedLayout(cu_seqlens, attention, shared),
             "attention_mask": torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
         }
     if shared is not None:
@@ -90,14 +90,14 @@ def shared_prompts_for(model: nn.Module, shared: SharedPrompts | None) -> Shared
     """``shared`` where ``model``'s packed forwards can store prompts once (:class:`SharedPrompts`):
     models on ``varlen_sdpa``; None for the others, which compute every sequence in full (same
     results)."""
-    return shared if unwrap(model).config._attn_implementation == attention_lib.NAME else None
+    return shared if unwrap(model).config._attn_implementation == varlen_sdpa.NAME else None
 
 
 def use_varlen_attention(model: nn.Module) -> None:
     """Switch an ``sdpa`` model to ``varlen_sdpa`` (identical outside packed calls)."""
     base = unwrap(model)
     if base.config._attn_implementation == "sdpa":
-        base.set_attn_implementation(attention_lib.NAME)
+        base.set_attn_implementation(varlen_sdpa.NAME)
 
 
 def packed_inputs(
@@ -312,7 +312,7 @@ def compile_decoder_layers(layers: nn.ModuleList) -> None:
     packed forward compiles it, fwd and bwd; about 10-15 s on CPU for a small Qwen2), with a dynamic
     token count, so new lengths do not recompile. Fuses the norms, rotary embedding, SwiGLU and
     residual adds between the projections; the packed attention itself runs eager (its graph break,
-    :func:`verl_core.models.attention.varlen_sdpa_attention`). The layers keep their parameters and
+    :func:`verl_core.models.varlen_sdpa.varlen_sdpa_attention`). The layers keep their parameters and
     ``state_dict`` keys; their class becomes a subclass of their own (``PackedCompiled<Layer>``), so
     copies of the model are compiled too. Fusion reorders float operations: results match the eager
     forward to float rounding, not bit for bit."""

@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from verl_core.data.tokenizer import IM_END
 from verl_core.errors import ConfigError
-from verl_core.models import attention
+from verl_core.models import varlen_sdpa
 from verl_core.models.loading import load_causal_lm, resolve_device, unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
 from verl_core.rollout.decode import (
@@ -410,7 +410,7 @@ def _generation_mode(model: nn.Module) -> Iterator[None]:
     saved_attention = base.config._attn_implementation
     model.eval()
     base.generation_config = GenerationConfig()
-    if saved_attention in ("sdpa", attention.NAME):  # outside packed calls both are transformers' sdpa
+    if saved_attention in ("sdpa", varlen_sdpa.NAME):  # outside packed calls both are transformers' sdpa
         base.set_attn_implementation(DECODE_ATTENTION)  # the same, with a cheaper CPU decode step
     try:
         with torch.no_grad():

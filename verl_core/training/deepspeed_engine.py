@@ -53,7 +53,7 @@ def deepspeed_available() -> bool:
 
 
 def _skip_shm_comm_op() -> None:
-    """On CPU DeepSpeed JIT-compiles a shared-memory all-reduce op at start-up (~80 s on 2 cores), used
+    """On CPU DeepSpeed JIT-compiles a shared-memory all-reduce op at start-up (slowly), used
     only by its inference all-reduce (AutoTP), never by ZeRO training. Marking the op incompatible in
     DeepSpeed's cache of compatible ops (edits persist there) makes it fall back to torch.distributed."""
     import deepspeed.ops

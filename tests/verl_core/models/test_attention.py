@@ -7,14 +7,10 @@ import torch
 
 from tests.verl_core.models.test_packed import ragged_batch, reference_log_probs, tiny
 from verl_core.models import attention as att
-from verl_core.models.attention import (
-    PACKED_ATTENTION,
-    Backend,
-    make_plan,
-    reference_attention,
-    select_backend,
-)
+from verl_core.models import varlen_sdpa
+from verl_core.models.attention import PACKED_ATTENTION, Backend, make_plan, reference_attention
 from verl_core.models.packed import chunked_log_probs, packed_log_probs, use_varlen_attention
+from verl_core.models.varlen_sdpa import select_backend
 
 CPU = torch.device("cpu")
 CU = [0, 5, 6, 15, 18, 150]  # lengths 5, 1, 9, 3, 132 (the last crosses a 128-token flex block)
@@ -82,7 +78,7 @@ def test_whole_model_log_probs_per_backend(name: str) -> None:
 
 
 def test_flex_with_grad_on_cpu_raises_with_reason() -> None:
-    with pytest.raises(RuntimeError, match="no backward on CPU"):
+    with pytest.raises(RuntimeError, match=r"model.packed_attention=.flex. cannot run.*no backward on CPU"):
         select_backend("flex", CPU, torch.float32, needs_grad=True)
 
 
@@ -94,17 +90,17 @@ def test_auto_skips_unavailable_and_failing_backends(monkeypatch: pytest.MonkeyP
     absent = Backend(lambda *_: "not installed here", att._sdpa_buckets)
     monkeypatch.setitem(PACKED_ATTENTION._entries, "broken", broken)
     monkeypatch.setitem(PACKED_ATTENTION._entries, "absent", absent)
-    monkeypatch.setitem(att.AUTO_ORDER, "cpu", ("absent", "broken", "padded"))
-    monkeypatch.setattr(att, "_checked", {})
+    monkeypatch.setitem(varlen_sdpa.AUTO_ORDER, "cpu", ("absent", "broken", "padded"))
+    monkeypatch.setattr(varlen_sdpa, "_checked", {})
     assert select_backend("auto", CPU, torch.float32, needs_grad=True) == "padded"
-    assert "not installed" in str(att._checked[("absent", "cpu", torch.float32, True)])
-    assert "self-check max |Δ|" in str(att._checked[("broken", "cpu", torch.float32, True)])
+    assert "not installed" in str(varlen_sdpa._checked[("absent", "cpu", torch.float32, True)])
+    assert "self-check max |Δ|" in str(varlen_sdpa._checked[("broken", "cpu", torch.float32, True)])
     with pytest.raises(RuntimeError, match="cannot run"):
         select_backend("broken", CPU, torch.float32, needs_grad=False)
 
 
 def test_auto_on_cpu_follows_the_table() -> None:
-    assert select_backend("auto", CPU, torch.float32, needs_grad=True) == att.AUTO_ORDER["cpu"][0]
+    assert select_backend("auto", CPU, torch.float32, needs_grad=True) == varlen_sdpa.AUTO_ORDER["cpu"][0]
 
 
 def test_no_entropy_path_does_not_compute_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -242,10 +242,10 @@ def test_checkpointed_packed_forward_selects_its_backend_inside_the_checkpoint(
 ) -> None:
     # model.gradient_checkpointing with packed attention: the first grad-enabled layer call runs the
     # backend self-check (its own autograd.grad) inside the checkpointed layer; it used to fail there
-    from verl_core.models import attention as att
+    from verl_core.models import varlen_sdpa
     from verl_core.models.loading import enable_gradient_checkpointing
 
-    monkeypatch.setattr(att, "_checked", {})  # no cached check from earlier tests
+    monkeypatch.setattr(varlen_sdpa, "_checked", {})  # no cached check from earlier tests
     plain, ckpt = tiny("qwen2"), tiny("qwen2")
     enable_gradient_checkpointing(ckpt)
     _, flat, cu = ragged_batch(lengths=[7, 1, 8, 8, 6, 3])
