@@ -41,6 +41,7 @@ def fail(exc: Exception | str, code: int, *, one_line: bool = True) -> NoReturn:
 
 
 def load(config: str, overrides: list[str] | None) -> VerlFlowConfig:
+    """``config`` with ``overrides``, validated; a bad one exits 2 with one line per problem."""
     try:
         return load_config(config, overrides or [])
     except ConfigError as e:
@@ -57,8 +58,10 @@ def print_table(table: Table) -> None:
 
 
 def print_json(obj: object) -> None:
+    """``obj`` as indented JSON on stdout (the commands' ``--json``)."""
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
 
 def open_store(url: str | None) -> ArtifactStore:
+    """The artifact store at ``url`` (None: the config default, ./runs)."""
     return ArtifactStore(url or StoreConfig().url)
