@@ -35,7 +35,7 @@ from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, load_config, with_overrides
 from verl_core.errors import ConfigError
 from verl_core.runtime.run import RunContext, default_run_id, end_run, start_run
-from verl_core.runtime.run_length import StepCount, check_completed
+from verl_core.runtime.run_length import check_completed
 from verl_core.store import ArtifactStore
 
 
@@ -94,13 +94,14 @@ def rlhf_pipeline(
             # compute-bound: no task retries (a rerun resumes from the last checkpoint)
             with timed(timing, "sft"):
                 stages.sft = remote_sft(ctx, cfg, tp) if remote else sft_flow(ctx, cfg, tp)
-            result.sft_steps = sft_step_count(ctx.store(), stages.sft)
-            _check_completed("sft", result.sft_steps)
+            # the stages check their own counts; this catches a short count committed by a stage
+            # flow run elsewhere (a deployment)
+            result.sft_steps = check_completed("sft", sft_step_count(ctx.store(), stages.sft))
         with timed(timing, "rl"):
             rl = remote_rl_loop(ctx, cfg, tp, stages.sft) if remote else rl_loop(ctx, cfg, tp, stages.sft)
         stages.rl, result.rl_iterations = rl.checkpoint, rl.iterations
         result.val_accuracy, result.rl_timing_s = rl.val_accuracy, rl.timing_s
-        _check_completed("rl", result.rl_iterations)
+        check_completed("rl", rl.iterations)
         if cfg.export.enable:
             with timed(timing, "export"):
                 export_uri = remote_export(ctx, cfg, tp) if remote else export_flow(ctx, cfg, tp, None)
@@ -120,13 +121,6 @@ def rlhf_pipeline(
             get_run_logger().warning("run %s: not marked FAILED, lease not released (%s)", ctx.run_id, e)
         raise
     return result
-
-
-def _check_completed(where: str, count: StepCount | None) -> None:
-    """The stages check their own counts; this catches a short count committed elsewhere (a stage
-    flow run as a deployment, an older run resumed)."""
-    if count is not None:
-        check_completed(where, count)
 
 
 def _base_config(config: VerlFlowConfig, config_file: str | None) -> VerlFlowConfig:

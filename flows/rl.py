@@ -191,7 +191,7 @@ def rl_iterations(
             val.setdefault(done, accuracy)
     finally:
         drop_state(ctx.run_id)
-    return RLResult(last_ckpt, val, timings, iterations)
+    return RLResult(last_ckpt, val, iterations, timings)
 
 
 def _rollout_call(loop: Loop, iteration: int) -> str:

@@ -187,8 +187,6 @@ def metrics_markdown(series: Mapping[str, Mapping[int, float]]) -> str:
     return "\n".join(lines)
 
 
-def sft_step_count(store: ArtifactStore, sft_uri: str) -> StepCount | None:
-    """Planned vs completed optimizer steps the SFT stage committed (None: a manifest from before they
-    were recorded)."""
-    recorded = store.read_manifest(sft_uri).summary.get("step_count")
-    return StepCount.model_validate(recorded) if recorded is not None else None
+def sft_step_count(store: ArtifactStore, sft_uri: str) -> StepCount:
+    """Planned vs completed optimizer steps the SFT stage committed."""
+    return StepCount.model_validate(store.read_manifest(sft_uri).summary["step_count"])

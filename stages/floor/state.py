@@ -219,8 +219,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
             kl_ctrl.load_state_dict(state["kl_ctrl"])
             set_rng_state(state["rng"])
             version = int(state["iteration"])
-            # a checkpoint without a cursor is from before dynamic sampling: one batch per iteration
-            cursor = int(state.get("prompt_cursor", version * cfg.data.train_batch_size))
+            cursor = int(state["prompt_cursor"])
             if own is not None:
                 on_main(lambda: publish_pending(store, own))
             where = "" if own is not None else f" of run {ckpt.run_id} (fork)"
@@ -392,28 +391,26 @@ class RLResult:
 
     checkpoint: str
     val_accuracy: dict[int, float]
+    iterations: StepCount  # planned vs completed
     timing_s: dict[str, float] = field(default_factory=dict)
-    iterations: StepCount | None = None  # planned vs completed (None: rebuilt from an older checkpoint)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready (how an SPMD job's rank 0 hands it to the launching flow)."""
-        count = None if self.iterations is None else self.iterations.model_dump(mode="json")
         val = {str(k): v for k, v in self.val_accuracy.items()}
         return {
             "checkpoint": self.checkpoint,
             "val_accuracy": val,
             "timing_s": self.timing_s,
-            "iterations": count,
+            "iterations": self.iterations.model_dump(mode="json"),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RLResult:
-        count = data.get("iterations")
         return cls(
-            data["checkpoint"],
-            {int(k): float(v) for k, v in data["val_accuracy"].items()},
-            {k: float(v) for k, v in data["timing_s"].items()},
-            None if count is None else StepCount.model_validate(count),
+            checkpoint=data["checkpoint"],
+            val_accuracy={int(k): float(v) for k, v in data["val_accuracy"].items()},
+            iterations=StepCount.model_validate(data["iterations"]),
+            timing_s={k: float(v) for k, v in data["timing_s"].items()},
         )
 
 
@@ -423,13 +420,12 @@ def committed_rl_result(
     """The RL loop's result rebuilt from the store (after its flow ran elsewhere): the last committed
     checkpoint and the validations of this policy lineage; None without a checkpoint. No timings."""
     ckpts = list_checkpoints(store, run_id)
-    if not ckpts:
+    last = store.committed(run_id, ckpt_stage(ckpts[-1])) if ckpts else None
+    if last is None:
         return None
-    last = store.committed(run_id, ckpt_stage(ckpts[-1]))
     fork = fork_start(store, cfg.parent, last) if cfg.parent is not None else None
     lineage = policy_lineage(cfg, start_identity(store, sft_uri, fork))
-    planned = last.summary.get("planned_iterations") if last is not None else None
-    count = iteration_count(cfg, int(planned), ckpts[-1]) if planned is not None else None
+    count = iteration_count(cfg, int(last.summary["planned_iterations"]), ckpts[-1])
     uri = store.manifest_uri(run_id, ckpt_stage(ckpts[-1]))
     return RLResult(uri, validations(store, run_id, lineage), iterations=count)
 

@@ -1,0 +1,33 @@
+"""The house rules of the tree that no other test holds (issue 29): a README that stays user
+documentation, a verl_core whose top level holds the kernels' packages and a few leaf utilities, and
+no verl_core module that grew into two things."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README_MAX_LINES = 260
+TOP_LEVEL_MAX_MODULES = 8  # loose modules beside verl_core's packages, __init__ not counted
+MODULE_MAX_LINES = 460  # "~450": past it, a module holds two things
+
+
+def test_readme_is_short_and_opens_with_the_two_commands() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines (≤ {README_MAX_LINES})"
+    head = "\n".join(lines[:8])
+    assert "make quickstart" in head and "make test" in head
+
+
+def test_verl_core_top_level_holds_few_loose_modules() -> None:
+    loose = sorted(p.name for p in (ROOT / "verl_core").glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= TOP_LEVEL_MAX_MODULES, f"verl_core/ top level: {loose}"
+
+
+def test_no_verl_core_module_is_over_the_limit() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in sorted((ROOT / "verl_core").rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MODULE_MAX_LINES
+    }
+    assert not long, f"verl_core modules over {MODULE_MAX_LINES} lines: {long}"
