@@ -78,6 +78,8 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
     prompts = store.read_table(store.read_manifest(template_pack_uri), PROMPTS)
     if e.max_samples:
         prompts = prompts.slice(0, e.max_samples)
+    # the scorers first: a missing token or sandbox fails before any generation
+    scorers = build_scorers(cfg.reward, cfg.sandbox)
     engine, tokenizer = _engine(store, cfg, source, template_pack_uri)
     max_len = cfg.data.max_response_length
     try:  # the engine is closed after generating (a vLLM engine's process, a server connection)
@@ -103,7 +105,7 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
 
     # 4. Score with the run's reward scorers (built once for both passes), write, report, commit
     scored = score_passes(
-        stage, prompts, generated, build_scorers(cfg.reward, cfg.sandbox),
+        stage, prompts, generated, scorers,
         reward=cfg.reward, sandbox=cfg.sandbox, max_response_length=max_len, iteration=-1, policy_version=-1,
     )  # fmt: skip
     report = _report(source.label, prompts.column("data_source").to_pylist(), scored, e.k)

@@ -184,9 +184,7 @@ def _commit(ctx: RunContext, stage: StageWriter, batch: pa.Table, sampled: _Samp
         completions + baselines,
         batch,
         where.iteration,
-        get_state(
-            ctx
-        ).engine.policy_version,  # the weights the engine sampled from (synced after each update)
+        get_state(ctx).engine.policy_version,  # the weights the engine sampled from (synced per update)
         is_baseline=marks,
         trajectories=trajectories,
         group_offset=where.group_offset,

@@ -259,7 +259,9 @@ _RUN_SCORERS: dict[str, dict[str, list[WeightedScorer]]] = {}  # run id → sect
 def run_scorers(run_id: str, cfg: RewardConfig, sandbox: SandboxConfig) -> list[WeightedScorer]:
     """The scorers of ``cfg`` (and ``sandbox``) for run ``run_id``, built on the phase's first call and
     reused until :func:`drop_scorers` ends the phase (the RL loop): a ``model`` scorer loads its weights
-    once, not every iteration. Keyed by the two sections' JSON, so another config gets its own."""
+    once, not every iteration. Keyed by the two sections' JSON, so another config gets its own. The
+    cost: a reward model stays on ``reward.model_device`` through the whole phase, updates included;
+    size the device for it."""
     key = canonical_json([cfg.model_dump(mode="json"), sandbox.model_dump(mode="json")])
     built = _RUN_SCORERS.setdefault(run_id, {})
     if key not in built:
@@ -529,7 +531,8 @@ def sharded_rollouts(
     rank gets all the rollouts, in (prompt, sample) order. An engine with a ``tensor_parallel_size``
     (vLLM) spans that many consecutive ranks, which generate the same share together."""
     tensor_parallel_size = int(getattr(engine, "tensor_parallel_size", 1))
-    engines = world_size() // tensor_parallel_size
+    # one process (eval, or a one-process loop) holds one engine, whatever its tensor parallelism
+    engines = max(1, world_size() // tensor_parallel_size)
     if engines == 1 or len(prompt_ids) < engines:
         return generate_rollouts(
             engine, tokenizer, prompt_ids, sampling, multi_turn, max_response_length, sandbox

@@ -33,3 +33,25 @@ def test_two_ranks_sample_the_tokens_of_one_process(tmp_path: Path) -> None:
     assert len({tuple(r[2]) for r in single}) > 7  # samples of one prompt differ: it does sample
     for (*_, lp_a), (*_, lp_b) in zip(sharded, single, strict=True):
         assert lp_a == pytest.approx(lp_b, abs=1e-5)
+
+
+def test_one_process_with_a_tensor_parallel_engine_generates_everything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # eval and one-process loops hold one engine whatever its tensor_parallel_size: 1 process // tp 2
+    # would be 0 engines; it is one engine generating every prompt, unsharded
+    import stages.floor.builders as builders
+
+    seen: list[tuple[int, object]] = []
+
+    def generate(engine, tokenizer, prompt_ids, *args, prompt_keys=None, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append((len(prompt_ids), prompt_keys))
+        return builders.Rollouts([], None, {})
+
+    class TensorParallelEngine:
+        tensor_parallel_size = 2
+
+    monkeypatch.setattr(builders, "generate_rollouts", generate)
+    ids = [[1, 2], [3], [4, 5, 6]]
+    builders.sharded_rollouts(TensorParallelEngine(), None, ids, None, None, 8)  # type: ignore[arg-type]
+    assert seen == [(3, None)]  # all 3 prompts, no shard keys

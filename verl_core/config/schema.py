@@ -1,6 +1,7 @@
 """The schema of a verl-flow run: sections, defaults, one-line descriptions, cross-field checks.
 
-Every default lives here and nowhere else; every field carries a one-line description (shown by
+Every default lives in this package (the section modules ``base``, ``model``, ``training``,
+``generation``, ``run``) and nowhere else; every field carries a one-line description (shown by
 ``verl-flow config show`` and rendered by the Prefect UI as the flow's parameters). Section and field
 names follow verl where verl has one (``data.train_batch_size``, ``actor.ppo_mini_batch_size``,
 ``algorithm.adv_estimator``, ``rollout.n`` ...). The defaults are the embedded quickstart: a tiny
