@@ -62,11 +62,10 @@ from verl_core.rollout.base import Completion, FinishReason, SamplingParams
 from verl_core.rollout.requests import encode_prompts
 from verl_core.rollout.sampler import check_prompt_keys
 from verl_core.rollout.weight_sync import (
-    StagingDir,
     check_weight_names,
     expected_weight_names,
-    stage_weights,
     staged_names,
+    staged_weights,
 )
 from verl_core.runtime.watchdog import beat
 from verl_core.seeding import derive_seed
@@ -212,8 +211,7 @@ class VLLMEngine:
     def load_weights(self, weights: Iterable[tuple[str, Tensor]], version: int) -> None:
         """HF-named full weights (every tensor of the model's ``state_dict``, tied ones included; LoRA
         merged in) → the worker models, as policy ``version``: staged in buckets, then reloaded."""
-        with StagingDir() as directory:
-            stage_weights(weights, directory, self.bucket_bytes)
+        with staged_weights(weights, self.bucket_bytes) as directory:
             self.load_staged_weights(directory, version)
 
     def load_staged_weights(self, directory: str, version: int) -> None:

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from verl_core.errors import ConfigError
 from verl_core.rollout.base import Completion, SamplingParams
-from verl_core.rollout.weight_sync import StagingDir, stage_weights
+from verl_core.rollout.weight_sync import staged_weights
 from verl_core.runtime.watchdog import beat
 
 PYTHON_ENV = "VERL_FLOW_VLLM_PYTHON"  # the vLLM environment's interpreter, when not in the config
@@ -223,8 +223,7 @@ class VLLMProcessEngine:
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]], version: int) -> None:
         """Stage the full weights in buckets, have the subprocess check and reload them."""
-        with StagingDir() as directory:
-            stage_weights(weights, directory, self.bucket_bytes)
+        with staged_weights(weights, self.bucket_bytes) as directory:
             self._call({"op": "load_staged_weights", "directory": directory, "version": version})
         self._version = version
 

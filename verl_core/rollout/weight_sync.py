@@ -8,6 +8,12 @@ writes (the bytes of one file); the staged copy lives in the staging directory (
 there is one: RAM, not the trainer's heap) until the engine has read it. A tensor larger than a bucket
 is a bucket of its own.
 
+The whole model is staged before the engine reads any of it, so ``/dev/shm`` must hold the model's
+bytes: Docker's default ``/dev/shm`` is 64 MB (a 0.5B model in bf16 is ~1 GB). Where its free space
+(``os.statvfs``) is too small, :func:`staging_root` stages on disk (the system temp directory) and
+says once how to give the container more (``--shm-size`` / ``--ipc=host``, a memory ``emptyDir`` in
+Kubernetes); ``verl-flow doctor --config`` reports the same against the config's model.
+
 Every sync is checked against the names the engine's model expects (:func:`check_weight_names`): a
 missing tensor (e.g. ``lm_head.weight`` of a tied-embedding model, which ``named_parameters()``
 drops — without it vLLM's CPU backend keeps a stale output projection and samples wrong tokens
@@ -17,10 +23,12 @@ silently) or an extra one fails before the engine is touched, naming them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +37,61 @@ from torch import Tensor
 
 from verl_core.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 SHM = "/dev/shm"
+SHM_FIX = (
+    "give the container a larger /dev/shm: docker run --shm-size=<size> (or --ipc=host); "
+    "in Kubernetes a memory emptyDir mounted on /dev/shm"
+)
+_warned: list[bool] = []  # [True] once this process has logged the fallback
 
 
-def staging_root() -> str:
-    """Where sync directories are staged: ``/dev/shm`` (RAM-backed) when it exists and is writable,
-    else the system temp directory."""
-    return SHM if os.path.isdir(SHM) and os.access(SHM, os.W_OK) else tempfile.gettempdir()
+def shm_space(path: str = SHM) -> tuple[int, int] | None:
+    """``(free, total)`` bytes of the file system at ``path`` (``os.statvfs``; free as an unprivileged
+    process sees it), or None where ``path`` is not a writable directory."""
+    if not (os.path.isdir(path) and os.access(path, os.W_OK)):
+        return None
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def shm_needed(nbytes: int) -> int:
+    """The free bytes a sync of ``nbytes`` of tensors needs: the tensors plus 1/16 for the files'
+    headers (names, shapes, offsets: a few hundred bytes per tensor) and what else writes there."""
+    return nbytes + nbytes // 16
+
+
+def shm_shortfall(nbytes: int, space: tuple[int, int] | None) -> str | None:
+    """One line saying why ``/dev/shm`` (``space``: free, total) cannot stage ``nbytes`` of weights,
+    naming the fix; None when it can (or when there is no ``/dev/shm``: nothing to fix there)."""
+    if space is None or shm_needed(nbytes) <= space[0]:
+        return None
+    free, total = space
+    return (
+        f"{SHM} has {_mib(free)} free of {_mib(total)}, a weight sync stages {_mib(nbytes)}: "
+        f"{SHM_FIX} (staging on disk meanwhile, slower)"
+    )
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.0f} MiB"
+
+
+def staging_root(nbytes: int = 0) -> str:
+    """Where a sync of ``nbytes`` of tensors is staged: ``/dev/shm`` (RAM-backed) when it exists, is
+    writable and has the free space (:func:`shm_needed`), else the system temp directory (on disk),
+    logged once per process with the fix (:func:`shm_shortfall`). ``nbytes=0``: any free space."""
+    space = shm_space()
+    if space is None:
+        return tempfile.gettempdir()
+    problem = shm_shortfall(nbytes, space)
+    if problem is None:
+        return SHM
+    if not _warned:
+        _warned.append(True)
+        log.warning("weight sync: %s", problem)
+    return tempfile.gettempdir()
 
 
 def stage_weights(
@@ -118,13 +174,26 @@ def expected_weight_names(model_dir: str, *, trust_remote_code: bool = False) ->
 
 
 class StagingDir:
-    """A fresh directory under :func:`staging_root` for one sync, removed on exit."""
+    """A fresh directory under :func:`staging_root` for a sync of ``nbytes`` of tensors (0: unknown,
+    ``/dev/shm`` whenever it is writable), removed on exit."""
 
-    def __init__(self, prefix: str = "verl-flow-sync-") -> None:
-        self.path = tempfile.mkdtemp(prefix=prefix, dir=staging_root())
+    def __init__(self, nbytes: int = 0, prefix: str = "verl-flow-sync-") -> None:
+        self.path = tempfile.mkdtemp(prefix=prefix, dir=staging_root(nbytes))
 
     def __enter__(self) -> str:
         return self.path
 
     def __exit__(self, *exc: Any) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+@contextmanager
+def staged_weights(weights: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iterator[str]:
+    """``weights`` staged (:func:`stage_weights`) in a fresh :class:`StagingDir` sized for their bytes
+    (``/dev/shm``, or disk when it is too small); yields the directory, removed on exit. The pairs are
+    listed first to add up their sizes: pass a state dict's ``items()`` (references, no copies)."""
+    items = list(weights)
+    nbytes = sum(t.numel() * t.element_size() for _, t in items)
+    with StagingDir(nbytes) as directory:
+        stage_weights(items, directory, bucket_bytes)
+        yield directory
