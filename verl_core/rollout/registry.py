@@ -6,7 +6,8 @@ falls back to ``hf`` where vLLM is neither importable nor its environment found.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -34,17 +35,25 @@ def _hf(model: str | nn.Module, tokenizer: Any, **kwargs: Any) -> RolloutEngine:
 
 @register_engine("vllm")
 def _vllm(
-    model: str | nn.Module, tokenizer: Any, *, vllm_python: str = "auto", **kwargs: Any
+    model: str | nn.Module,
+    tokenizer: Any,
+    *,
+    vllm_python: str = "auto",
+    env: Mapping[str, str] | None = None,
+    **kwargs: Any,
 ) -> RolloutEngine:
     """vLLM in this process where it imports (its own environment, a GPU worker image), else in a
-    subprocess of the vLLM environment (``vllm_python``, :mod:`verl_core.rollout.vllm_process`)."""
+    subprocess of the vLLM environment (``vllm_python``, :mod:`verl_core.rollout.vllm_process`).
+    ``env``: environment variables of the engine alone (its devices or cores): it then always runs in a
+    subprocess (this interpreter's where vllm imports here), whose environment they join."""
     from verl_core.rollout.vllm import VLLMEngine, vllm_available
 
-    if vllm_available():
+    if vllm_available() and not env:
         return VLLMEngine(model, tokenizer, **kwargs)
     from verl_core.rollout.vllm_process import VLLMProcessEngine, resolve_vllm_python
 
-    return VLLMProcessEngine(model, tokenizer, python=resolve_vllm_python(vllm_python), **kwargs)
+    python = sys.executable if vllm_available() else resolve_vllm_python(vllm_python)
+    return VLLMProcessEngine(model, tokenizer, python=python, env=env, **kwargs)
 
 
 # rollout.name=auto, per device type: the faster engine in benchmarks/rollout.py (--engines hf,vllm;
@@ -70,10 +79,16 @@ def _vllm_ready(vllm_python: str) -> bool:
 
 @register_engine("auto")
 def _auto(
-    model: str | nn.Module, tokenizer: Any, *, hf: dict[str, Any], vllm: dict[str, Any]
+    model: str | nn.Module,
+    tokenizer: Any,
+    *,
+    hf: dict[str, Any],
+    vllm: dict[str, Any],
+    env: Mapping[str, str] | None = None,
 ) -> RolloutEngine:
     """:data:`AUTO_ENGINE`'s engine for the model's device (a path: cuda when visible), built with its
-    own keyword arguments (``hf`` or ``vllm``); hf where vLLM is not available."""
+    own keyword arguments (``hf`` or ``vllm``); hf where vLLM is not available. ``env``: the vLLM
+    engine's own environment variables (see the ``vllm`` factory); the hf engine has no process."""
     if isinstance(model, nn.Module):
         device = next(model.parameters()).device.type
     else:
@@ -83,7 +98,9 @@ def _auto(
         log.info("rollout.name=auto: vLLM is not available here (make .venv-vllm): the hf engine")
         name = "hf"
     log.info("rollout.name=auto on %s: the %s engine (verl_core.rollout.registry.AUTO_ENGINE)", device, name)
-    return make_engine(name, model, tokenizer, **(vllm if name == "vllm" else hf))
+    if name == "vllm":
+        return make_engine(name, model, tokenizer, **vllm, env=env)
+    return make_engine(name, model, tokenizer, **hf)
 
 
 def make_engine(name: str, model: str | nn.Module, tokenizer: Any = None, **kwargs: Any) -> RolloutEngine:

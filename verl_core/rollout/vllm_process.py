@@ -127,7 +127,9 @@ class VLLMProcessEngine:
     environment (``python``). ``model`` is a path / hub id, or a live module written once to a temp
     directory for the subprocess to load (a live PEFT model: its base, then the adapter). ``engine``:
     the keyword arguments of :class:`~verl_core.rollout.vllm.VLLMEngine`. ``start_timeout_s`` bounds
-    the engine start (vLLM's import, load and warm-up)."""
+    the engine start (vLLM's import, load and warm-up). ``env``: variables set in the subprocess on
+    top of this process's environment (e.g. ``CUDA_VISIBLE_DEVICES``, ``VLLM_CPU_OMP_THREADS_BIND``:
+    the devices or cores of this engine)."""
 
     def __init__(
         self,
@@ -137,6 +139,7 @@ class VLLMProcessEngine:
         python: str,
         start_timeout_s: float = 600.0,
         policy_version: int = 0,
+        env: Mapping[str, str] | None = None,
         **engine: Any,
     ) -> None:
         from verl_core.rollout.vllm import save_for_engine
@@ -164,13 +167,13 @@ class VLLMProcessEngine:
             engine["max_lora_rank"] = max(int(engine.get("max_lora_rank", 64)), int(self._lora_config.r))
         self._log_path = os.path.join(self._tmp, "host.log")
         self._log = open(self._log_path, "wb")  # noqa: SIM115 -- open for the subprocess's lifetime
-        env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        logging_level = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
         self._proc = subprocess.Popen(
             [python, "-m", "verl_core.rollout.vllm_process"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
-            env=env,
+            env={**os.environ, **logging_level, **(env or {})},
             cwd=self._tmp,
         )
         self._version = policy_version
