@@ -23,6 +23,7 @@ from verl_core.runtime.doctor import (
     problems,
     require,
     sandbox_checks,
+    shm_checks,
 )
 from verl_core.runtime.reachability import store_check, tracking_check
 from verl_core.tools import load_tools
@@ -82,6 +83,36 @@ def vllm_engine_checks(cfg: VerlFlowConfig) -> list[Check]:
     return vllm_environment_checks(cfg.rollout.vllm_python, VLLM_NEEDED_BY)
 
 
+def weight_sync_bytes(cfg: VerlFlowConfig) -> int | None:
+    """The bytes one full weight sync to vLLM stages for ``cfg``'s model in ``model.dtype``: its HF
+    config built on the meta device (scratch sizes, or ``model.path``'s config.json); None when that
+    config cannot be read here (a hub id offline)."""
+    from dataclasses import fields
+
+    from verl_core.models.loading import ScratchSpec, scratch_config, torch_dtype
+    from verl_core.rollout.weight_sync import sync_bytes
+
+    m = cfg.model
+    if m.init == "scratch":
+        spec = ScratchSpec(**{f.name: getattr(m, f.name) for f in fields(ScratchSpec)})
+        config = scratch_config(spec, m.vocab_size, eos_token_id=0, pad_token_id=0)
+    else:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
+        except (OSError, ValueError):
+            return None
+    return sync_bytes(config, torch_dtype(m.dtype).itemsize, trust_remote_code=m.trust_remote_code)
+
+
+def shm_sync_checks(cfg: VerlFlowConfig) -> list[Check]:
+    """``/dev/shm`` against a full weight sync (vLLM engines; a LoRA policy sends only its adapter)."""
+    if cfg.rollout.name == "hf" or cfg.model.lora_rank > 0:
+        return []
+    return shm_checks(weight_sync_bytes(cfg), f"rollout.name: {cfg.rollout.name!r}")
+
+
 def code_execution(cfg: VerlFlowConfig) -> str | None:
     """The config field asking to run untrusted code in the sandbox (None: nothing runs code)."""
     if any(s.name == "code" for s in cfg.reward.scorers):
@@ -130,7 +161,7 @@ def doctor_checks(cfg: VerlFlowConfig | None, *, timeout_s: float = 5.0) -> list
         fix = "run `verl-flow doctor --config ...` on a gpu worker (the stage flows check it at start)"
         checks.append(Check("gpu pool", "warn", found, "", fix))
     if cfg is not None and not remote:
-        checks += vllm_engine_checks(cfg)
+        checks += vllm_engine_checks(cfg) + shm_sync_checks(cfg)
     elif cfg is not None and cfg.rollout.name == "vllm":
         fix = "run `verl-flow doctor --config ...` on a gpu worker (the stage flows check it at start)"
         checks.append(

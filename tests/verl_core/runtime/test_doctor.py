@@ -168,3 +168,28 @@ def test_sandbox_check_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     assert warn.status == "warn" and "no network or file isolation" in warn.found
     monkeypatch.setattr(sandbox, "bwrap_problem", lambda: None)
     assert doctor.sandbox_checks("x", allow_weak=False)[0].status == "ok"
+
+
+# ------------------------------------------------------------------------------------ /dev/shm
+GiB = 1 << 30
+
+
+def test_shm_smaller_than_a_weight_sync_warns_with_the_docker_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verl_core.rollout import weight_sync
+
+    # Docker's default /dev/shm (64 MiB), a 0.5B model in bf16 (~1 GiB)
+    monkeypatch.setattr(weight_sync, "shm_space", lambda: (64 << 20, 64 << 20))
+    [row] = doctor.shm_checks(GiB, "rollout.name: 'vllm'")
+    assert row.status == "warn" and row.name == "/dev/shm"
+    assert row.found == "64 MiB free of 64 MiB"
+    assert row.expected == "≥ 1,088 MiB for a weight sync of 1,024 MiB (rollout.name: 'vllm')"  # + 1/16
+    assert "--shm-size" in row.fix and "--ipc=host" in row.fix and "emptyDir" in row.fix
+    # the model's size unknown here: held to the 1 GiB floor (the smallest GPU model we sync)
+    assert doctor.shm_checks(None, "x")[0].status == "warn"
+    # `docker run --ipc=host` on a 2 TB host: room
+    monkeypatch.setattr(weight_sync, "shm_space", lambda: (900 * GiB, 1000 * GiB))
+    [row] = doctor.shm_checks(GiB, "rollout.name: 'vllm'")
+    assert (row.status, row.fix) == ("ok", "")
+    assert doctor.shm_checks(None, "x")[0].status == "ok"
+    monkeypatch.setattr(weight_sync, "shm_space", lambda: None)  # no /dev/shm: the temp directory
+    assert doctor.shm_checks(GiB, "x")[0].status == "ok"
