@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+import torch
 from torch import nn
 
 from verl_core.algorithms.rollout_correction import RolloutCorrectionSpec
@@ -54,7 +55,7 @@ from verl_core.reward import (
     score_rollouts,
 )
 from verl_core.reward.http import read_token
-from verl_core.rollout import Completion, RolloutEngine, SamplingParams
+from verl_core.rollout import Completion, RolloutEngine, SamplingParams, make_engine
 from verl_core.rollout.multi_turn import (
     MultiTurnSpec,
     ToolTurnRenderer,
@@ -62,6 +63,7 @@ from verl_core.rollout.multi_turn import (
     multi_turn_generate,
     multi_turn_metrics,
 )
+from verl_core.rollout.placement import GroupMemberEngine, current_topology, engine_placement
 from verl_core.runtime.ranks import all_gather, rank, world_size
 from verl_core.runtime.run_length import StepCount
 from verl_core.runtime.sandbox import SandboxSpec, check_sandbox
@@ -354,6 +356,40 @@ def engine_kwargs(rollout: RolloutConfig, model: ModelConfig) -> dict[str, Any]:
     return ENGINE_KWARGS.get(rollout.name)(rollout, model)
 
 
+def build_rollout_engine(
+    rollout: RolloutConfig, model: ModelConfig, lm: nn.Module, tokenizer: Any, device: torch.device
+) -> RolloutEngine:
+    """This rank's rollout engine for the policy ``lm`` (moved to ``device``). One process: the
+    ``rollout.name`` engine. Under torchrun (:mod:`verl_core.rollout.placement`): ``auto`` is resolved
+    for ``device`` first (every rank alike); an engine spans ``rollout.tensor_parallel_size`` ranks
+    (vLLM; the HF engine one), its group's first rank starts it pinned to the group's devices or cores,
+    and the group's other ranks hold a :class:`GroupMemberEngine` (:func:`sharded_rollouts` hands them
+    the group's rollouts)."""
+    lm = lm.to(device)
+    if world_size() == 1:
+        return make_engine(rollout.name, lm, tokenizer, **engine_kwargs(rollout, model))
+    name = resolved_engine_name(rollout.name, device.type, rollout.vllm_python)
+    tensor_parallel_size = rollout.tensor_parallel_size if name == "vllm" else 1
+    placement = engine_placement(current_topology(), tensor_parallel_size, device.type)
+    if not placement.owner:
+        return GroupMemberEngine(tensor_parallel_size)
+    kwargs = ENGINE_KWARGS.get(name)(rollout, model)
+    if name == "vllm":
+        kwargs["env"] = dict(placement.env)
+    return make_engine(name, lm, tokenizer, **kwargs)
+
+
+def resolved_engine_name(name: str, device_type: str, vllm_python: str) -> str:
+    """``rollout.name`` with ``auto`` decided for ``device_type`` as ``make_engine("auto", ...)`` decides
+    it (:data:`verl_core.rollout.registry.AUTO_ENGINE`, hf where vLLM is not available)."""
+    from verl_core.rollout.registry import AUTO_ENGINE, _vllm_ready
+
+    if name != "auto":
+        return name
+    chosen = AUTO_ENGINE.get(device_type, "hf")
+    return chosen if chosen != "vllm" or _vllm_ready(vllm_python) else "hf"
+
+
 # --------------------------------------------------------------------------------------------------
 # RL schedule and optimizers
 
@@ -525,35 +561,36 @@ def sharded_rollouts(
     max_response_length: int,
     sandbox: SandboxConfig | None = None,
 ) -> Rollouts:
-    """:func:`generate_rollouts` over every rank of an SPMD job (one process: the same call): each
+    """:func:`generate_rollouts` over every engine of an SPMD job (one process: the same call): each
     engine generates a Karmarkar–Karp share of the prompts (balanced by prompt length), each prompt
     keyed by its index in ``prompt_ids`` so it samples the tokens it would in one process, and every
     rank gets all the rollouts, in (prompt, sample) order. An engine with a ``tensor_parallel_size``
-    (vLLM) spans that many consecutive ranks, which generate the same share together."""
-    tensor_parallel_size = int(getattr(engine, "tensor_parallel_size", 1))
-    # one process (eval, or a one-process loop) holds one engine, whatever its tensor parallelism
-    engines = max(1, world_size() // tensor_parallel_size)
-    if engines == 1 or len(prompt_ids) < engines:
+    (vLLM) spans that many consecutive ranks: the group's first rank holds it and generates the
+    group's share, the others (:class:`GroupMemberEngine`) generate nothing and receive the share with
+    everything else. With fewer prompts than engines, the first engines take one prompt each."""
+    if world_size() == 1:  # one process (eval, a one-process loop): one engine, whatever its parallelism
         return generate_rollouts(
             engine, tokenizer, prompt_ids, sampling, multi_turn, max_response_length, sandbox
         )
-    rows = rank_shard([len(p) for p in prompt_ids], rank() // tensor_parallel_size, engines)
-    mine = generate_rollouts(
-        engine, tokenizer, [prompt_ids[i] for i in rows], sampling, multi_turn, max_response_length, sandbox,
-        prompt_keys=rows,
-    )  # fmt: skip
-    local = [c._replace(prompt_index=rows[c.prompt_index]) for c in mine.completions]
-    trajectories = (
-        None
-        if mine.trajectories is None
-        else [t._replace(completion=c) for t, c in zip(mine.trajectories, local, strict=True)]
-    )
-    first = rank() % tensor_parallel_size == 0  # one copy of each engine's share
-    pairs = list(zip(local, trajectories or [None] * len(local), strict=True)) if first else []
+    tensor_parallel_size = int(getattr(engine, "tensor_parallel_size", 1))
+    group = rank() // tensor_parallel_size
+    shards = min(world_size() // tensor_parallel_size, len(prompt_ids))
+    pairs: list[tuple[Completion, Trajectory | None]] = []
+    if rank() % tensor_parallel_size == 0 and group < shards:  # the engine's rank, with a share
+        rows = rank_shard([len(p) for p in prompt_ids], group, shards)
+        mine = generate_rollouts(
+            engine, tokenizer, [prompt_ids[i] for i in rows], sampling, multi_turn, max_response_length,
+            sandbox, prompt_keys=rows,
+        )  # fmt: skip
+        local = [c._replace(prompt_index=rows[c.prompt_index]) for c in mine.completions]
+        if mine.trajectories is None:
+            pairs = [(c, None) for c in local]
+        else:
+            pairs = [(c, t._replace(completion=c)) for t, c in zip(mine.trajectories, local, strict=True)]
     gathered = all_gather(pairs)
     gathered.sort(key=lambda pair: (pair[0].prompt_index, pair[0].sample_index))
     completions = [c for c, _ in gathered]
-    if trajectories is None:
+    if not multi_turn.enable:
         return Rollouts(completions, None, {})
-    everything = [t for _, t in gathered]
+    everything = [t for _, t in gathered if t is not None]
     return Rollouts(completions, everything, multi_turn_metrics(everything))

