@@ -15,6 +15,7 @@ Needs PyPI: skipped, saying so, only when uv cannot reach it; a resolution confl
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "infra/docker/gpu-worker.Dockerfile"
@@ -202,3 +204,20 @@ def test_gpu_image_requirements_resolve_for_the_base_images_cuda(tmp_path: Path)
         assert pipeline[name].version == version, (name, pipeline[name].version, version)
     assert {"prefect", "mlflow", "flash-attn"} <= set(pipeline)
     assert cuda_majors_of(pipeline, "torch") == {image.cuda_major}
+
+
+def test_k8s_pods_mount_a_memory_backed_dev_shm() -> None:
+    # weight syncs stage the whole policy in /dev/shm (verl_core.rollout.weight_sync); a pod's default
+    # is 64 MB, like Docker's: every GPU manifest mounts a memory emptyDir there
+    k8s = REPO / "infra/k8s"
+    pods = [
+        json.loads((k8s / name).read_text())["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+        for name in ("gpu-base-job-template.json", "spmd-base-job-template.json")
+    ]
+    pods.append(yaml.safe_load((k8s / "spmd-job.yaml").read_text())["spec"]["template"]["spec"])
+    for pod in pods:
+        memory = {v["name"] for v in pod["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"}
+        mounts = {
+            m["name"] for c in pod["containers"] for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"
+        }
+        assert mounts and mounts <= memory, (mounts, memory)
