@@ -16,7 +16,9 @@ sequence (causal, block-diagonal). The backends (``PACKED_ATTENTION``; each take
 - ``padded``: the honest fallback, every sequence in one right-padded batch, one causal sdpa;
 
 and :func:`reference_attention`, the readable one-sdpa-per-sequence reference every backend is
-checked against. All host work (``cu_seqlens`` to a Python list, bucket index tensors, the flex block
+checked against. Backends are handed ``q``, ``k``, ``v`` in one dtype
+(:func:`verl_core.models.varlen_sdpa.one_dtype`; under autocast HF's RoPE returns q and k in fp32
+beside a bf16 v). All host work (``cu_seqlens`` to a Python list, bucket index tensors, the flex block
 mask) happens once per forward in :func:`make_plan`, not once per layer: a packed forward makes one
 host synchronisation (reading ``cu_seqlens``) whatever the depth. Which backend runs, and how models
 call it: :mod:`verl_core.models.varlen_sdpa`.

@@ -53,9 +53,9 @@ _FALLBACK_ORDER = ("bucketed", "padded")
 class PackedLayout:
     """The sequence layout of one packed forward (a host copy of ``cu_seqlens``), handed to every
     layer as the keyword ``packed_layout``. The backend and its plan are chosen on the first layer's
-    call, where the query's device, dtype and grad mode are known (autocast / FSDP2 mixed precision may
-    compute in another dtype than the parameters are stored in), and reused by every later layer and by
-    activation-checkpoint recomputation."""
+    call, where the device, compute dtype (:func:`compute_dtype`: autocast / FSDP2 mixed precision may
+    compute in another dtype than the parameters are stored in) and grad mode are known, and reused by
+    every later layer and by activation-checkpoint recomputation."""
 
     def __init__(self, cu_seqlens: list[int], requested: str, shared: SharedPrompts | None = None) -> None:
         self.cu_seqlens = cu_seqlens
@@ -64,10 +64,11 @@ class PackedLayout:
         self._plans: dict[tuple[torch.device, torch.dtype], PackedPlan] = {}
 
     def plan(self, query: Tensor) -> PackedPlan:
+        """The plan for ``query (N, H, D)``, already in the compute dtype (:func:`one_dtype`)."""
         key = (query.device, query.dtype)
         if key not in self._plans:
             needs_grad = torch.is_grad_enabled() and query.requires_grad
-            backend = select_backend(self.requested, query.device, compute_dtype(query), needs_grad)
+            backend = select_backend(self.requested, query.device, query.dtype, needs_grad)
             self._plans[key] = make_plan(backend, self.cu_seqlens, query.device, self.shared)
         return self._plans[key]
 
@@ -80,25 +81,41 @@ _SELF_CHECK_CU = [0, 37, 38, 168, 177]  # lengths 37, 1, 130 (crosses a 128-toke
 _checked: dict[tuple[str, str, torch.dtype, bool], str | None] = {}
 
 
-def compute_dtype(query: Tensor) -> torch.dtype:
-    """The dtype attention computes in: autocast's lower precision when autocast is on for the
-    query's device (mixed precision: ``query`` itself may be fp32 after RoPE's fp32 tables), else
-    the query's own."""
+def compute_dtype(query: Tensor, value: Tensor) -> torch.dtype:
+    """The one dtype attention computes in: autocast's lower precision when autocast is on for the
+    query's device, else ``value``'s (the projections' dtype, which the output projection expects).
+
+    Under autocast (fp32 master weights, bf16 compute) the inputs differ: ``value`` leaves its
+    projection in bf16, while HF's RoPE multiplies ``query`` and ``key`` by cos/sin tables in the
+    residual stream's dtype (fp32), and a plain ``mul`` promotes them to fp32. flash-attn's and torch's
+    varlen kernels are custom ops that autocast does not cast (they refuse fp32), and FlexAttention
+    refuses mixed dtypes."""
     device = query.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else value.dtype
+
+
+def one_dtype(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``q``, ``k``, ``v`` cast to :func:`compute_dtype` (no copy where already there); every backend
+    gets its inputs through this. The backends return that dtype: under autocast the same as
+    transformers' sdpa (autocast runs it in the low dtype), without it ``v``'s."""
+    dtype = compute_dtype(q, v)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 def self_check(name: str, device: torch.device, dtype: torch.dtype, needs_grad: bool) -> str | None:
     """None if backend ``name`` matches :func:`reference_attention` (outputs, and input grads when
-    ``needs_grad``) on a tiny ragged GQA batch on ``device``/``dtype``; else the reason. Cached."""
+    ``needs_grad``) on a tiny ragged GQA batch on ``device``/``dtype``; else the reason. Cached.
+
+    A low-precision ``dtype`` is checked as a model under autocast calls it: q and k in fp32, v in
+    ``dtype``, inside ``torch.autocast(device, dtype)``, through :func:`one_dtype`."""
     key = (name, str(device), dtype, needs_grad)
     if key in _checked:
         return _checked[key]
     reason = PACKED_ATTENTION.get(name).unavailable(device, dtype, needs_grad)
     if reason is None:
-        # the backend at ``dtype`` itself, and an fp32 reference: a caller's autocast must not recast them;
-        # identity saved-tensor hooks: the first call may come from inside an activation-checkpointed
-        # layer, whose own hooks would take this check's tensors
+        # an fp32 reference, and the backend under this check's own autocast only: a caller's autocast
+        # must not recast them; identity saved-tensor hooks: the first call may come from inside an
+        # activation-checkpointed layer, whose own hooks would take this check's tensors
         identity = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
         with torch.autocast("cpu", enabled=False), torch.autocast(device.type, enabled=False), identity:
             reason = _compare_to_reference(name, device, dtype, needs_grad)
@@ -115,11 +132,14 @@ def _compare_to_reference(
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     ref_in = [t.clone().requires_grad_(needs_grad) for t in (q, k, v)]
     ref = reference_attention(ref_in[0], ref_in[1], ref_in[2], _SELF_CHECK_CU)
-    got_in = [t.to(device, dtype).requires_grad_(needs_grad) for t in (q, k, v)]
+    low = dtype in (torch.float16, torch.bfloat16)
+    # as under autocast: q and k fp32 (RoPE's tables), v in the compute dtype (its projection)
+    given = (torch.float32, torch.float32, dtype) if low else (dtype,) * 3
+    got_in = [t.to(device, d).requires_grad_(needs_grad) for t, d in zip((q, k, v), given, strict=True)]
     try:
         plan = make_plan(name, _SELF_CHECK_CU, device)
-        with torch.set_grad_enabled(needs_grad):
-            got = PACKED_ATTENTION.get(name).attend(got_in[0], got_in[1], got_in[2], plan, None, 0.0)
+        with torch.set_grad_enabled(needs_grad), torch.autocast(device.type, dtype, enabled=low):
+            got = PACKED_ATTENTION.get(name).attend(*one_dtype(*got_in), plan, None, 0.0)
         pairs = [(got.float().cpu(), ref.detach())]
         if needs_grad:
             w = torch.randn(ref.shape, generator=g)
@@ -197,7 +217,9 @@ def _packed_attention(
     """``q (N, H, D)``, ``k``/``v (N, H_kv, D)`` → ``(N, H, D)`` by the layout's backend. Never traced by
     ``torch.compile`` (a compiled decoder layer breaks its graph here): the plan reads sequence
     lengths on the host, which would otherwise recompile for every new set of lengths. With shared
-    prompts the backend sees the full sequences (T tokens) and each stored token keeps its own output."""
+    prompts the backend sees the full sequences (T tokens) and each stored token keeps its own output.
+    The output is in :func:`compute_dtype`."""
+    q, k, v = one_dtype(q, k, v)
     plan = layout.plan(q)
     if plan.expand is not None:
         q, k, v = take(q, plan.expand), take(k, plan.expand), take(v, plan.expand)  # (T, ·, D)
