@@ -17,7 +17,8 @@ What is checked:
 * placement: in deployments mode every location is reachable from every worker;
 * distribution: several ranks train with sharded engines (fsdp2/deepspeed), their prompts can be shared,
   several nodes have a rendezvous, tensor parallelism divides the node and the heads;
-* precision: mixed precision never computes above the master weights' dtype; liger only on CUDA.
+* precision: mixed precision never computes above the master weights' dtype; an AdamW step is not
+  below the rounding of the weights it updates (:func:`_update_below_rounding`); liger only on CUDA.
 
 :func:`advice` holds the lines of configs that run but probably do not do what their author wants; the
 loader logs them as warnings (a config may do it on purpose):
@@ -357,6 +358,41 @@ def _precision(cfg: VerlFlowConfig) -> list[str]:
     return out
 
 
+# Unit roundoff u of each model.dtype: bf16 keeps 8 significant bits, fp32 24. A stored weight w has a
+# spacing between u·|w| and 2u·|w| to its neighbours; round-to-nearest loses an update below half of it.
+UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float32": 2.0**-24}
+# The small end of the weights an update must move: Qwen2/Llama configs initialise projections with
+# std 0.02 (initializer_range) and norms at 1.
+SMALL_WEIGHT = 1e-2
+
+
+def _update_below_rounding(cfg: VerlFlowConfig) -> list[str]:
+    """AdamW moves each weight by about ``lr`` per step (its normalised update m̂/(√v̂+ε) is at most
+    about 1 in size, ±1 on the first step). Stored in ``model.dtype`` without higher-precision
+    masters, a weight |w| changes only when that step reaches its rounding, ≈ u·|w|. Refused when
+    ``lr < u · SMALL_WEIGHT`` (bf16: 2^-8 × 0.01 ≈ 3.9e-5): then not even weights of |w| = 0.01 move
+    reliably, and larger ones not at all (pure bf16 at lr 1e-6 changes about 2% of the weights in 10
+    steps). A floor, not a guarantee: above it weights larger than lr/u still round away, which is
+    why training keeps fp32 master weights (verl's recipe). LoRA adapters are fp32 whatever
+    ``model.dtype`` is (PEFT upcasts them), so a LoRA actor/SFT is not checked; the critic is."""
+    u = UNIT_ROUNDOFF[cfg.model.dtype]
+    floor = u * SMALL_WEIGHT
+    full = cfg.model.lora_rank == 0
+    trained = {  # lr field → the section whose mixed_precision computes it (None: not trained here)
+        "actor.lr": (cfg.actor.lr, "actor" if full else None),
+        "sft.lr": (cfg.sft.lr, "actor" if full and cfg.sft.enable else None),
+        "critic.lr": (cfg.critic.lr, "critic" if cfg.use_critic else None),
+    }
+    return [
+        f"{field}: {lr:g} is below the rounding of model.dtype {cfg.model.dtype} weights (AdamW moves a "
+        f"weight by ≈ lr per step; refused below {u:.3g} × {SMALL_WEIGHT:g} = {floor:.2g}), most weights "
+        f"would not change: keep fp32 master weights and compute in bf16 (model.dtype=float32 "
+        f"{section}.mixed_precision.param_dtype=bfloat16)"
+        for field, (lr, section) in trained.items()
+        if section is not None and lr < floor
+    ]
+
+
 def advice(cfg: VerlFlowConfig) -> list[str]:
     """Lines for a config that can run but probably does not do what its author wants (empty: none)."""
     found: list[str] = []
@@ -390,4 +426,5 @@ CHECKS: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (
     _distributed,
     _overlap,
     _precision,
+    _update_below_rounding,
 )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from verl_core.config import load_config
 from verl_core.errors import ConfigError
@@ -130,7 +133,7 @@ from verl_core.errors import ConfigError
             "trainer.rollout_ahead: 1 does not sample ahead in generation batches yet",
         ),
         (  # fp32 compute from bf16 master weights: no precision gained, the update is stored in bf16
-            ["model.dtype=bfloat16", "critic.mixed_precision.param_dtype=float32"],
+            ["model.dtype=bfloat16", "actor.lr=1e-4", "critic.mixed_precision.param_dtype=float32"],
             "critic.mixed_precision.param_dtype: float32 with model.dtype bfloat16 computes in fp32",
         ),
         (  # the reference of a LoRA actor is the actor itself with its adapters off
@@ -227,7 +230,10 @@ def test_mixed_precision_combinations_that_run() -> None:
     mixed = load_config(None, ["actor.mixed_precision.param_dtype=bfloat16"])
     assert mixed.model.dtype == "float32" and mixed.actor.mixed_precision.param_dtype == "bfloat16"
     assert mixed.critic.mixed_precision.param_dtype is None  # each role its own, as verl
-    pure = load_config(None, ["model.dtype=bfloat16", "actor.mixed_precision.param_dtype=bfloat16"])
+    # (an lr of 1e-4 is above bf16's rounding floor 3.9e-5: test_update_below_bf16_rounding_is_refused)
+    pure = load_config(
+        None, ["model.dtype=bfloat16", "actor.lr=1e-4", "actor.mixed_precision.param_dtype=bfloat16"]
+    )
     assert pure.actor.mixed_precision.reduce_dtype == "float32"
 
 
@@ -235,3 +241,58 @@ def test_compiling_on_cpu_needs_a_cpp_compiler(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("CXX", "no-such-compiler-xyz")
     with pytest.raises(ConfigError, match=r"'no-such-compiler-xyz' \(the CXX environment variable"):
         load_config(None, ["model.torch_compile=true", "trainer.device=cpu"])
+
+
+# Issue 36 item 7: pure bf16 weights trained by AdamW at lr 1e-6 do not move. The floor is
+# u(bf16) × 0.01 = 2^-8 × 0.01 = 0.00390625 × 0.01 ≈ 3.9e-5 (u: bf16's unit roundoff, 8 significant bits;
+# 0.01: the small end of pretrained weights); actor.lr 1e-6 and critic.lr 1e-5 are both below it.
+GSM8K_PPO = Path(__file__).resolve().parents[3] / "configs" / "gsm8k_ppo.yaml"
+
+
+def _below_rounding(field: str, lr: str, section: str) -> str:
+    return (
+        f"{field}: {lr} is below the rounding of model.dtype bfloat16 weights (AdamW moves a weight by ≈ lr "
+        "per step; refused below 0.00391 × 0.01 = 3.9e-05), most weights would not change: keep fp32 "
+        f"master weights and compute in bf16 (model.dtype=float32 {section}.mixed_precision.param_dtype="
+        "bfloat16)"
+    )
+
+
+def test_the_old_gsm8k_ppo_precision_is_refused_and_the_shipped_one_accepted(tmp_path: Path) -> None:
+    old = yaml.safe_load(GSM8K_PPO.read_text())
+    old["model"]["dtype"] = "bfloat16"  # as shipped before: pure bf16, no mixed precision
+    for section in ("actor", "critic", "ref"):
+        old[section].pop("mixed_precision", None)
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "old.yaml")
+    assert str(info.value).splitlines() == [
+        _below_rounding("actor.lr", "1e-06", "actor"),
+        _below_rounding("critic.lr", "1e-05", "critic"),
+    ]
+    cfg = load_config(GSM8K_PPO)  # fp32 masters, bf16 compute for every role
+    assert cfg.model.dtype == "float32"
+    roles = (cfg.actor, cfg.critic, cfg.ref)
+    assert [r.mixed_precision.param_dtype for r in roles] == ["bfloat16"] * 3
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        (["model.dtype=bfloat16", "actor.lr=3.8e-5"], ["actor.lr"]),  # just below 3.9e-5
+        (["model.dtype=bfloat16", "actor.lr=4e-5"], []),  # just above
+        (["model.dtype=bfloat16", "actor.lr=1e-4", "sft.lr=1e-5"], ["sft.lr"]),  # SFT trains the actor
+        (["model.dtype=bfloat16", "actor.lr=1e-4", "sft.enable=false", "sft.lr=1e-5"], []),
+        # LoRA: PEFT keeps the adapters (the trained weights) in fp32 over a bf16 base; the critic is full
+        (["model.dtype=bfloat16", "model.lora_rank=8"], []),
+        (["model.dtype=bfloat16", "model.lora_rank=8", "algorithm.adv_estimator=gae"], ["critic.lr"]),
+        (["model.dtype=float32", "actor.lr=1e-9"], []),  # fp32: floor 2^-24 × 0.01 ≈ 6e-10
+    ],
+)
+def test_update_below_bf16_rounding_is_refused(overrides: list[str], refused: list[str]) -> None:
+    try:
+        load_config(None, overrides)
+        lines: list[str] = []
+    except ConfigError as e:
+        lines = str(e).splitlines()
+    assert [line.split(":")[0] for line in lines] == refused

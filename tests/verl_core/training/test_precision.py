@@ -151,3 +151,28 @@ def test_config_names_map_to_dtypes() -> None:
     assert MixedPrecision.from_names(None, "float32", "float32") is None  # param_dtype unset: off
     assert MixedPrecision.from_names("bfloat16", "float32", "float32") == BF16
     assert MixedPrecision.from_names("bfloat16", "bfloat16", "float32").reduce_dtype == torch.bfloat16
+
+
+def _fraction_changed(dtype: torch.dtype, lr: float, steps: int = 10) -> float:
+    """Share of 10,000 weights ~ N(0, 0.02²) stored in ``dtype`` that AdamW at ``lr`` changes in ``steps``
+    steps of random (seeded) gradients."""
+    g = torch.Generator().manual_seed(0)
+    w = nn.Parameter((torch.randn(10_000, generator=g) * 0.02).to(dtype))
+    start = w.detach().clone()
+    opt = torch.optim.AdamW([w], lr=lr, weight_decay=0.01)
+    for _ in range(steps):
+        w.grad = torch.randn(10_000, generator=g).to(dtype)
+        opt.step()
+    return float((w.detach() != start).float().mean())
+
+
+def test_pure_bf16_weights_do_not_move_at_a_small_lr_but_fp32_masters_do() -> None:
+    # Issue 36 item 7 (the preflight's _update_below_rounding). AdamW moves each weight by ≈ lr per
+    # step; bf16 (8 significant bits) rounds a weight in [2^e, 2^(e+1)) to steps of 2^(e-7), so a step
+    # of 1e-6 is lost unless half that spacing, 2^(e-8), is below 1e-6: e ≤ -12, |w| < 2^-11 ≈ 4.9e-4,
+    # i.e. P(|w| < 4.9e-4) ≈ 2 × 4.9e-4 / (0.02 √(2π)) ≈ 2% of N(0, 0.02²) weights. In fp32 (24
+    # bits) the spacing near 0.02 is ≈ 2e-9: every weight moves.
+    assert _fraction_changed(torch.bfloat16, lr=1e-6) < 0.5
+    assert _fraction_changed(torch.float32, lr=1e-6) > 0.9
+    # above the floor (1e-3 ≫ 3.9e-5) bf16 weights move too: |w| up to ≈ 0.25 has half-spacing < 1e-3
+    assert _fraction_changed(torch.bfloat16, lr=1e-3) > 0.9
