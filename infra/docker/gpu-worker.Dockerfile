@@ -67,7 +67,7 @@ RUN /opt/vllm-venv/bin/pip install --upgrade pip \
 RUN /opt/vllm-venv/bin/pip freeze | grep -iE '^(torch|transformers|tokenizers|triton)==' > /opt/gpu-pins.txt \
  && /opt/venv/bin/pip install --upgrade pip \
  && /opt/venv/bin/pip install -c /opt/gpu-pins.txt torch packaging wheel "setuptools>=68" ninja \
- && MAX_JOBS=${MAX_JOBS} /opt/venv/bin/pip install --no-build-isolation "flash-attn==${FLASH_ATTN_VERSION}" \
+ && MAX_JOBS=${MAX_JOBS} /opt/venv/bin/pip install --no-build-isolation -c /opt/gpu-pins.txt "flash-attn==${FLASH_ATTN_VERSION}" \
  && /opt/venv/bin/pip install -c /opt/gpu-pins.txt -e "${VERL_FLOW_HOME}" \
  && /opt/venv/bin/pip check \
  && /opt/venv/bin/python -c "import torch, flash_attn, transformers; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'flash-attn', flash_attn.__version__, 'transformers', transformers.__version__)"
