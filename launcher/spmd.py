@@ -177,20 +177,6 @@ def failure_summary(stderr_tail: list[str], code: int) -> str:
 # -- worker side (every rank) -------------------------------------------------------------------------
 
 
-def _init_process_group(timeout_s: float) -> None:
-    """gloo on CPU; NCCL for CUDA tensors plus gloo for CPU ones where a GPU is visible."""
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    timeout = timedelta(seconds=timeout_s) if timeout_s > 0 else None
-    dist.init_process_group(backend=backend, timeout=timeout)
-
-
 def _receive_job(job_arg: str) -> SpmdJob:
     """Node 0's ranks read the job file, followers (:data:`FOLLOWER_JOB_URI`) have none; every rank
     takes it from the lowest rank that read it, which becomes the main rank (it holds the Prefect
@@ -256,12 +242,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _worker(job_arg: str) -> None:
+    import torch
     import torch.distributed as dist
 
     from verl_core.runtime.ranks import barrier, is_main
+    from verl_core.training.distributed import init_distributed
 
-    # the job (and its stall timeout) is known only after joining: a generous bound for the join itself
-    _init_process_group(float(os.environ.get("VERL_FLOW_JOIN_TIMEOUT_S", "1800")))
+    # the job (and its stall timeout) is known only after joining: a generous bound for the join itself;
+    # NCCL beside gloo wherever a GPU is visible
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    init_distributed(device_type, float(os.environ.get("VERL_FLOW_JOIN_TIMEOUT_S", "1800")))
     try:
         job = _receive_job(job_arg)
         info = os.environ.get(JOB_INFO_ENV)

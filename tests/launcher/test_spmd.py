@@ -124,3 +124,37 @@ def test_an_entry_point_is_resolved_from_its_import_path() -> None:
     assert resolve("launcher.spmd:failure_summary") is failure_summary
     with pytest.raises(SpmdJobError, match=r"^an SPMD entry point is 'module:name', got 'launcher.spmd'$"):
         resolve("launcher.spmd")
+
+
+class _Joined(Exception):
+    """Stops the worker once it has joined the process group."""
+
+
+def test_the_worker_joins_through_init_distributed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 36 item 11: one function joins every rank; on a (faked) CUDA host it sets the device from
+    # LOCAL_RANK, then joins with NCCL beside gloo, under the launcher's join timeout
+    import torch.distributed as dist
+
+    import launcher.spmd
+    from tests.verl_core.training.test_distributed import fake_platform
+    from verl_core.training import distributed
+
+    calls = fake_platform(monkeypatch, local_rank=1)
+    monkeypatch.setenv("VERL_FLOW_JOIN_TIMEOUT_S", "90")
+    real = distributed.init_distributed
+    used: list[tuple[str, float]] = []
+
+    def spy(device_type: str, timeout_s: float = 0.0) -> tuple[int, int]:
+        used.append((device_type, timeout_s))
+        return real(device_type, timeout_s)
+
+    def stop(_job: str) -> None:
+        raise _Joined
+
+    monkeypatch.setattr(distributed, "init_distributed", spy)
+    monkeypatch.setattr(launcher.spmd, "_receive_job", stop)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a: None)
+    with pytest.raises(_Joined):
+        launcher.spmd._worker("job.json")
+    assert used == [("cuda", 90.0)]
+    assert [c[:2] for c in calls] == [("set_device", 1), ("init_process_group", "cpu:gloo,cuda:nccl")]

@@ -32,20 +32,30 @@ if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
 
+# Process-group backends by device type: on CUDA, NCCL for CUDA tensors and gloo for CPU ones (object
+# collectives and CPU-side all-reduces, which NCCL cannot carry); on CPU, gloo.
+PROCESS_GROUP_BACKENDS = {"cuda": "cpu:gloo,cuda:nccl", "cpu": "gloo"}
+
+
 def init_distributed(device_type: str = "cpu", timeout_s: float = 0.0) -> tuple[int, int]:
-    """Initialise the default process group from torchrun's environment (gloo on CPU, nccl on GPU);
-    returns ``(rank, world_size)``. Without torchrun's variables: a single process, (0, 1).
+    """Join the default process group from torchrun's environment; returns ``(rank, world_size)``.
+    Without torchrun's variables: a single process, (0, 1). Every SPMD rank joins through this (the
+    launcher's workers included).
+
+    On CUDA the rank's device is set first, from ``LOCAL_RANK``: NCCL binds its communicators to the
+    current device, which before ``set_device`` is ``cuda:0`` on every rank. The backend comes from
+    :data:`PROCESS_GROUP_BACKENDS`.
 
     ``timeout_s > 0``: a collective that waits longer raises (a rank stuck or gone) instead of
     hanging; pass ``execution.stall_timeout_s``, the same bound as the stage watchdog
     (:mod:`verl_core.runtime.watchdog`). 0: torch's default (10 min for NCCL, 30 min for gloo)."""
     if "WORLD_SIZE" not in os.environ:
         return 0, 1
-    if not dist.is_initialized():
-        timeout = timedelta(seconds=timeout_s) if timeout_s > 0 else None  # None: torch's default
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", timeout=timeout)
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        timeout = timedelta(seconds=timeout_s) if timeout_s > 0 else None  # None: torch's default
+        dist.init_process_group(backend=PROCESS_GROUP_BACKENDS[device_type], timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
 
 
