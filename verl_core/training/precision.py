@@ -27,6 +27,12 @@ log-prob difference of 1e-3 between old and new policy, the size a PPO ratio liv
 * the optimizer: AdamW over the fp32 master parameters (moments fp32 too), gradients fp32.
 
 HF's Qwen2/Llama RMSNorm and rotary embeddings upcast to fp32 internally, with or without autocast.
+Under autocast RoPE hands q and k to attention in fp32 beside a bf16 v; packed attention casts all
+three to the compute dtype (:func:`verl_core.models.varlen_sdpa.one_dtype`).
+
+Pure bf16 weights (``model.dtype=bfloat16`` without fp32 masters) lose AdamW steps below their rounding
+(≈ 2^-8·|w|): the preflight refuses learning rates below it (``_update_below_rounding`` in
+:mod:`verl_core.config.preflight`).
 """
 
 from __future__ import annotations
