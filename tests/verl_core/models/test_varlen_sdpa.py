@@ -11,7 +11,8 @@ from torch import Tensor
 from tests.verl_core.models.test_packed import ragged_batch, reference_log_probs, tiny
 from verl_core.models import varlen_sdpa
 from verl_core.models.attention import PACKED_ATTENTION, Backend, PackedPlan, reference_attention
-from verl_core.models.packed import packed_log_probs, use_varlen_attention
+from verl_core.models.heads import value_model_from_policy
+from verl_core.models.packed import packed_log_probs, packed_scores, use_varlen_attention
 from verl_core.models.varlen_sdpa import self_check
 
 CPU = torch.device("cpu")
@@ -60,6 +61,22 @@ def test_bf16_autocast_packed_forward_hands_one_dtype_and_matches_eager(
         weight = model.model.layers[0].self_attn.q_proj.weight
         (g,) = torch.autograd.grad(out.log_probs[has].sum(), weight)
         assert g.dtype == torch.float32 and bool(g.isfinite().all()) and bool(g.abs().sum() > 0)
+
+
+def test_bf16_autocast_critic_values_hand_one_dtype_and_match_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the critic's (and reward model's) packed forward runs the same attention: auto on CPU = bucketed
+    seen: list[tuple[torch.dtype, ...]] = []
+    monkeypatch.setitem(PACKED_ATTENTION._entries, "bucketed", _recording("bucketed", seen))
+    monkeypatch.setattr(varlen_sdpa, "_checked", {})
+    critic = value_model_from_policy(tiny("qwen2"), seed=0).eval()  # fp32 masters
+    use_varlen_attention(critic)
+    seqs, flat, cu = ragged_batch()
+    with torch.autocast("cpu", BF16):
+        values = packed_scores(critic, flat, cu, attention="bucketed")
+        ref = torch.cat([critic(input_ids=s[None], use_cache=False).logits[0, :, 0].float() for s in seqs])
+    assert seen and set(seen) == {(BF16, BF16, BF16)}
+    # values of a fresh head are O(0.1-1); bf16 rounding (2^-8 relative) through 2 layers: bound 3e-2
+    torch.testing.assert_close(values, ref, atol=3e-2, rtol=0)
 
 
 def _strict_attend(
