@@ -51,9 +51,11 @@ from functools import partial
 import torch
 from _hw import device_name, matmul_flops, matmul_params, of_dense_peak, peak_memory_bytes, peak_memory_label
 
+from verl_core.config import RolloutConfig
 from verl_core.data.tokenizer import train_tokenizer
 from verl_core.models.loading import ScratchSpec, count_parameters, init_causal_lm, scratch_config
 from verl_core.rollout import HFEngine, RolloutEngine, SamplingParams, make_engine
+from verl_core.rollout.vllm_spec import VLLMSpec
 
 NAMES = (  # noqa: SIM905
     "Tom Ann Bob Eve Max Lia Sam Joe Kim Ray Ada Ben Cal Dan Eli Fay Gus Hal Ivy Jan Natalia Weng Betty "
@@ -182,10 +184,14 @@ def main() -> None:
         runs[f"engine-{path}"] = partial(_engine_run, engines[path], prompts, params, reference)
     if "vllm" in wanted:
         t0 = time.perf_counter()
-        vllm = make_engine(
-            "vllm", model, tok, dtype=args.dtype, enforce_eager=args.vllm_eager,
-            cpu_kv_cache_gib=args.kv_cache_gib, max_model_len=max(lengths) + args.max_new_tokens,
+        r = RolloutConfig()  # the schema's vLLM settings, but the benchmark's own
+        spec = VLLMSpec(
+            dtype=args.dtype, trust_remote_code=False, tensor_parallel_size=r.tensor_parallel_size,
+            gpu_memory_utilization=r.gpu_memory_utilization, kv_cache_gib=r.kv_cache_gib,
+            cpu_kv_cache_gib=args.kv_cache_gib, enforce_eager=args.vllm_eager,
+            max_model_len=max(lengths) + args.max_new_tokens, weight_sync_bucket_mb=r.weight_sync_bucket_mb,
         )  # fmt: skip
+        vllm = make_engine("vllm", model, tok, spec=spec, vllm_python=r.vllm_python)
         print(f"vllm engine ({type(vllm).__name__}) started in {time.perf_counter() - t0:.1f} s")
         runs["vllm"] = partial(_engine_run, vllm, prompts, params)
     best = dict.fromkeys(runs, float("inf"))

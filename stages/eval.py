@@ -127,7 +127,7 @@ def _engine(
         return EndpointEngine(source.endpoint, tokenizer, source.served_model), tokenizer
     lm, tokenizer = _load(store, cfg, source, template_pack_uri)
     lm = lm.to(resolve_device(cfg.trainer.device)).eval()
-    engine = make_engine(cfg.rollout.name, lm, tokenizer, **engine_kwargs(cfg.rollout, cfg.model))
+    engine = make_engine(cfg.rollout.name, lm, tokenizer, **engine_kwargs(cfg))
     return engine, tokenizer
 
 

@@ -8,7 +8,8 @@ makes the weights durable publishes it (see :mod:`stages.floor.state`). A commit
 always covered by a checkpoint and never runs again; an uncommitted one is re-run after a crash, and being
 deterministic writes the same table.
 
-Weight sync: right after the update the rollout engine receives policy i+1
+Weight sync: during the update the rollout engine sleeps where it can (vLLM's sleep mode,
+:func:`stages.floor.state.rest_engine`); right after it, the engine wakes and receives policy i+1
 (:func:`stages.floor.state.advance_policy`, logged as ``timing_s/weight_sync``). Before it, the update
 refuses rollouts sampled by a policy more than ``trainer.rollout_ahead`` versions behind the trainer's (their
 ``policy_version`` column is the version the engine held): a stale engine fails loudly instead of training
@@ -31,7 +32,7 @@ from stages.floor.builders import ppo_spec, update_seed
 from stages.floor.locations import iteration_stage
 from stages.floor.samples import log_samples, sample_columns
 from stages.floor.spmd import commit_once, committed
-from stages.floor.state import advance_policy, get_state, ppo_models, seal_update
+from stages.floor.state import advance_policy, get_state, ppo_models, rest_engine, seal_update
 from verl_core.algorithms.stats import masked_mean
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import DataError
@@ -81,7 +82,9 @@ def ppo_update(
             "which algorithm.adv_estimator=remax needs: roll out with greedy_baseline=True"
         )
 
-    # 3. The iteration: old/ref log-probs, values, advantages, critic and actor epochs
+    # 3. The iteration: old/ref log-probs, values, advantages, critic and actor epochs, while the
+    # rollout engine sleeps (it frees the accelerator where it can; the sync in step 4 wakes it)
+    rest_engine(state)
     result = ppo_iteration(
         ppo_models(state),
         batch,

@@ -1,5 +1,6 @@
 """``verl-flow serve``: a run's latest export (or a model directory) behind vLLM's OpenAI-compatible
-server (:mod:`flows.serving`); the options' defaults and help are :class:`ServeConfig`'s."""
+server (:mod:`flows.serving`); the options' defaults and help are :class:`ServeConfig`'s, vLLM's those of
+the ``rollout`` section (:class:`RolloutConfig`), by its names and types."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Annotated
 import typer
 
 from flows.cli.common import StoreOpt, fail, out
-from verl_core.config import StoreConfig
+from verl_core.config import RolloutConfig, StoreConfig
 from verl_core.errors import ConfigError, VerlFlowError
 from verl_core.runtime.serving import ServeConfig, curl_example
 
@@ -18,7 +19,16 @@ def _serve_help(name: str) -> str:
     return ServeConfig.model_fields[name].description or ""
 
 
+def _rollout_help(name: str) -> str:
+    return f"rollout.{name}: {RolloutConfig.model_fields[name].description or ''}"
+
+
 _SERVE = ServeConfig()  # `serve`'s option defaults are ServeConfig's (verl_core/runtime/serving.py)
+_VLLM = _SERVE.rollout  # vLLM's: the rollout section's, by its names
+VLLM_OPTIONS = (
+    "tensor_parallel_size", "gpu_memory_utilization", "kv_cache_gib", "cpu_kv_cache_gib",
+    "vllm_enforce_eager", "vllm_python",
+)  # fmt: skip
 
 
 def serve_cmd(
@@ -30,26 +40,29 @@ def serve_cmd(
     served_model_name: Annotated[
         str | None, typer.Option(help=_serve_help("served_model_name"))
     ] = _SERVE.served_model_name,
-    tensor_parallel_size: Annotated[
-        int, typer.Option(help=_serve_help("tensor_parallel_size"))
-    ] = _SERVE.tensor_parallel_size,
     dtype: Annotated[str, typer.Option(help=_serve_help("dtype"))] = _SERVE.dtype,
-    kv_cache_gib: Annotated[
-        float | None, typer.Option(help=_serve_help("kv_cache_gib"))
-    ] = _SERVE.kv_cache_gib,
-    gpu_memory_utilization: Annotated[
-        float, typer.Option(help=_serve_help("gpu_memory_utilization"))
-    ] = _SERVE.gpu_memory_utilization,
-    cpu_kv_cache_gib: Annotated[
-        int, typer.Option(help=_serve_help("cpu_kv_cache_gib"))
-    ] = _SERVE.cpu_kv_cache_gib,
     max_model_len: Annotated[
         int | None, typer.Option(help=_serve_help("max_model_len"))
     ] = _SERVE.max_model_len,
-    enforce_eager: Annotated[bool, typer.Option(help=_serve_help("enforce_eager"))] = _SERVE.enforce_eager,
     health_timeout_s: Annotated[
         float, typer.Option(help=_serve_help("health_timeout_s"))
     ] = _SERVE.health_timeout_s,
+    tensor_parallel_size: Annotated[
+        int, typer.Option(help=_rollout_help("tensor_parallel_size"))
+    ] = _VLLM.tensor_parallel_size,
+    gpu_memory_utilization: Annotated[
+        float, typer.Option(help=_rollout_help("gpu_memory_utilization"))
+    ] = _VLLM.gpu_memory_utilization,
+    kv_cache_gib: Annotated[
+        float | None, typer.Option(help=_rollout_help("kv_cache_gib"))
+    ] = _VLLM.kv_cache_gib,
+    cpu_kv_cache_gib: Annotated[
+        float, typer.Option(help=_rollout_help("cpu_kv_cache_gib"))
+    ] = _VLLM.cpu_kv_cache_gib,
+    vllm_enforce_eager: Annotated[
+        bool, typer.Option(help=_rollout_help("vllm_enforce_eager"))
+    ] = _VLLM.vllm_enforce_eager,
+    vllm_python: Annotated[str, typer.Option(help=_rollout_help("vllm_python"))] = _VLLM.vllm_python,
     detach: Annotated[
         bool, typer.Option("--detach", help="Leave the server running in the background and return")
     ] = False,
@@ -66,7 +79,9 @@ def serve_cmd(
 
     settings = dict(locals())
     try:
-        cfg = ServeConfig(**{k: settings[k] for k in ServeConfig.model_fields if k in settings})
+        rollout = RolloutConfig(**{k: settings[k] for k in VLLM_OPTIONS})
+        own = {k: settings[k] for k in ServeConfig.model_fields if k in settings}
+        cfg = ServeConfig(**own, rollout=rollout)
     except ValidationError as e:
         fail(e, 2, one_line=False)
     workdir = tempfile.mkdtemp(prefix="verl-flow-serve-")

@@ -64,6 +64,7 @@ from verl_core.rollout.multi_turn import (
     multi_turn_metrics,
 )
 from verl_core.rollout.placement import GroupMemberEngine, current_topology, engine_placement
+from verl_core.rollout.vllm_spec import VLLMSpec
 from verl_core.runtime.ranks import all_gather, rank, world_size
 from verl_core.runtime.run_length import StepCount
 from verl_core.runtime.sandbox import SandboxSpec, check_sandbox
@@ -317,47 +318,61 @@ def sampling_params(
     )
 
 
-EngineKwargs = Callable[[RolloutConfig, ModelConfig], dict[str, Any]]
+EngineKwargs = Callable[[VerlFlowConfig], dict[str, Any]]
 ENGINE_KWARGS: Registry[EngineKwargs] = Registry("rollout engine")  # one entry per verl_core.rollout.ENGINES
 
 
+def compute_dtype(cfg: VerlFlowConfig) -> str:
+    """The dtype the policy computes in, which its rollouts use too: ``actor.mixed_precision.param_dtype``
+    when set (fp32 master weights, bf16 compute), else ``model.dtype``."""
+    return cfg.actor.mixed_precision.param_dtype or cfg.model.dtype
+
+
 @ENGINE_KWARGS.register("hf")
-def _hf_engine_kwargs(rollout: RolloutConfig, model: ModelConfig) -> dict[str, Any]:
+def _hf_engine_kwargs(cfg: VerlFlowConfig) -> dict[str, Any]:
+    rollout = cfg.rollout
     return {
         "max_batch_size": rollout.max_batch_size,
         "share_weights": rollout.share_weights,
         "decode": rollout.decode,
+        "compute_dtype": compute_dtype(cfg),
     }
+
+
+def vllm_spec(cfg: VerlFlowConfig) -> VLLMSpec:
+    """The vLLM engine's settings: the ``rollout`` section's, in the policy's compute dtype."""
+    rollout = cfg.rollout
+    return VLLMSpec(
+        dtype=compute_dtype(cfg),  # never vLLM's "auto", which would halve a float32 model
+        trust_remote_code=cfg.model.trust_remote_code,
+        tensor_parallel_size=rollout.tensor_parallel_size,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        kv_cache_gib=rollout.kv_cache_gib,
+        cpu_kv_cache_gib=rollout.cpu_kv_cache_gib,
+        enforce_eager=rollout.vllm_enforce_eager,
+        max_model_len=None,  # the model's own context length
+        weight_sync_bucket_mb=rollout.weight_sync_bucket_mb,
+    )
 
 
 @ENGINE_KWARGS.register("vllm")
-def _vllm_engine_kwargs(rollout: RolloutConfig, model: ModelConfig) -> dict[str, Any]:
-    return {
-        "dtype": model.dtype,  # the trainer's: vLLM's "auto" would halve a float32 model
-        "trust_remote_code": model.trust_remote_code,
-        "tensor_parallel_size": rollout.tensor_parallel_size,
-        "gpu_memory_utilization": rollout.gpu_memory_utilization,
-        "kv_cache_gib": rollout.kv_cache_gib,
-        "cpu_kv_cache_gib": rollout.cpu_kv_cache_gib,
-        "enforce_eager": rollout.vllm_enforce_eager,
-        "weight_sync_bucket_mb": rollout.weight_sync_bucket_mb,
-        "vllm_python": rollout.vllm_python,
-    }
+def _vllm_engine_kwargs(cfg: VerlFlowConfig) -> dict[str, Any]:
+    return {"spec": vllm_spec(cfg), "vllm_python": cfg.rollout.vllm_python}
 
 
 @ENGINE_KWARGS.register("auto")
-def _auto_engine_kwargs(rollout: RolloutConfig, model: ModelConfig) -> dict[str, Any]:
+def _auto_engine_kwargs(cfg: VerlFlowConfig) -> dict[str, Any]:
     """Both engines' arguments: ``auto`` picks one when it is built (it knows the device then)."""
-    return {"hf": _hf_engine_kwargs(rollout, model), "vllm": _vllm_engine_kwargs(rollout, model)}
+    return {"hf": _hf_engine_kwargs(cfg), "vllm": _vllm_engine_kwargs(cfg)}
 
 
-def engine_kwargs(rollout: RolloutConfig, model: ModelConfig) -> dict[str, Any]:
-    """Keyword arguments of ``verl_core.rollout.make_engine(rollout.name, ...)``."""
-    return ENGINE_KWARGS.get(rollout.name)(rollout, model)
+def engine_kwargs(cfg: VerlFlowConfig) -> dict[str, Any]:
+    """Keyword arguments of ``verl_core.rollout.make_engine(cfg.rollout.name, ...)``."""
+    return ENGINE_KWARGS.get(cfg.rollout.name)(cfg)
 
 
 def build_rollout_engine(
-    rollout: RolloutConfig, model: ModelConfig, lm: nn.Module, tokenizer: Any, device: torch.device
+    cfg: VerlFlowConfig, lm: nn.Module, tokenizer: Any, device: torch.device
 ) -> RolloutEngine:
     """This rank's rollout engine for the policy ``lm`` (moved to ``device``). One process: the
     ``rollout.name`` engine. Under torchrun (:mod:`verl_core.rollout.placement`): ``auto`` is resolved
@@ -365,15 +380,15 @@ def build_rollout_engine(
     (vLLM; the HF engine one), its group's first rank starts it pinned to the group's devices or cores,
     and the group's other ranks hold a :class:`GroupMemberEngine` (:func:`sharded_rollouts` hands them
     the group's rollouts)."""
-    lm = lm.to(device)
+    lm, rollout = lm.to(device), cfg.rollout
     if world_size() == 1:
-        return make_engine(rollout.name, lm, tokenizer, **engine_kwargs(rollout, model))
+        return make_engine(rollout.name, lm, tokenizer, **engine_kwargs(cfg))
     name = resolved_engine_name(rollout.name, device.type, rollout.vllm_python)
     tensor_parallel_size = rollout.tensor_parallel_size if name == "vllm" else 1
     placement = engine_placement(current_topology(), tensor_parallel_size, device.type)
     if not placement.owner:
         return GroupMemberEngine(tensor_parallel_size)
-    kwargs = ENGINE_KWARGS.get(name)(rollout, model)
+    kwargs = ENGINE_KWARGS.get(name)(cfg)
     if name == "vllm":
         kwargs["env"] = dict(placement.env)
     return make_engine(name, lm, tokenizer, **kwargs)

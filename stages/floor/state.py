@@ -187,7 +187,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
             mixed_precision=mixed_precision(cfg.ref.mixed_precision),
         )  # fmt: skip
     # the rollout engine before the actor is sharded: an own-copy engine copies the whole policy
-    engine = build_rollout_engine(cfg.rollout, cfg.model, lm, tokenizer, device)  # this rank's (placement)
+    engine = build_rollout_engine(cfg, lm, tokenizer, device)  # this rank's (placement)
     try:  # a failure from here on leaves no engine (a vLLM subprocess) behind
         a = cfg.actor
         actor_engine = build_train_engine(
@@ -453,6 +453,7 @@ def sync_rollout_weights(state: RLState) -> float:
         return 0.0
     t0 = time.perf_counter()
     engine, lm = state.engine, state.lm
+    engine.wake_up()  # after rest_engine: vLLM's pages are unmapped while it sleeps, wake before loading
     if engine.shares_weights:
         engine.update_weights(lm, state.version)
     elif hasattr(lm, "peft_config"):
@@ -467,6 +468,15 @@ def sync_rollout_weights(state: RLState) -> float:
             policy_weights(lm, keep=not isinstance(engine, GroupMemberEngine)).items(), state.version
         )
     return time.perf_counter() - t0
+
+
+def rest_engine(state: RLState) -> None:
+    """Before the update's training: a rollout engine holding its own weights frees the accelerator
+    (vLLM's sleep mode where the platform has it: weights offloaded, KV cache dropped; elsewhere a
+    no-op) until :func:`sync_rollout_weights` wakes it to load the new policy. Not while an ahead
+    rollout samples it (:func:`engine_held`), nor for an engine sampling the trainer's own module."""
+    if not state.sync_held and not state.engine.shares_weights:
+        state.engine.sleep()
 
 
 def advance_policy(state: RLState, iteration: int) -> float:

@@ -33,7 +33,7 @@ from stages.floor.reports import read_eval_report
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from tests.vllm_env import vllm_python
-from verl_core.config import VerlFlowConfig, validate_config
+from verl_core.config import RolloutConfig, VerlFlowConfig, validate_config
 from verl_core.reward import HttpOptions, JudgeScorer, RemoteScorer, RewardBatch
 from verl_core.runtime.run import RunContext, start_run
 from verl_core.runtime.serving import ServeConfig, ServerHandle
@@ -113,10 +113,8 @@ def server(
     """The one vLLM server of the module, on the run's latest export (fp32 like the export, eager)."""
     root, _ = run
     work = tmp_path_factory.mktemp("serve-work")
-    settings = ServeConfig(
-        port=_free_port(), dtype="float32", enforce_eager=True, cpu_kv_cache_gib=1,
-        vllm_python=vllm_python(),
-    )  # fmt: skip
+    vllm = RolloutConfig(vllm_enforce_eager=True, cpu_kv_cache_gib=1, vllm_python=vllm_python())
+    settings = ServeConfig(port=_free_port(), dtype="float32", rollout=vllm)
     with serve(resolve_model(RUN, str(root), work), settings, work / "server.log") as handle:
         yield handle
 

@@ -18,10 +18,12 @@ from stages.floor.builders import (
     optim_spec,
     ppo_spec,
     update_seed,
+    vllm_spec,
 )
 from verl_core.config import RewardConfig, RewardScorerConfig, SandboxConfig, load_config
 from verl_core.reward import CodeScorer
 from verl_core.rollout import ENGINES
+from verl_core.rollout.vllm_spec import VLLMSpec
 from verl_core.runtime import sandbox
 from verl_core.runtime.sandbox import SandboxUnavailableError
 from verl_core.seeding import derive_seed
@@ -30,20 +32,38 @@ from verl_core.seeding import derive_seed
 def test_every_rollout_engine_has_its_kwargs_builder() -> None:
     assert set(ENGINE_KWARGS.names()) == set(ENGINES.names())
     cfg = load_config(None, ["rollout.max_batch_size=17", "rollout.gpu_memory_utilization=0.3"])
-    hf = {"max_batch_size": 17, "share_weights": True, "decode": "auto"}
-    assert engine_kwargs(cfg.rollout, cfg.model) == hf
-    vllm = cfg.rollout.model_copy(update={"name": "vllm", "tensor_parallel_size": 2, "kv_cache_gib": 2.0})
-    assert engine_kwargs(vllm, cfg.model) == {
-        "dtype": "float32",  # the trainer's (model.dtype), not vLLM's auto
-        "trust_remote_code": False,
-        "tensor_parallel_size": 2,
-        "gpu_memory_utilization": 0.3,
-        "kv_cache_gib": 2.0,
-        "cpu_kv_cache_gib": 1.0,
-        "enforce_eager": False,
-        "weight_sync_bucket_mb": 512,
+    hf = {"max_batch_size": 17, "share_weights": True, "decode": "auto", "compute_dtype": "float32"}
+    assert engine_kwargs(cfg) == hf
+    vllm = load_config(
+        None,
+        [
+            "rollout.name=vllm", "rollout.tensor_parallel_size=2", "rollout.kv_cache_gib=2.0",
+            "rollout.gpu_memory_utilization=0.3",
+        ],
+    )  # fmt: skip
+    assert engine_kwargs(vllm) == {
+        "spec": VLLMSpec(
+            dtype="float32",  # the trainer's (model.dtype), not vLLM's auto
+            trust_remote_code=False,
+            tensor_parallel_size=2,
+            gpu_memory_utilization=0.3,
+            kv_cache_gib=2.0,
+            cpu_kv_cache_gib=1.0,
+            enforce_eager=False,
+            max_model_len=None,
+            weight_sync_bucket_mb=512,
+        ),
         "vllm_python": "auto",
     }
+
+
+def test_rollouts_run_in_the_policys_compute_dtype() -> None:
+    """fp32 master weights with bf16 compute: both engines get bfloat16 (vLLM used to get model.dtype,
+    float32: its flash/flashinfer backends refuse it and the weights and KV cache take twice the memory)."""
+    mixed = ["model.dtype=float32", "actor.mixed_precision.param_dtype=bfloat16"]
+    auto = engine_kwargs(load_config(None, ["rollout.name=auto", *mixed]))
+    assert auto["vllm"]["spec"].dtype == "bfloat16" and auto["hf"]["compute_dtype"] == "bfloat16"
+    assert vllm_spec(load_config(None, [])).dtype == "float32"  # no mixed precision: the weights' dtype
 
 
 def test_ppo_spec_of_an_iteration() -> None:

@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from verl_core.data.tokenizer import IM_END
 from verl_core.errors import ConfigError
 from verl_core.models import varlen_sdpa
-from verl_core.models.loading import load_causal_lm, resolve_device, unwrap
+from verl_core.models.loading import load_causal_lm, resolve_device, torch_dtype, unwrap
 from verl_core.rollout.base import Completion, FinishReason, SamplingParams
 from verl_core.rollout.decode import (
     DECODE_ATTENTION,
@@ -104,7 +104,9 @@ class HFEngine:
     ``rows × (prompt + max_new_tokens)`` of one ``generate`` batch (default: no bound).
     ``share_weights``: sample from the live module (True) or from an own copy synced explicitly
     (False; see the module docstring); ``policy_version``: the version of the weights it starts with;
-    ``decode``: ``auto | loop | compiled`` (see the module docstring)."""
+    ``decode``: ``auto | loop | compiled`` (see the module docstring). ``compute_dtype``: the trainer's
+    (bf16 beside fp32 master weights): an own copy holds its floating parameters in it; a shared
+    module generates in its own dtype (the static KV cache takes one dtype, which autocast breaks)."""
 
     def __init__(
         self,
@@ -120,6 +122,7 @@ class HFEngine:
         share_weights: bool = True,
         policy_version: int = 0,
         decode: str = "auto",
+        compute_dtype: str | None = None,
     ) -> None:
         if tensor_parallel_size != 1:
             raise ConfigError(
@@ -146,6 +149,9 @@ class HFEngine:
                     "engine from the unsharded policy, before the training strategy shards it"
                 )
             model = copy.deepcopy(model).eval().requires_grad_(False)
+            for p in model.parameters():  # (quantized weights are not floating: they stay)
+                if compute_dtype is not None and p.is_floating_point():
+                    p.data = p.data.to(torch_dtype(compute_dtype))
         self.model: nn.Module = model
         self.shares_weights = share_weights
         self._version = policy_version

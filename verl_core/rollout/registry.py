@@ -1,4 +1,5 @@
-"""Rollout engines by name: ``make_engine("hf" | "vllm" | "auto", model, tokenizer, **engine_kwargs)``.
+"""Rollout engines by name: ``make_engine("hf" | "vllm" | "auto", model, tokenizer, **engine_kwargs)``
+(``vllm``: a :class:`~verl_core.rollout.vllm_spec.VLLMSpec` and the vLLM environment's interpreter).
 
 ``auto`` picks per device from the figures of ``benchmarks/rollout.py`` (:data:`AUTO_ENGINE`), and
 falls back to ``hf`` where vLLM is neither importable nor its environment found."""
@@ -16,6 +17,7 @@ from torch import nn
 from verl_core.errors import ConfigError
 from verl_core.registry import Registry, UnknownNameError
 from verl_core.rollout.base import RolloutEngine
+from verl_core.rollout.vllm_spec import VLLMSpec
 
 EngineFactory = Callable[..., RolloutEngine]
 ENGINES: Registry[EngineFactory] = Registry("rollout engine")
@@ -38,22 +40,23 @@ def _vllm(
     model: str | nn.Module,
     tokenizer: Any,
     *,
-    vllm_python: str = "auto",
+    spec: VLLMSpec,
+    vllm_python: str,
     env: Mapping[str, str] | None = None,
-    **kwargs: Any,
 ) -> RolloutEngine:
-    """vLLM in this process where it imports (its own environment, a GPU worker image), else in a
-    subprocess of the vLLM environment (``vllm_python``, :mod:`verl_core.rollout.vllm_process`).
-    ``env``: environment variables of the engine alone (its devices or cores): it then always runs in a
-    subprocess (this interpreter's where vllm imports here), whose environment they join."""
+    """vLLM built as ``spec`` says: in this process where it imports (its own environment, a GPU
+    worker image), else in a subprocess of the vLLM environment (``vllm_python``,
+    :mod:`verl_core.rollout.vllm_process`). ``env``: environment variables of the engine alone (its
+    devices or cores): it then always runs in a subprocess (this interpreter's where vllm imports
+    here), whose environment they join."""
     from verl_core.rollout.vllm import VLLMEngine, vllm_available
 
     if vllm_available() and not env:
-        return VLLMEngine(model, tokenizer, **kwargs)
+        return VLLMEngine(model, tokenizer, spec)
     from verl_core.rollout.vllm_process import VLLMProcessEngine, resolve_vllm_python
 
     python = sys.executable if vllm_available() else resolve_vllm_python(vllm_python)
-    return VLLMProcessEngine(model, tokenizer, python=python, env=env, **kwargs)
+    return VLLMProcessEngine(model, tokenizer, spec, python=python, env=env)
 
 
 # rollout.name=auto, per device type: the faster engine in benchmarks/rollout.py (--engines hf,vllm;
@@ -94,7 +97,7 @@ def _auto(
     else:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     name = AUTO_ENGINE.get(device, "hf")
-    if name == "vllm" and not _vllm_ready(str(vllm.get("vllm_python", "auto"))):
+    if name == "vllm" and not _vllm_ready(str(vllm["vllm_python"])):
         log.info("rollout.name=auto: vLLM is not available here (make .venv-vllm): the hf engine")
         name = "hf"
     log.info("rollout.name=auto on %s: the %s engine (verl_core.rollout.registry.AUTO_ENGINE)", device, name)

@@ -11,12 +11,14 @@ object (no pickle either way). Requests carry token ids, sampling parameters and
 carry completions. The subprocess writes its logs to ``host.log`` in the engine's temp directory
 (its stdout is the channel), quoted in the error when it fails.
 
-Weights never cross the channel: :meth:`VLLMProcessEngine.load_weights` stages them as safetensors
-buckets in a fresh directory (:mod:`verl_core.rollout.weight_sync`: this process holds one bucket
-beyond the policy), the subprocess checks their names and reloads them (``load_staged_weights``),
-then the directory is removed. A LoRA adapter is written as a PEFT adapter directory and sent as a
-new ``LoRARequest``. If the subprocess dies, the next call raises with the tail of its log; when this
-process exits, the subprocess sees its stdin close and exits too.
+The engine's settings cross once, in the ``start`` request: the :class:`~verl_core.rollout.vllm_spec.VLLMSpec`
+as JSON. Weights never cross the channel: the update / LoRA / sleep lifecycle is
+:class:`~verl_core.rollout.vllm_base.VLLMEngineBase`'s (as for the in-process engine): weights are
+staged as safetensors buckets in a fresh directory (:mod:`verl_core.rollout.weight_sync`: this
+process holds one bucket beyond the policy), the subprocess checks their names and reloads them
+(``load_staged_weights``), then the directory is removed; a LoRA adapter is written as a PEFT adapter
+directory here and sent as a new ``LoRARequest`` there. If the subprocess dies, the next call raises
+with the tail of its log; when this process exits, the subprocess sees its stdin close and exits too.
 """
 
 from __future__ import annotations
@@ -29,17 +31,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
 
-from torch import Tensor, nn
+from torch import nn
 
 from verl_core.errors import ConfigError
 from verl_core.rollout.base import Completion, SamplingParams
-from verl_core.rollout.weight_sync import staged_weights
-from verl_core.runtime.watchdog import beat
+from verl_core.rollout.vllm_base import VLLMEngineBase, save_for_engine
+from verl_core.rollout.vllm_spec import VLLMSpec
 
 PYTHON_ENV = "VERL_FLOW_VLLM_PYTHON"  # the vLLM environment's interpreter, when not in the config
 VENV = ".venv-vllm"  # where `make .venv-vllm` builds it, beside the project
@@ -122,36 +124,31 @@ def read_frame(stream: IO[bytes]) -> dict[str, Any] | None:
     return message
 
 
-class VLLMProcessEngine:
+class VLLMProcessEngine(VLLMEngineBase):
     """A :class:`~verl_core.rollout.base.RolloutEngine` whose vLLM runs in a subprocess of the vLLM
-    environment (``python``). ``model`` is a path / hub id, or a live module written once to a temp
-    directory for the subprocess to load (a live PEFT model: its base, then the adapter). ``engine``:
-    the keyword arguments of :class:`~verl_core.rollout.vllm.VLLMEngine`. ``start_timeout_s`` bounds
-    the engine start (vLLM's import, load and warm-up). ``env``: variables set in the subprocess on
-    top of this process's environment (e.g. ``CUDA_VISIBLE_DEVICES``, ``VLLM_CPU_OMP_THREADS_BIND``:
-    the devices or cores of this engine)."""
+    environment (``python``), built there as ``spec`` says. ``model`` is a path / hub id, or a live
+    module written once to a temp directory for the subprocess to load (a live PEFT model: its base,
+    then the adapter). ``start_timeout_s`` bounds the engine start (vLLM's import, load and warm-up).
+    ``env``: variables set in the subprocess on top of this process's environment (e.g.
+    ``CUDA_VISIBLE_DEVICES``, ``VLLM_CPU_OMP_THREADS_BIND``: the devices or cores of this engine)."""
 
     def __init__(
         self,
         model: str | nn.Module,
-        tokenizer: Any = None,
+        tokenizer: Any,
+        spec: VLLMSpec,
         *,
         python: str,
         start_timeout_s: float = 600.0,
         policy_version: int = 0,
         env: Mapping[str, str] | None = None,
-        **engine: Any,
     ) -> None:
-        from verl_core.rollout.vllm import save_for_engine
-
-        self.tokenizer = tokenizer
-        self.tensor_parallel_size = int(engine.get("tensor_parallel_size", 1))
-        self.bucket_bytes = int(engine.get("weight_sync_bucket_mb", 512)) << 20
-        self.shares_weights = False
         self._tmp = tempfile.mkdtemp(prefix="verl-flow-vllm-host-")
-        self._lora_config: Any = None
-        self._adapters = 0
-        lora = hasattr(model, "peft_config")
+        super().__init__(spec, tokenizer, self._tmp, policy_version)
+        lora_rank = None
+        if hasattr(model, "peft_config"):  # a live LoRA policy: its adapter is what every sync sends
+            self._lora_config = model.peft_config["default"]  # type: ignore[index]
+            lora_rank = int(self._lora_config.r)
         if isinstance(model, str):
             path = model
         else:
@@ -160,11 +157,7 @@ class VLLMProcessEngine:
                     "VLLMEngine: a live model needs its tokenizer (make_engine(name, model, tok))"
                 )
             path = os.path.join(self._tmp, "init")
-            save_for_engine(model, tokenizer, path, base_only=lora)
-        if lora:
-            self._lora_config = model.peft_config["default"]  # type: ignore[union-attr,index]
-            engine["enable_lora"] = True
-            engine["max_lora_rank"] = max(int(engine.get("max_lora_rank", 64)), int(self._lora_config.r))
+            save_for_engine(model, tokenizer, path, base_only=lora_rank is not None)
         self._log_path = os.path.join(self._tmp, "host.log")
         self._log = open(self._log_path, "wb")  # noqa: SIM115 -- open for the subprocess's lifetime
         logging_level = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
@@ -176,83 +169,37 @@ class VLLMProcessEngine:
             env={**os.environ, **logging_level, **(env or {})},
             cwd=self._tmp,
         )
-        self._version = policy_version
-        self.info = self._call(
-            {"op": "start", "model": path, "engine": {**engine, "policy_version": policy_version}},
-            timeout_s=start_timeout_s,
-        )
+        start = {"op": "start", "model": path, "spec": spec.to_json(), "lora_rank": lora_rank}
+        self.info = self._call({**start, "policy_version": policy_version}, timeout_s=start_timeout_s)
         self.can_sleep = bool(self.info["can_sleep"])
-        if lora and not isinstance(model, str):
+        if self._lora_config is not None and not isinstance(model, str):
             self.update_weights(model, policy_version)
 
-    # -- RolloutEngine ----------------------------------------------------------------------------
+    # -- how a call reaches vLLM: a request to the subprocess ---------------------------------------
 
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    def generate(
-        self,
-        prompts: Sequence[str] | Sequence[Sequence[int]],
-        params: SamplingParams | None = None,
-        *,
-        prompt_keys: Sequence[int] | None = None,
+    def _generate_ids(
+        self, prompt_ids: list[list[int]], params: SamplingParams, prompt_keys: Sequence[int] | None
     ) -> list[Completion]:
-        from verl_core.rollout.requests import encode_prompts
-
-        params = params or SamplingParams()
-        ids = encode_prompts(self.tokenizer, prompts) if self.tokenizer is not None else prompts
         request = {
             "op": "generate",
-            "prompts": [list(map(int, p)) for p in ids],
+            "prompts": prompt_ids,
             "params": asdict(params),
             "prompt_keys": None if prompt_keys is None else [int(k) for k in prompt_keys],
         }
-        rows = self._call(request)["completions"]
-        beat(sequences=len(rows))
-        return [Completion(**row) for row in rows]
+        return [Completion(**row) for row in self._call(request)["completions"]]
 
-    def update_weights(self, model: nn.Module, version: int | None = None) -> None:
-        from verl_core.rollout.vllm import merged_state_dict
-
-        version = self._version + 1 if version is None else version
-        if self._lora_config is not None and hasattr(model, "peft_config"):
-            from peft import get_peft_model_state_dict
-
-            self._lora_config = model.peft_config["default"]  # type: ignore[index]
-            self.load_adapter(get_peft_model_state_dict(model), version)
-        else:
-            self.load_weights(merged_state_dict(model).items(), version)
-
-    def load_weights(self, weights: Iterable[tuple[str, Tensor]], version: int) -> None:
-        """Stage the full weights in buckets, have the subprocess check and reload them."""
-        with staged_weights(weights, self.bucket_bytes) as directory:
-            self._call({"op": "load_staged_weights", "directory": directory, "version": version})
+    def load_staged_weights(self, directory: str, version: int) -> None:
+        """The subprocess checks the names of the weights staged in ``directory`` and reloads them."""
+        self._call({"op": "load_staged_weights", "directory": directory, "version": version})
         self._version = version
 
-    def load_adapter(self, weights: Mapping[str, Tensor], version: int) -> None:
-        """Write the adapter (PEFT layout) to a new directory and send it as policy ``version``; the
-        directory before the previous one is removed (vLLM reads an adapter when first used)."""
-        if self._lora_config is None:
-            raise ConfigError("VLLMEngine.load_adapter: the engine was built without a LoRA policy")
-        from safetensors.torch import save_file
-
-        self._adapters += 1
-        path = os.path.join(self._tmp, f"adapter-{self._adapters}")
-        self._lora_config.save_pretrained(path)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
-        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+    def load_adapter_dir(self, path: str, version: int) -> None:
+        """The subprocess sends the adapter in ``path`` as a new LoRA version."""
         self._call({"op": "load_adapter_dir", "path": path, "version": version})
-        shutil.rmtree(os.path.join(self._tmp, f"adapter-{self._adapters - 2}"), ignore_errors=True)
         self._version = version
 
-    def sleep(self) -> None:
-        if self.can_sleep:
-            self._call({"op": "sleep"})
-
-    def wake_up(self) -> None:
-        if self.can_sleep:
-            self._call({"op": "wake_up"})
+    def _set_asleep(self, asleep: bool) -> None:
+        self._call({"op": "sleep" if asleep else "wake_up"})
 
     def close(self) -> None:
         """Stop the subprocess (its engine and workers) and remove the temp directory."""
@@ -353,7 +300,11 @@ def main() -> int:
             if request["op"] == "start":
                 from verl_core.rollout.vllm import VLLMEngine
 
-                engine = VLLMEngine(request["model"], **request["engine"])
+                spec = VLLMSpec.from_json(request["spec"])
+                engine = VLLMEngine(
+                    request["model"], None, spec, lora_rank=request["lora_rank"],
+                    policy_version=int(request["policy_version"]),
+                )  # fmt: skip
                 result: dict[str, Any] = {"can_sleep": engine.can_sleep}
             elif engine is None:
                 raise RuntimeError("no engine: the first request must be 'start'")

@@ -11,10 +11,13 @@ The chat template: an export holds ``chat_template.jinja`` (and the template in
 ``tokenizer_config.json``); when the file is there it is passed as ``--chat-template`` so that
 ``/v1/chat/completions`` renders exactly the template the run trained with.
 
-Memory: :attr:`ServeConfig.kv_cache_gib` sets the KV cache in bytes on any platform; without it a
-GPU uses ``gpu_memory_utilization`` and the CPU platform ``cpu_kv_cache_gib``
-(``VLLM_CPU_KVCACHE_SPACE``: on CPU vLLM's utilization share is a share of the machine's RAM, which
-fails beside other processes).
+vLLM's settings are the ``rollout`` section's, by its names and types (:attr:`ServeConfig.rollout`:
+``tensor_parallel_size``, ``gpu_memory_utilization``, ``kv_cache_gib``, ``cpu_kv_cache_gib``,
+``vllm_enforce_eager``, ``vllm_python``), made into the rollout engines'
+:class:`~verl_core.rollout.vllm_spec.VLLMSpec` (:func:`server_spec`). Memory follows the rollout
+engines' one rule (:func:`~verl_core.rollout.vllm_spec.memory_kwargs`): the server has its device to
+itself, so free memory is not measured (the configured utilization); on the CPU platform the KV
+cache is sized in bytes.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from typing import IO, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from verl_core.config import RolloutConfig
 from verl_core.errors import VerlFlowError
+from verl_core.rollout.vllm_spec import PlatformFacts, VLLMSpec, memory_kwargs
 
 LOG_TAIL = 25  # lines of the server's log quoted in an error
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
@@ -43,8 +48,8 @@ class ServeError(VerlFlowError):
 
 
 class ServeConfig(BaseModel):
-    """How ``verl-flow serve`` and the ``serve-model`` deployment run vLLM's server (the only place
-    their defaults live)."""
+    """How ``verl-flow serve`` and the ``serve-model`` deployment run vLLM's server: the server's own
+    settings here, vLLM's the ``rollout`` section's (the only place their defaults live)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -53,38 +58,56 @@ class ServeConfig(BaseModel):
     served_model_name: str | None = Field(
         None, description="Model name clients send (default: the run id, or the directory's name)"
     )
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs the model is sharded over")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weights' dtype in the server (auto: the export's config)"
     )
-    kv_cache_gib: float | None = Field(
-        None, gt=0, description="KV cache size in GiB (default: a GPU share, or cpu_kv_cache_gib on CPU)"
-    )
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="Share of GPU memory vLLM may take when kv_cache_gib is unset"
-    )
-    cpu_kv_cache_gib: int = Field(1, ge=1, description="KV cache in whole GiB on the CPU platform")
     max_model_len: int | None = Field(None, ge=1, description="Context length (default: the model's)")
-    enforce_eager: bool = Field(False, description="No CUDA graphs / torch.compile: faster start")
     health_timeout_s: float = Field(300.0, gt=0, description="How long to wait for /health")
-    vllm_python: str = Field("auto", description="vLLM environment's interpreter (auto: see module doc)")
+    rollout: RolloutConfig = Field(
+        RolloutConfig(),
+        description="vLLM's settings by the rollout section's names: tensor_parallel_size, "
+        "gpu_memory_utilization, kv_cache_gib, cpu_kv_cache_gib, vllm_enforce_eager, vllm_python",
+    )
 
 
-def server_command(python: str, model_dir: str | Path, cfg: ServeConfig, served_name: str) -> list[str]:
-    """The server's command line for ``model_dir`` (an HF model directory)."""
+def server_spec(cfg: ServeConfig) -> VLLMSpec:
+    """The server's vLLM settings, as the rollout engines' spec."""
+    r = cfg.rollout
+    return VLLMSpec(
+        dtype=cfg.dtype,
+        trust_remote_code=False,  # an export is a plain HF directory
+        tensor_parallel_size=r.tensor_parallel_size,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        kv_cache_gib=r.kv_cache_gib,
+        cpu_kv_cache_gib=r.cpu_kv_cache_gib,
+        enforce_eager=r.vllm_enforce_eager,
+        max_model_len=cfg.max_model_len,
+        weight_sync_bucket_mb=r.weight_sync_bucket_mb,  # (no weight sync in a server)
+    )
+
+
+def server_facts(is_cpu: bool) -> PlatformFacts:
+    """The facts the memory rule needs for a server: its platform; free memory not measured (the
+    server has its device to itself)."""
+    return PlatformFacts(is_cpu=is_cpu, sleep_mode=False, generator_offset=not is_cpu, device_memory=None)
+
+
+def server_command(
+    python: str, model_dir: str | Path, cfg: ServeConfig, served_name: str, facts: PlatformFacts
+) -> list[str]:
+    """The server's command line for ``model_dir`` (an HF model directory) on ``facts``' platform."""
+    spec = server_spec(cfg)
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     cmd += ["--host", cfg.host, "--port", str(cfg.port), "--served-model-name", served_name]
-    cmd += ["--tensor-parallel-size", str(cfg.tensor_parallel_size), "--dtype", cfg.dtype]
+    cmd += ["--tensor-parallel-size", str(spec.tensor_parallel_size), "--dtype", spec.dtype]
     template = Path(model_dir) / CHAT_TEMPLATE_FILE
     if template.is_file():
         cmd += ["--chat-template", str(template)]
-    if cfg.kv_cache_gib is not None:
-        cmd += ["--kv-cache-memory-bytes", str(int(cfg.kv_cache_gib * 2**30))]
-    else:
-        cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
-    if cfg.max_model_len is not None:
-        cmd += ["--max-model-len", str(cfg.max_model_len)]
-    if cfg.enforce_eager:
+    for name, value in memory_kwargs(spec, facts).items():  # the rollout engines' memory rule
+        cmd += [f"--{name.replace('_', '-')}", str(value)]
+    if spec.max_model_len is not None:
+        cmd += ["--max-model-len", str(spec.max_model_len)]
+    if spec.enforce_eager:
         cmd.append("--enforce-eager")
     return cmd
 
@@ -149,14 +172,15 @@ def start_server(
         raise ServeError(f"{model_dir}: not an HF model directory (no config.json)")
     from verl_core.rollout.vllm_process import resolve_vllm_python  # (imports torch)
 
-    python = resolve_vllm_python(cfg.vllm_python)
-    cmd = server_command(python, model_dir, cfg, served_name)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(cfg.cpu_kv_cache_gib)}
+    python = resolve_vllm_python(cfg.rollout.vllm_python)
+    import torch
+
+    cmd = server_command(python, model_dir, cfg, served_name, server_facts(not torch.cuda.is_available()))
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("wb")
     process = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
     handle = ServerHandle(f"http://{host}:{cfg.port}", served_name, process, log_path, cmd, log)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 
 from verl_core.data.tokenizer import train_tokenizer
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
+from verl_core.rollout.vllm_spec import VLLMSpec
 
 
 def arithmetic_texts(n: int, seed: int = 0) -> list[str]:
@@ -37,3 +39,14 @@ def model(tok: Any) -> torch.nn.Module:
 def prompts() -> list[str]:
     # ragged lengths, deliberately not sorted
     return ["Q: 12 + 7 = ? A:", "Q: 3 + 4", "Q: 45 + 45 = ? A: 90 Q: 1 + 2 = ? A:", "Q:"]
+
+
+def vllm_spec(**changes: Any) -> VLLMSpec:
+    """A vLLM engine spec for the tests: fp32 like the tiny models, eager (a faster start), a 0.25 GiB
+    KV cache on CPU, 1 MiB weight-sync buckets (several files for a tiny model)."""
+    spec = VLLMSpec(
+        dtype="float32", trust_remote_code=False, tensor_parallel_size=1, gpu_memory_utilization=0.5,
+        kv_cache_gib=None, cpu_kv_cache_gib=0.25, enforce_eager=True, max_model_len=128,
+        weight_sync_bucket_mb=1,
+    )  # fmt: skip
+    return dataclasses.replace(spec, **changes)

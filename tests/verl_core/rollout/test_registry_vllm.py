@@ -15,7 +15,7 @@ from verl_core.models.loading import apply_lora
 from verl_core.rollout import HFEngine, RolloutEngine, VLLMEngine, make_engine
 from verl_core.rollout.vllm import merged_state_dict, vllm_available
 
-from .conftest import tiny_model
+from .conftest import tiny_model, vllm_spec
 
 
 def test_make_engine_hf(model: Any, tok: Any) -> None:
@@ -41,9 +41,9 @@ def test_vllm_without_vllm_or_its_environment_is_a_clear_config_error(
     fake_source = tmp_path / "a" / "b" / "c"  # the project tree without .venv-vllm beside it
     monkeypatch.setattr("verl_core.rollout.vllm_process.Path.resolve", lambda self: fake_source)
     with pytest.raises(ConfigError, match=r"^rollout.name: 'vllm': vLLM is not importable here and no"):
-        make_engine("vllm", model, tok)
+        make_engine("vllm", model, tok, spec=vllm_spec(), vllm_python="auto")
     with pytest.raises(ConfigError, match="vllm: not installed"):
-        VLLMEngine("some/model")  # in-process: doctor's line, naming both distributions' fix
+        VLLMEngine("some/model", None, vllm_spec())  # in-process: doctor's line, both fixes
 
 
 def test_merged_state_dict_equals_merge_and_unload_without_touching_the_model(tok: Any) -> None:

@@ -20,6 +20,8 @@ from verl_core.errors import ConfigError
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
 from verl_core.rollout import HFEngine, SamplingParams, VLLMProcessEngine, make_engine
 
+from .conftest import vllm_spec
+
 TOL = 1e-5  # fp32 on both sides (tests/vllm/test_engine.py says why)
 
 
@@ -38,10 +40,7 @@ def policy(tok: Any) -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def engine(policy: torch.nn.Module, tok: Any) -> Iterator[VLLMProcessEngine]:
     python = vllm_python()
-    e = make_engine(
-        "vllm", policy, tok, vllm_python=python, dtype="float32", enforce_eager=True,
-        cpu_kv_cache_gib=0.25, max_model_len=128, weight_sync_bucket_mb=1,
-    )  # fmt: skip
+    e = make_engine("vllm", policy, tok, spec=vllm_spec(), vllm_python=python)
     assert isinstance(e, VLLMProcessEngine)
     yield e
     e.close()
@@ -102,7 +101,7 @@ def test_a_payload_without_the_tied_lm_head_is_refused_through_the_channel(
 
 def test_a_dead_engine_process_is_reported_with_its_log(policy: torch.nn.Module, tok: Any) -> None:
     with pytest.raises(ConfigError, match="is not an executable Python interpreter"):
-        make_engine("vllm", policy, tok, vllm_python="/nonexistent/python")
+        make_engine("vllm", policy, tok, spec=vllm_spec(), vllm_python="/nonexistent/python")
     e = VLLMProcessEngine.__new__(VLLMProcessEngine)  # the channel alone: a process that exits at once
     e._tmp = tempfile.mkdtemp()
     e._log_path = os.path.join(e._tmp, "host.log")
