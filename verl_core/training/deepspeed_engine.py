@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from verl_core.errors import ArtifactCorruptError, ConfigError
 from verl_core.runtime.doctor import require
 from verl_core.runtime.watchdog import beat
+from verl_core.training.distributed import init_distributed
 from verl_core.training.engine import (
     ADAM_BETAS,
     NonFiniteError,
@@ -101,7 +102,11 @@ class DeepSpeedTrainEngine:
 
         if not torch.cuda.is_available():
             _skip_shm_comm_op()
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        # under torchrun: our one join (device set first, cpu:gloo + cuda:nccl); DeepSpeed then reuses
+        # the group. A single process without torchrun's variables: DeepSpeed sets up its own.
+        init_distributed(device_type)
+        deepspeed.init_distributed(dist_backend="nccl" if device_type == "cuda" else "gloo")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.dp_rank, self.dp_size = self.rank, self.world_size
         self.dp_group: dist.ProcessGroup | None = dist.group.WORLD if self.world_size > 1 else None
