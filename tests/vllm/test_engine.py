@@ -48,9 +48,9 @@ def holding(engine: VLLMEngine, model: torch.nn.Module, then: torch.nn.Module) -
 
 @pytest.fixture(scope="module")
 def engine(overfit: torch.nn.Module, tok: Any) -> Iterator[VLLMEngine]:
-    e = VLLMEngine(
-        overfit, tok, dtype="float32", enforce_eager=True, cpu_kv_cache_gib=0.25, max_model_len=256
-    )
+    from .spec import engine_spec
+
+    e = VLLMEngine(overfit, tok, engine_spec())
     yield e
     e.close()
 

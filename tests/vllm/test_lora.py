@@ -18,6 +18,7 @@ from verl_core.rollout.vllm import VLLMEngine
 
 from .checks import TOL, assert_engine_holds, max_logprob_gap
 from .conftest import tiny_qwen2
+from .spec import engine_spec
 
 
 def merged(peft: torch.nn.Module) -> torch.nn.Module:
@@ -52,7 +53,7 @@ def peft(tok: Any) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def engine(peft: torch.nn.Module, tok: Any) -> Iterator[VLLMEngine]:
-    e = VLLMEngine(peft, tok, dtype="float32", enforce_eager=True, cpu_kv_cache_gib=0.25, max_model_len=256)
+    e = VLLMEngine(peft, tok, engine_spec())
     yield e
     e.close()
 
