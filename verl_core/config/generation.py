@@ -51,7 +51,12 @@ class RolloutConfig(Section):
         "weights after every update (false, as vLLM always does)",
     )
     gpu_memory_utilization: float = _f(
-        0.5, "vLLM share of accelerator memory (weights + KV cache) when kv_cache_gib is None", gt=0, le=1
+        0.5,
+        "vLLM share of accelerator memory (weights + KV cache) when kv_cache_gib is None; with kv_cache_gib, "
+        "the share vLLM's start-up check asks to be free, lowered to the free share measured "
+        "(verl_core.rollout.vllm_spec)",
+        gt=0,
+        le=1,
     )
     kv_cache_gib: PositiveFloat | None = _f(
         None, "vLLM KV cache in GiB (None: gpu_memory_utilization on an accelerator, cpu_kv_cache_gib on CPU)"
