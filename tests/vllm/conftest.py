@@ -3,8 +3,9 @@
 
 One tokenizer and one tiny Qwen2 for the module (head size 32: vLLM's CPU attention takes 32, 64, 80,
 ... 512 only), trained until greedy decoding replays three hermes conversations, two of which call
-the calculator tool (the multi-turn test needs a model that calls tools). Engines are module-scoped:
-each costs an engine start (~35-50 s on a 2-core CPU)."""
+the calculator tool (the multi-turn test needs a model that calls tools): trained until a checked
+margin holds (tests/memorised.py), not for a fixed number of steps, so it replays on any CPU. Engines
+are module-scoped: each costs an engine start (~35-50 s on a 2-core CPU)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
+from tests.memorised import CONVERSATIONS, Replay, memorise, replay_rows
 from verl_core.data.templates import HERMES, render
 from verl_core.data.tokenizer import train_tokenizer
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
@@ -23,25 +25,6 @@ from verl_core.rollout.vllm import vllm_available
 
 if not vllm_available():  # pragma: no cover - the pipeline's env never collects this package
     pytest.fail("tests/vllm runs in the vLLM environment: make pytest-vllm", pytrace=False)
-
-
-def conversation(question: str, expression: str | None, answer: str) -> list[dict[str, Any]]:
-    if expression is None:
-        return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-    call = {"function": {"name": "calculator", "arguments": {"expression": expression}}}
-    return [
-        {"role": "user", "content": question},
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "content": answer},
-        {"role": "assistant", "content": answer},
-    ]
-
-
-CONVERSATIONS = [
-    conversation("12*34?", "12*34", "408"),
-    conversation("56*78?", "56*78", "4368"),
-    conversation("3+4?", None, "7"),
-]
 
 
 def tiny_qwen2(tok: Any, seed: int = 0) -> torch.nn.Module:
@@ -60,29 +43,17 @@ def tok() -> Any:
 
 
 @pytest.fixture(scope="session")
-def overfit(tok: Any) -> torch.nn.Module:
-    """The tiny model after memorising CONVERSATIONS (greedy decoding replays them)."""
-    texts = [render(HERMES, c, add_generation_prompt=False) for c in CONVERSATIONS]
-    model = tiny_qwen2(tok)
-    rows = [tok.encode(t, add_special_tokens=False) for t in texts]
-    width = max(map(len, rows))
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    attention = torch.zeros(len(rows), width, dtype=torch.long)
-    for b, r in enumerate(rows):
-        ids[b, : len(r)], attention[b, : len(r)] = torch.tensor(r), 1
-    labels = ids.masked_fill(attention == 0, -100)
-    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        for _ in range(400):
-            loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
-            if loss.item() < 0.01:
-                break
-    return model.eval()
+def replay(tok: Any) -> list[Replay]:
+    """What greedy multi-turn rollouts of the first user turns return when the model replays
+    CONVERSATIONS (prompt, model and tool tokens, loss mask)."""
+    return replay_rows(tok, CONVERSATIONS)
+
+
+@pytest.fixture(scope="session")
+def overfit(tok: Any, replay: list[Replay]) -> torch.nn.Module:
+    """The tiny model after memorising ``replay``: at every token it samples there, teacher-forced, its
+    logit beats every other by ``tests.memorised.MARGIN`` nats, so greedy decoding replays it."""
+    return memorise(tiny_qwen2(tok), replay)
 
 
 @pytest.fixture(scope="session")

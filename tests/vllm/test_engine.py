@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.memorised import Replay
 from verl_core.data.templates import HERMES
 from verl_core.errors import ConfigError
 from verl_core.rollout import HFEngine, SamplingParams
@@ -184,7 +185,7 @@ def test_sleep_and_wake_where_the_platform_has_it(
 
 
 def test_multi_turn_tool_rollouts_through_vllm_equal_the_hf_engine(
-    engine: VLLMEngine, overfit: torch.nn.Module, tok: Any, prompt_ids: list[list[int]]
+    engine: VLLMEngine, overfit: torch.nn.Module, tok: Any, prompt_ids: list[list[int]], replay: list[Replay]
 ) -> None:
     spec = MultiTurnSpec(
         max_turns=3, max_tool_calls=2, max_tokens_per_turn=64, max_response_tokens=128, tool_workers=1
@@ -193,10 +194,10 @@ def test_multi_turn_tool_rollouts_through_vllm_equal_the_hf_engine(
     tools, renderer = load_tools(["calculator"]), ToolTurnRenderer(HERMES)
     got = multi_turn_generate(engine, tok, prompt_ids, params, tools, spec, renderer)
     ref = multi_turn_generate(HFEngine(overfit, tok), tok, prompt_ids, params, tools, spec, renderer)
-    # the model replayed its conversations: two called the calculator and answered with its result
-    assert [t.completion.response_text for t in got] == ["408", "4368", "7"]
-    assert [[t.role for t in tr.turns] for tr in got] == [["assistant", "tool", "assistant"]] * 2 + [
-        ["assistant"]
+    # vLLM = the HF engine, turn by turn: the same segments (roles, ids, tool results), mask and
+    # log-probs within the engines' tolerance
+    assert [[(t.role, t.ids, [c.result for c in t.calls]) for t in tr.turns] for tr in got] == [
+        [(t.role, t.ids, [c.result for c in t.calls]) for t in tr.turns] for tr in ref
     ]
     assert [(t.completion.response_ids, t.loss_mask) for t in got] == [
         (t.completion.response_ids, t.loss_mask) for t in ref
@@ -205,3 +206,10 @@ def test_multi_turn_tool_rollouts_through_vllm_equal_the_hf_engine(
         torch.testing.assert_close(
             torch.tensor(a.completion.logprobs), torch.tensor(b.completion.logprobs), atol=TOL, rtol=0
         )
+    # and the rollouts exercised tools: the fixture checked that the model replays its conversations
+    # (a margin at every sampled token), two of which call the calculator and answer with its result
+    assert [(t.completion.prompt_ids, t.completion.response_ids, t.loss_mask) for t in ref] == list(replay)
+    assert [[t.role for t in tr.turns] for tr in got] == [["assistant", "tool", "assistant"]] * 2 + [
+        ["assistant"]
+    ]
+    assert [tr.turns[-1].text for tr in got[:2]] == [tr.turns[1].calls[0].result for tr in got[:2]]

@@ -1,7 +1,8 @@
 """Multi-turn rollouts with tools.
 
-The trajectory test runs the real HF engine on a tiny Qwen2 overfit (a few seconds) to call the
-calculator: the policy-loss tokens are exactly the ids the engine returned, tool tokens have mask 0,
+The trajectory test runs the real HF engine on a tiny Qwen2 that memorised conversations calling the
+calculator (trained until a checked margin holds: tests/memorised.py, so it replays them on any CPU):
+the policy-loss tokens are exactly the ids the engine returned, tool tokens have mask 0,
 and the packed log-probs of the training batch built from the rollouts table equal a per-sequence
 forward. The loop's budgets and error paths run on a scripted engine (no model).
 """
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from stages.floor.artifacts import rollouts_table
+from tests.memorised import CONVERSATIONS, Replay, memorise, replay_rows
 from verl_core.data.templates import HERMES, render
 from verl_core.data.tokenizer import train_tokenizer
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
@@ -32,25 +34,6 @@ from verl_core.store.schemas import conform
 from verl_core.tools import load_tools
 from verl_core.training.batch import RolloutBatch
 from verl_core.training.ppo_kernels import response_log_probs
-
-
-def conversation(question: str, expression: str | None, answer: str) -> list[dict[str, Any]]:
-    if expression is None:
-        return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-    call = {"function": {"name": "calculator", "arguments": {"expression": expression}}}
-    return [
-        {"role": "user", "content": question},
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "content": answer},
-        {"role": "assistant", "content": answer},
-    ]
-
-
-CONVERSATIONS = [
-    conversation("12*34?", "12*34", "408"),
-    conversation("56*78?", "56*78", "4368"),
-    conversation("3+4?", None, "7"),  # answered directly: done after turn 1 while the others go on
-]
 
 
 class Recorder:
@@ -71,34 +54,21 @@ class Recorder:
 
 
 @pytest.fixture(scope="module")
-def overfit() -> tuple[Any, torch.nn.Module]:
-    """A tokenizer and a tiny Qwen2 that has memorised CONVERSATIONS (greedy replays them)."""
+def overfit() -> tuple[Any, torch.nn.Module, list[Replay]]:
+    """A tokenizer, a tiny Qwen2 that has memorised CONVERSATIONS with a checked margin (greedy
+    decoding replays them), and the rollouts that replay them."""
     texts = [render(HERMES, c, add_generation_prompt=False) for c in CONVERSATIONS]
     tok = train_tokenizer(texts * 20, 300)
     spec = ScratchSpec("qwen2", 64, 2, 4, 2, 128, 256)
     config = scratch_config(spec, len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    model = init_causal_lm(config, seed=0)
-    rows = [tok.encode(t, add_special_tokens=False) for t in texts]
-    width = max(map(len, rows))
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    attention = torch.zeros(len(rows), width, dtype=torch.long)
-    for b, r in enumerate(rows):
-        ids[b, : len(r)], attention[b, : len(r)] = torch.tensor(r), 1
-    labels = ids.masked_fill(attention == 0, -100)
-    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(300):
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        optim.zero_grad()
-        loss.backward()
-        optim.step()
-        if loss.item() < 0.01:
-            break
-    return tok, model.eval()
+    replay = replay_rows(tok, CONVERSATIONS)
+    return tok, memorise(init_causal_lm(config, seed=0), replay), replay
 
 
-def test_trajectory_policy_tokens_are_the_sampled_tokens(overfit: tuple[Any, torch.nn.Module]) -> None:
-    tok, model = overfit
+def test_trajectory_policy_tokens_are_the_sampled_tokens(
+    overfit: tuple[Any, torch.nn.Module, list[Replay]],
+) -> None:
+    tok, model, replay = overfit
     engine = Recorder(HFEngine(model, tok))
     prompts = [
         tok.encode(render(HERMES, c[:1], add_generation_prompt=True), add_special_tokens=False)
@@ -111,12 +81,14 @@ def test_trajectory_policy_tokens_are_the_sampled_tokens(overfit: tuple[Any, tor
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=64)
     out = multi_turn_generate(engine, tok, prompts, params, load_tools(["calculator"]), spec, renderer)
 
-    # the model replayed its conversations: two called the calculator and answered with its result
-    assert [t.completion.response_text for t in out] == ["408", "4368", "7"]
+    # the model replayed its conversations (the fixture checked a margin at every token it samples):
+    # two called the calculator, whose results were rendered as tool turns, and answered with them
+    assert [(t.completion.prompt_ids, t.completion.response_ids, t.loss_mask) for t in out] == replay
     assert [[t.role for t in tr.turns] for tr in out] == [["assistant", "tool", "assistant"]] * 2 + [
         ["assistant"]
     ]
-    assert [c.result for c in out[0].turns[1].calls] == ["408"]
+    assert [[c.result for c in tr.turns[1].calls] for tr in out[:2]] == [["408"], ["4368"]]  # 12*34, 56*78
+    assert [t.completion.response_text for t in out] == ["408", "4368", "7"]
     # one generate call per turn, turn 2 only for the two samples still going
     assert [len(p) for p, _ in engine.calls] == [3, 2]
 
@@ -236,13 +208,13 @@ def run(tok: Any, script: list[str], **spec: int) -> tuple[Scripted, list[Any]]:
 
 
 def test_split_prompts_with_their_keys_sample_what_one_call_samples(
-    overfit: tuple[Any, torch.nn.Module],
+    overfit: tuple[Any, torch.nn.Module, list[Replay]],
 ) -> None:
     # sampled (T = 1, 2 per prompt): every turn of a sample is keyed by (prompt key, sample), so the
     # prompts split over two calls (other active sets at turn 2) give the same trajectories. The
-    # memorised model samples almost deterministically at T = 1 (it still calls the tool, so turn 2
-    # runs): the keys each turn receives are checked too
-    tok, model = overfit
+    # memorised model mostly replays at T = 1 (it calls the tool, so turn 2 runs): the keys each turn
+    # receives are checked too
+    tok, model, _ = overfit
     prompts = [
         tok.encode(render(HERMES, c[:1], add_generation_prompt=True), add_special_tokens=False)
         for c in CONVERSATIONS
@@ -253,8 +225,10 @@ def test_split_prompts_with_their_keys_sample_what_one_call_samples(
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=64, seed=5)
     tools, renderer = load_tools(["calculator"]), ToolTurnRenderer(HERMES)
 
-    def run(engine: Any, ps: list[list[int]], keys: list[int] | None) -> list[list[int]]:
-        out = multi_turn_generate(engine, tok, ps, params, tools, spec, renderer, prompt_keys=keys)
+    def run(engine: Any, ps: list[list[int]], keys: list[int] | None) -> list[Any]:
+        return multi_turn_generate(engine, tok, ps, params, tools, spec, renderer, prompt_keys=keys)
+
+    def ids(out: list[Any]) -> list[list[int]]:
         return [t.completion.response_ids for t in out]
 
     engine = HFEngine(model, tok)
@@ -262,10 +236,17 @@ def test_split_prompts_with_their_keys_sample_what_one_call_samples(
     split = Recorder(HFEngine(model, tok, max_batch_size=1))
     first = run(split, [prompts[0], prompts[2]], [0, 2])
     second = run(engine, [prompts[1]], [1])
-    assert first == whole[0:2] + whole[4:6] and second == whole[2:4]
-    # turn 1: the prompts' keys; turn 2: prompt 0's two samples (prompt 2 answered without a tool)
-    row = [derive_seed("multi_turn_row", 0, j) for j in range(2)]
-    assert split.keys == [[0, 2], row]
+    assert ids(first) == ids(whole[0:2] + whole[4:6]) and ids(second) == ids(whole[2:4])
+    # turn 1: the prompts' keys; turn k > 1: each sample still going, keyed by (prompt, sample). When
+    # they replay, prompt 0's two samples call the tool and prompt 2's answer at once: [[0, 2], row(0, j)]
+    keyed = [(0, 0), (0, 1), (2, 0), (2, 1)]  # the split call's samples: (prompt key, sample index)
+    turns = [sum(t.role == "assistant" for t in tr.turns) for tr in whole[0:2] + whole[4:6]]
+    assert max(turns[:2]) > 1, "no sample of prompt 0 called the tool at T = 1: turn 2 not exercised"
+    later = [
+        [derive_seed("multi_turn_row", p, j) for (p, j), n in zip(keyed, turns, strict=True) if n >= k]
+        for k in range(2, spec.max_turns + 1)
+    ]
+    assert split.keys == [[0, 2], *(keys for keys in later if keys)]
 
 
 def test_malformed_call_is_answered_with_an_error_and_counted(tok: Any) -> None:
