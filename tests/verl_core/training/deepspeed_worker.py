@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tests.verl_core.training.fsdp_worker import OPTIM, STEPS, batch
+from tests.verl_core.training.teardown import end_worker
 from verl_core.data.packing import pack
 from verl_core.errors import ConfigError
 from verl_core.models.checkpoint import load_state_bytes, state_bytes
@@ -141,8 +142,7 @@ def main() -> None:
     if rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)
-    dist.barrier()  # both ranks done before teardown
-    dist.destroy_process_group()
+    end_worker()  # exits: never a normal interpreter exit (teardown.py)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from tests.verl_core.training.specs import correction_spec, ppo_spec
+from tests.verl_core.training.teardown import end_worker
 from verl_core.algorithms import make_kl_controller
 from verl_core.data.packing import pack
 from verl_core.models.heads import value_model_from_policy
@@ -226,8 +227,7 @@ def main() -> None:
         run["padding"] = int(t.item())
     if rank == 0:
         torch.save({"world_size": world, **result}, out)
-    dist.barrier()  # every rank done before teardown (gloo could abort a rank still in flight)
-    dist.destroy_process_group()
+    end_worker()  # exits: never a normal interpreter exit (teardown.py)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from tests.verl_core.training.fsdp_worker import OPTIM, batch, make_model, run_steps
+from tests.verl_core.training.teardown import end_worker
 from verl_core.training.distributed import (
     FSDP2Strategy,
     full_model_state,
@@ -73,8 +74,7 @@ def main() -> None:
         for name, w in weights.items():
             torch.save(w, out / f"weights_{name}.pt")
         (out / "result.json").write_text(json.dumps(result))
-    dist.barrier()  # both ranks done before teardown (gloo could abort a rank still in flight: SIGABRT)
-    dist.destroy_process_group()
+    end_worker()  # exits: never a normal interpreter exit (teardown.py)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tests.verl_core.training.teardown import end_worker
 from verl_core.data.packing import PackedBatch, pack
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
 from verl_core.models.packed import PackedCausalLM
@@ -73,7 +74,6 @@ def train(make_engine: Callable[[nn.Module, OptimSpec], Any], shard: list[int] |
 
 
 def main() -> None:
-    import torch.distributed as dist
 
     from verl_core.training.distributed import FSDP2Strategy, init_distributed, rank_shard
 
@@ -83,8 +83,7 @@ def main() -> None:
     if rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump({"losses": losses, "world_size": world}, f)
-    dist.barrier()  # both ranks done before teardown (gloo could abort a rank still in flight: SIGABRT)
-    dist.destroy_process_group()
+    end_worker()  # exits: never a normal interpreter exit (teardown.py)
 
 
 def single() -> list[float]:

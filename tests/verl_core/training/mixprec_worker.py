@@ -10,9 +10,9 @@ import json
 import sys
 
 import torch
-import torch.distributed as dist
 
 from tests.verl_core.training.fsdp_worker import OPTIM, batch, make_model, run_steps
+from tests.verl_core.training.teardown import end_worker
 from verl_core.training.distributed import FSDP2Strategy, decoder_layers, init_distributed, rank_shard
 from verl_core.training.engine import TrainEngine
 from verl_core.training.precision import MixedPrecision
@@ -35,8 +35,7 @@ def main() -> None:
         with open(sys.argv[1], "w") as f:
             result = {"losses": losses, "params": params, "moments": moments, "mlp_out": sorted(set(seen))}
             json.dump(result, f)
-    dist.barrier()  # both ranks done before teardown
-    dist.destroy_process_group()
+    end_worker()  # exits: never a normal interpreter exit (teardown.py)
 
 
 if __name__ == "__main__":

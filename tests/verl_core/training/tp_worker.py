@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from tests.verl_core.training import fsdp_worker
 from tests.verl_core.training import test_ppo_iteration as rl
+from tests.verl_core.training.teardown import end_worker
 from verl_core.models.packed import PackedCausalLM
 from verl_core.training.distributed import FSDP2Strategy, full_model_state, init_distributed, rank_shard
 from verl_core.training.engine import Strategy, TrainEngine
@@ -75,8 +75,7 @@ def finish(rank: int, out: Path, result: dict[str, Any], weights: dict[str, dict
         for name, w in weights.items():
             torch.save(w, out / f"weights_{name}.pt")
         (out / "result.json").write_text(json.dumps(result))
-    dist.barrier()  # both ranks done before teardown (gloo could abort a rank still in flight: SIGABRT)
-    dist.destroy_process_group()
+    end_worker()  # exits: never a normal interpreter exit (teardown.py)
 
 
 if __name__ == "__main__":
