@@ -550,7 +550,13 @@ def policy_weights(lm: nn.Module, *, keep: bool = True) -> dict[str, Tensor]:
                 out[name] = out[first_name[id(value)]]
             continue
         first_name[id(value)] = name
-        full = value.full_tensor() if isinstance(value, DTensor) else value.detach()  # DTensor: a collective
+        if isinstance(value, DTensor):
+            # a collective on the mesh's device: an offloaded (CPU) shard moves there first, as in
+            # torch's own full state dict (torch.distributed._state_dict_utils._gather_state_dict)
+            mesh = value.device_mesh.device_type
+            full = (value if value.device.type == mesh else value.to(mesh)).full_tensor()
+        else:
+            full = value.detach()
         if keep:
             out[name] = full.to("cpu", copy=True)
         del full
