@@ -8,12 +8,10 @@ makes the weights durable publishes it (see :mod:`stages.floor.state`). A commit
 always covered by a checkpoint and never runs again; an uncommitted one is re-run after a crash, and being
 deterministic writes the same table.
 
-Weight sync: during the update the rollout engine sleeps where it can (vLLM's sleep mode,
-:func:`stages.floor.state.rest_engine`); right after it, the engine wakes and receives policy i+1
-(:func:`stages.floor.state.advance_policy`, logged as ``timing_s/weight_sync``). Before it, the update
-refuses rollouts sampled by a policy more than ``trainer.rollout_ahead`` versions behind the trainer's (their
-``policy_version`` column is the version the engine held): a stale engine fails loudly instead of training
-silently off-policy.
+Weight sync: the rollout engine sleeps during the update, if it can (:func:`~stages.floor.state.rest_engine`),
+then wakes and gets policy i+1 (:func:`~stages.floor.state.advance_policy`, ``timing_s/weight_sync``). First,
+the update refuses rollouts sampled by a policy more than ``trainer.rollout_ahead`` versions behind the
+trainer's (their ``policy_version`` column is the engine's): a stale engine fails loudly, not silently.
 
 Dynamic sampling (``algorithm.filter_groups``): the update gets the rollout and reward URIs of every
 generation batch of the iteration and trains on their kept rows (``group_filter.parquet`` of each reward
@@ -82,8 +80,7 @@ def ppo_update(
             "which algorithm.adv_estimator=remax needs: roll out with greedy_baseline=True"
         )
 
-    # 3. The iteration: old/ref log-probs, values, advantages, critic and actor epochs, while the
-    # rollout engine sleeps (it frees the accelerator where it can; the sync in step 4 wakes it)
+    # 3. The iteration (old/ref log-probs, values, advantages, epochs), the rollout engine asleep
     rest_engine(state)
     result = ppo_iteration(
         ppo_models(state),
