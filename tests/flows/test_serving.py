@@ -20,7 +20,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -32,6 +31,7 @@ from stages.floor.locations import ckpt_stage, template_pack_uri
 from stages.floor.reports import read_eval_report
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
+from tests.memorised import Replay, memorise
 from tests.vllm_env import vllm_python
 from verl_core.config import RolloutConfig, VerlFlowConfig, validate_config
 from verl_core.reward import HttpOptions, JudgeScorer, RemoteScorer, RewardBatch
@@ -59,7 +59,8 @@ def _config(root: Path) -> VerlFlowConfig:
 
 def _memorise(ctx: RunContext, cfg: VerlFlowConfig, tp_uri: str) -> None:
     """Commit ckpt/iter-0001: a scratch policy trained to answer the first MEMORISED held-out prompts
-    with ``#### {ground truth}<|im_end|>`` (loss on the answer tokens only)."""
+    with ``#### {ground truth}<|im_end|>`` (loss on the answer tokens only), until greedy decoding
+    replays them with a checked margin on any CPU (tests/memorised.py)."""
     store = ctx.store()
     tokenizer = load_tokenizer(store, tp_uri)
     prompts = store.read_table(store.read_manifest(tp_uri), "prompt_tokens/val.parquet").slice(0, MEMORISED)
@@ -68,20 +69,8 @@ def _memorise(ctx: RunContext, cfg: VerlFlowConfig, tp_uri: str) -> None:
         prompts.column("input_ids").to_pylist(), prompts.column("ground_truth").to_pylist(), strict=True
     ):
         answer = tokenizer(f"#### {truth}<|im_end|>", add_special_tokens=False)["input_ids"]
-        rows.append((ids + answer, len(ids)))
-    lm = build_policy(cfg.model, tokenizer, seed=1)
-    opt = torch.optim.Adam(lm.parameters(), lr=1e-2)
-    lm.train()
-    for _ in range(200):
-        loss = torch.zeros(())
-        for seq, n_prompt in rows:
-            x = torch.tensor([seq])
-            logits = lm(input_ids=x, use_cache=False).logits[0, n_prompt - 1 : -1]  # predicts seq[n_prompt:]
-            loss = loss + torch.nn.functional.cross_entropy(logits, x[0, n_prompt:])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    lm.eval()
+        rows.append(Replay(ids, answer, [1] * len(answer)))
+    lm = memorise(build_policy(cfg.model, tokenizer, seed=1), rows)
     stage = store.open_stage(ctx.run_id, ckpt_stage(1), params={"iteration": 1})
     write_policy(stage, "policy", lm, tokenizer, cfg.model)
     stage.commit(summary={"iteration": 1})
