@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from stages.floor.artifacts import rollouts_table
+from tests import memorised
 from tests.memorised import CONVERSATIONS, Replay, memorise, replay_rows
 from verl_core.data.templates import HERMES, render
 from verl_core.data.tokenizer import train_tokenizer
@@ -148,6 +149,18 @@ def test_trajectory_policy_tokens_are_the_sampled_tokens(
         torch.testing.assert_close(
             packed_logp[s, : len(r)], torch.tensor(tr.completion.logprobs), atol=1e-4, rtol=0
         )
+
+
+def test_memorising_fails_loudly_when_its_margin_is_not_reached(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one step from a random init cannot reach the margin: the fixture stops, naming what it reached
+    texts = [render(HERMES, c, add_generation_prompt=False) for c in CONVERSATIONS]
+    tok = train_tokenizer(texts, 300)
+    config = scratch_config(
+        ScratchSpec("qwen2", 32, 1, 2, 1, 64, 256), len(tok), eos_token_id=tok.eos_token_id, pad_token_id=0
+    )
+    monkeypatch.setattr(memorised, "MAX_STEPS", 1)
+    with pytest.raises(AssertionError, match=r"after 1 Adam steps the smallest replay margin is -?[\d.]+"):
+        memorise(init_causal_lm(config, seed=0), replay_rows(tok, CONVERSATIONS))
 
 
 # -- the loop's budgets and error paths, on a scripted engine -----------------------------------------
