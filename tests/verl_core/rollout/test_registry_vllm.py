@@ -83,5 +83,6 @@ def test_auto_picks_the_measured_engine_for_the_device(
     built: dict[str, Any] = {}
     monkeypatch.setattr(registry, "_vllm_ready", lambda python: True)
     monkeypatch.setitem(registry.ENGINES._entries, "vllm", lambda m, t, **kw: built.setdefault("vllm", kw))
-    make_engine("auto", model, tok, **kwargs)
-    assert built == {"vllm": {"vllm_python": "/nonexistent/python"}}
+    make_engine("auto", model, tok, **kwargs, env={"CUDA_VISIBLE_DEVICES": "1"})
+    # the vLLM engine's own arguments, and its environment (its devices under torchrun)
+    assert built == {"vllm": {"vllm_python": "/nonexistent/python", "env": {"CUDA_VISIBLE_DEVICES": "1"}}}
