@@ -158,3 +158,51 @@ def test_the_worker_joins_through_init_distributed(monkeypatch: pytest.MonkeyPat
         launcher.spmd._worker("job.json")
     assert used == [("cuda", 90.0)]
     assert [c[:2] for c in calls] == [("set_device", 1), ("init_process_group", "cpu:gloo,cuda:nccl")]
+
+
+class _Exited(Exception):
+    """Stands in for os._exit in the tests below."""
+
+
+def test_a_deepspeed_rank_runs_its_exit_handlers_then_exits_past_finalization(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # DeepSpeed keeps the gloo group alive past destroy_process_group; finalization could then end a
+    # gloo thread through a noexcept destructor (SIGABRT after the result is written): a rank that
+    # imported deepspeed runs the exit handlers (logging, trackers) first, then os._exit(0)
+    import atexit
+    import sys
+    import types
+
+    import torch.distributed as dist
+
+    import launcher.spmd
+    from verl_core.runtime import ranks
+    from verl_core.training import distributed
+
+    order: list[str] = []
+    job = types.SimpleNamespace(stage="rl", final=True, result_path=None)
+    monkeypatch.setattr(distributed, "init_distributed", lambda *a: (0, 1))
+    monkeypatch.setattr(launcher.spmd, "_receive_job", lambda _arg: job)
+    monkeypatch.setattr(launcher.spmd, "run_rank", lambda _job: order.append("run"))
+    monkeypatch.setattr(ranks, "barrier", lambda: order.append("barrier"))
+    monkeypatch.setattr(ranks, "is_main", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a: order.append("destroy"))
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: order.append("exit handlers"))
+
+    def fake_exit(code: int) -> None:
+        order.append(f"os._exit({code})")
+        raise _Exited
+
+    monkeypatch.setattr(launcher.spmd.os, "_exit", fake_exit)
+    monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed"))
+    with pytest.raises(_Exited):
+        launcher.spmd._worker("job.json")
+    assert order == ["run", "barrier", "destroy", "exit handlers", "os._exit(0)"]
+
+    # without DeepSpeed the worker returns: the interpreter ends as usual
+    order.clear()
+    monkeypatch.delitem(sys.modules, "deepspeed")
+    launcher.spmd._worker("job.json")
+    assert order == ["run", "barrier", "destroy"]
