@@ -386,12 +386,26 @@ def build_rollout_engine(
     name = resolved_engine_name(rollout.name, device.type, rollout.vllm_python)
     tensor_parallel_size = rollout.tensor_parallel_size if name == "vllm" else 1
     placement = engine_placement(current_topology(), tensor_parallel_size, device.type)
-    if not placement.owner:
-        return GroupMemberEngine(tensor_parallel_size)
-    kwargs = ENGINE_KWARGS.get(name)(cfg)
-    if name == "vllm":
-        kwargs["env"] = dict(placement.env)
-    return make_engine(name, lm, tokenizer, **kwargs)
+    engine: RolloutEngine = GroupMemberEngine(tensor_parallel_size)
+    failed: BaseException | None = None
+    if placement.owner:
+        kwargs = ENGINE_KWARGS.get(name)(cfg)
+        if name == "vllm":
+            kwargs["env"] = dict(placement.env)
+        try:
+            engine = make_engine(name, lm, tokenizer, **kwargs)
+        except Exception as e:  # raised below, once every rank knows
+            failed = e
+    # every rank waits here for every engine: a group's other ranks load nothing onto the devices an
+    # engine is measuring and profiling, and one engine failing to start fails every rank now instead
+    # of leaving the others in the next collective until its timeout
+    failures = [f for f in all_gather([None if failed is None else f"rank {rank()}: {failed}"]) if f]
+    if failed is not None:
+        raise failed
+    if failures:
+        engine.close()
+        raise RuntimeError(f"rollout engine start failed on {len(failures)} rank(s): {'; '.join(failures)}")
+    return engine
 
 
 def resolved_engine_name(name: str, device_type: str, vllm_python: str) -> str:

@@ -71,7 +71,7 @@ from verl_core.models.loading import resolve_device
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
 from verl_core.rollout import RolloutEngine
 from verl_core.rollout.placement import GroupMemberEngine
-from verl_core.runtime.ranks import distributed, on_main, rank0_to_main
+from verl_core.runtime.ranks import barrier, distributed, on_main, rank0_to_main
 from verl_core.runtime.run import RunContext
 from verl_core.runtime.run_length import StepCount
 from verl_core.seeding import derive_seed
@@ -453,21 +453,37 @@ def sync_rollout_weights(state: RLState) -> float:
         return 0.0
     t0 = time.perf_counter()
     engine, lm = state.engine, state.lm
-    engine.wake_up()  # after rest_engine: vLLM's pages are unmapped while it sleeps, wake before loading
     if engine.shares_weights:
+        engine.wake_up()
         engine.update_weights(lm, state.version)
-    elif hasattr(lm, "peft_config"):
+        return time.perf_counter() - t0
+    weights = policy_weights(lm, keep=not isinstance(engine, GroupMemberEngine))  # SPMD: a collective
+    lora = hasattr(lm, "peft_config")
+    if lora and weights:
         from peft import get_peft_model_state_dict
 
-        weights = policy_weights(lm, keep=not isinstance(engine, GroupMemberEngine))
-        engine.load_adapter(
-            get_peft_model_state_dict(lm, state_dict=weights) if weights else {}, state.version
-        )
+        weights = get_peft_model_state_dict(lm, state_dict=weights)
+    # the update's peak stays reserved by torch's caching allocator: hand it back before vLLM wakes
+    # (after rest_engine) and maps its weights and KV cache again, on every rank of the engine's group
+    # (a tensor-parallel engine wakes on its group members' devices too)
+    release_cached_memory()
+    barrier()
+    engine.wake_up()
+    if lora:
+        engine.load_adapter(weights, state.version)
     else:
-        engine.load_weights(
-            policy_weights(lm, keep=not isinstance(engine, GroupMemberEngine)).items(), state.version
-        )
+        engine.load_weights(weights.items(), state.version)
     return time.perf_counter() - t0
+
+
+def release_cached_memory() -> None:
+    """Free Python's garbage and return the CUDA caching allocator's unused blocks to the driver
+    (nothing on a process that never initialised CUDA)."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def rest_engine(state: RLState) -> None:
@@ -540,16 +556,23 @@ def policy_weights(lm: nn.Module, *, keep: bool = True) -> dict[str, Tensor]:
     if not sharded and not distributed():
         return lm.state_dict()
     state = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=False))
+    # tied weights are gathered once, decided by the module's structure (the same on every rank: each
+    # gather is a collective); the state dict's tensors are distinct objects even where tied
+    first_name: dict[str, str] = {}
+    by_param: dict[int, str] = {}
+    for pname, param in lm.named_parameters(remove_duplicate=False):
+        first_name[pname] = by_param.setdefault(id(param), pname)
     out: dict[str, Tensor] = {}
-    first_name: dict[int, str] = {}  # tied weights are gathered once (on every rank alike)
+    gathered: set[str] = set()
     for name, value in state.items():
         if not isinstance(value, Tensor):
             continue
-        if id(value) in first_name:
+        source = first_name.get(name, name)
+        if source in gathered:
             if keep:
-                out[name] = out[first_name[id(value)]]
+                out[name] = out[source]
             continue
-        first_name[id(value)] = name
+        gathered.add(name)
         if isinstance(value, DTensor):
             # a collective on the mesh's device: an offloaded (CPU) shard moves there first, as in
             # torch's own full state dict (torch.distributed._state_dict_utils._gather_state_dict)

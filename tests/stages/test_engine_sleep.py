@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from stages import ppo_update as ppo_update_module
+from stages.floor import state as state_module
 from stages.floor.state import drop_state, engine_held, get_state, init_state, rest_engine
 from stages.ppo_update import ppo_update
 from stages.reward import reward
@@ -78,12 +79,16 @@ def test_the_update_runs_while_the_engine_sleeps_and_the_sync_wakes_it_first(
         return iteration(*args, **kwargs)
 
     monkeypatch.setattr(ppo_update_module, "ppo_iteration", recorded_iteration)
+    monkeypatch.setattr(state_module, "release_cached_memory", lambda: calls.append("release"))
+    monkeypatch.setattr(state_module, "barrier", lambda: calls.append("barrier"))
     ppo_update.fn(ctx, TINY_RL, r, w, 0)
     state.engine.generate([[1, 2]], SamplingParams(max_new_tokens=1))  # the next rollout
     # with sleep mode the engine frees the device for the update and wakes before the reload (its
-    # pages are unmapped while asleep); without, neither is called
-    expected = ["sleep", "update", "wake_up", "reload", "generate"]
-    assert calls == (expected if can_sleep else ["update", "reload", "generate"])
+    # pages are unmapped while asleep), once the trainer has handed its cached blocks back and every
+    # rank has (the barrier); without sleep mode, neither sleep nor wake_up is called
+    synced = ["release", "barrier"]
+    expected = ["sleep", "update", *synced, "wake_up", "reload", "generate"]
+    assert calls == (expected if can_sleep else ["update", *synced, "reload", "generate"])
     assert state.engine.policy_version == 1
     calls.clear()
     with engine_held(state):  # an ahead rollout samples the engine during the update: no sleep

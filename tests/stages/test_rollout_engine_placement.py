@@ -58,3 +58,41 @@ def test_hf_engines_one_per_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     # the HF engine has no tensor parallelism: every rank builds its own, nothing pinned
     engine, calls = built(monkeypatch, 1, ["rollout.name=hf"])
     assert engine == "engine" and [c[0] for c in calls] == ["hf"] and "env" not in calls[0][1]
+
+
+def test_every_rank_waits_for_every_engine_and_a_failed_start_fails_them_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # one all-gather after the engines start: a group member waits there (it loads nothing onto the
+    # devices its group's engine is measuring), and learns when another rank's engine failed to start
+    overrides = [
+        "rollout.name=vllm",
+        "rollout.tensor_parallel_size=2",
+        f"rollout.vllm_python={vllm_python()}",
+    ]
+    gathered: list[list[Any]] = []
+
+    def others_failed(items: list[Any]) -> list[Any]:
+        gathered.append(list(items))
+        return ["rank 2: rollout.gpu_memory_utilization: no room", *items]
+
+    monkeypatch.setattr(builders, "all_gather", others_failed)
+    with pytest.raises(RuntimeError, match=r"1 rank\(s\): rank 2: rollout.gpu_memory_utilization"):
+        built(monkeypatch, 1, overrides)  # rank 1: a group member, no engine of its own
+    assert gathered == [[None]]
+
+    # the rank whose engine failed raises its own error, after the others know
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("no room on cuda:0")
+
+    gathered.clear()
+    monkeypatch.setattr(builders, "all_gather", lambda items: gathered.append(list(items)) or list(items))
+    monkeypatch.setattr(builders, "world_size", lambda: 4)
+    monkeypatch.setattr(builders, "current_topology", lambda: Topology(0, 4, 0, 4, None, (0, 1)))
+    monkeypatch.setattr(builders, "make_engine", refuse)
+    cfg = load_config(
+        None, ["trainer.n_gpus_per_node=4", "actor.strategy=fsdp2", "rollout.share_weights=false", *overrides]
+    )
+    with pytest.raises(ValueError, match="no room on cuda:0"):
+        builders.build_rollout_engine(cfg, Policy(), None, torch.device("cuda"))
+    assert gathered == [["rank 0: no room on cuda:0"]]
