@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from verl_core.errors import ConfigError
@@ -34,6 +35,7 @@ from verl_core.rollout.base import Completion, SamplingParams
 from verl_core.rollout.requests import encode_prompts
 from verl_core.rollout.vllm_spec import VLLMSpec
 from verl_core.rollout.weight_sync import staged_weights
+from verl_core.runtime.ranks import local_world_size
 from verl_core.runtime.watchdog import beat
 
 KEEP_ADAPTERS = 2  # adapter directories kept: the current one and the one before
@@ -119,7 +121,12 @@ class VLLMEngineBase:
         """HF-named full weights (every tensor of the model's ``state_dict``, tied ones included; LoRA
         merged in) → vLLM, as policy ``version``: staged in buckets, then reloaded."""
         self.wake_up()  # vLLM's pages are unmapped while it sleeps
-        with staged_weights(weights, self.bucket_bytes) as directory:
+        # staged in the engine's compute dtype (vLLM would cast on load, with the same rounding): fp32
+        # masters of a bf16-compute policy stage half their bytes; an SPMD job's engines on this node
+        # stage at once, so /dev/shm must hold all of their syncs
+        dtype = None if self.spec.dtype == "auto" else getattr(torch, self.spec.dtype)
+        syncs = max(1, local_world_size() // self.spec.tensor_parallel_size)
+        with staged_weights(weights, self.bucket_bytes, dtype=dtype, syncs_per_node=syncs) as directory:
             self.load_staged_weights(directory, version)
 
     def load_adapter(self, weights: Mapping[str, Tensor], version: int) -> None:

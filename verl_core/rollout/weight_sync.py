@@ -22,6 +22,7 @@ silently) or an extra one fails before the engine is touched, naming them.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -96,12 +97,17 @@ def staging_root(nbytes: int = 0) -> str:
 
 
 def stage_weights(
-    weights: Iterable[tuple[str, Tensor]], directory: str | Path, bucket_bytes: int
+    weights: Iterable[tuple[str, Tensor]],
+    directory: str | Path,
+    bucket_bytes: int,
+    dtype: torch.dtype | None = None,
 ) -> list[str]:
     """Write ``weights`` into ``directory`` (created) as ``bucket-00000.safetensors``, ... of at most
     ``bucket_bytes`` each (a larger tensor alone in its file), in the order given; returns the names
-    written. Tensors are copied to the CPU one bucket at a time; a tensor sharing storage with another
-    of the same bucket (tied embeddings) is written as its own copy (safetensors refuses aliases)."""
+    written. Tensors are copied to the CPU one bucket at a time, floating ones cast to ``dtype`` when
+    given (the engine's compute dtype: it would cast them on load, with the same rounding); a tensor
+    sharing storage with another of the same bucket (tied embeddings) is written as its own copy
+    (safetensors refuses aliases)."""
     from safetensors.torch import save_file
 
     out = Path(directory)
@@ -122,11 +128,12 @@ def stage_weights(
         if name in seen:
             raise ConfigError(f"weight sync: tensor {name!r} is sent twice")
         seen.add(name)
-        nbytes = tensor.numel() * tensor.element_size()
+        nbytes = staged_bytes(tensor, dtype)
         if bucket and size + nbytes > bucket_bytes:
             flush()
         # a fresh contiguous CPU copy: no alias of another tensor of the bucket, no view of a shard
-        bucket[name] = tensor.detach().to("cpu", copy=True).contiguous()
+        cast = dtype if dtype is not None and tensor.is_floating_point() else None
+        bucket[name] = tensor.detach().to("cpu", dtype=cast, copy=True).contiguous()
         size += nbytes
         names.append(name)
     flush()
@@ -203,13 +210,46 @@ class StagingDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def staged_bytes(tensor: Tensor, dtype: torch.dtype | None = None) -> int:
+    """The bytes ``tensor`` takes once staged: cast to ``dtype`` when it is floating."""
+    if dtype is not None and tensor.is_floating_point():
+        return tensor.numel() * dtype.itemsize
+    return tensor.numel() * tensor.element_size()
+
+
 @contextmanager
-def staged_weights(weights: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iterator[str]:
-    """``weights`` staged (:func:`stage_weights`) in a fresh :class:`StagingDir` sized for their bytes
-    (``/dev/shm``, or disk when it is too small); yields the directory, removed on exit. The pairs are
-    listed first to add up their sizes: pass a state dict's ``items()`` (references, no copies)."""
+def staged_weights(
+    weights: Iterable[tuple[str, Tensor]],
+    bucket_bytes: int,
+    *,
+    dtype: torch.dtype | None = None,
+    syncs_per_node: int = 1,
+) -> Iterator[str]:
+    """``weights`` staged (:func:`stage_weights`, floating tensors cast to ``dtype``) in a fresh
+    directory sized for their bytes; yields the directory, removed on exit. The pairs are listed first
+    to add up their sizes: pass a state dict's ``items()`` (references, no copies).
+
+    ``syncs_per_node``: the syncs that stage at once on this machine (an SPMD job's engines sync
+    together, each into its own directory of the one ``/dev/shm``): ``/dev/shm`` must hold all of them,
+    else this one stages on disk. Free space read before writing can still run out under writers this
+    process does not know of: a ``/dev/shm`` that fills up (ENOSPC) mid-sync is given up for the disk,
+    said once, and the sync goes on."""
     items = list(weights)
-    nbytes = sum(t.numel() * t.element_size() for _, t in items)
-    with StagingDir(nbytes) as directory:
-        stage_weights(items, directory, bucket_bytes)
+    nbytes = sum(staged_bytes(t, dtype) for _, t in items)
+    root = staging_root(nbytes * max(1, syncs_per_node))
+    directory = tempfile.mkdtemp(prefix="verl-flow-sync-", dir=root)
+    try:
+        try:
+            stage_weights(items, directory, bucket_bytes, dtype)
+        except OSError as e:
+            if e.errno != errno.ENOSPC or root != SHM:
+                raise
+            shutil.rmtree(directory, ignore_errors=True)
+            if not _warned:
+                _warned.append(True)
+                log.warning("weight sync: %s filled up (%s): %s (staging on disk, slower)", SHM, e, SHM_FIX)
+            directory = tempfile.mkdtemp(prefix="verl-flow-sync-", dir=tempfile.gettempdir())
+            stage_weights(items, directory, bucket_bytes, dtype)
         yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
