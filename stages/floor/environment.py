@@ -75,11 +75,12 @@ def vllm_engine_checks(cfg: VerlFlowConfig) -> list[Check]:
 
 
 def weight_sync_bytes(cfg: VerlFlowConfig) -> int | None:
-    """The bytes one full weight sync to vLLM stages for ``cfg``'s model in ``model.dtype``: its HF
-    config built on the meta device (scratch sizes, or ``model.path``'s config.json); None when that
-    config cannot be read here (a hub id offline)."""
+    """The bytes one full weight sync to vLLM stages for ``cfg``'s model in the engine's compute dtype
+    (:func:`~stages.floor.builders.compute_dtype`): its HF config built on the meta device (scratch
+    sizes, or ``model.path``'s config.json); None when that config cannot be read here (a hub id offline)."""
     from dataclasses import fields
 
+    from stages.floor.builders import compute_dtype
     from verl_core.models.loading import ScratchSpec, scratch_config, torch_dtype
     from verl_core.rollout.weight_sync import sync_bytes
 
@@ -94,14 +95,20 @@ def weight_sync_bytes(cfg: VerlFlowConfig) -> int | None:
             config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
         except (OSError, ValueError):
             return None
-    return sync_bytes(config, torch_dtype(m.dtype).itemsize, trust_remote_code=m.trust_remote_code)
+    itemsize = torch_dtype(compute_dtype(cfg)).itemsize
+    return sync_bytes(config, itemsize, trust_remote_code=m.trust_remote_code)
 
 
 def shm_sync_checks(cfg: VerlFlowConfig) -> list[Check]:
-    """``/dev/shm`` against a full weight sync (vLLM engines; a LoRA policy sends only its adapter)."""
+    """``/dev/shm`` against the full weight syncs of one node (vLLM engines, one per
+    ``rollout.tensor_parallel_size`` of its ``trainer.n_gpus_per_node`` ranks, sync at once; a LoRA
+    policy sends only its adapter)."""
     if cfg.rollout.name == "hf" or cfg.model.lora_rank > 0:
         return []
-    return shm_checks(weight_sync_bytes(cfg), f"rollout.name: {cfg.rollout.name!r}")
+    engines = max(1, cfg.trainer.n_gpus_per_node // cfg.rollout.tensor_parallel_size)
+    one = weight_sync_bytes(cfg)
+    what = f"rollout.name: {cfg.rollout.name!r}" + (f", {engines} engines per node" if engines > 1 else "")
+    return shm_checks(None if one is None else one * engines, what)
 
 
 def code_execution(cfg: VerlFlowConfig) -> str | None:

@@ -20,6 +20,9 @@ SCRATCH_PARAMS = 427_136
 
 def test_weight_sync_bytes_from_the_config_geometry() -> None:
     assert weight_sync_bytes(load_config(None, [])) == SCRATCH_PARAMS * 4  # model.dtype float32
+    # fp32 masters, bf16 compute: staged in the engine's compute dtype, 2 bytes
+    bf16 = load_config(None, ["actor.mixed_precision.param_dtype=bfloat16"])
+    assert weight_sync_bytes(bf16) == SCRATCH_PARAMS * 2
 
 
 def test_doctor_reports_shm_for_vllm_full_weight_syncs_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,6 +31,10 @@ def test_doctor_reports_shm_for_vllm_full_weight_syncs_only(monkeypatch: pytest.
     [row] = [c for c in doctor_checks(cfg, timeout_s=1) if c.name == "/dev/shm"]
     # 427,136 · 4 B = 1.63 MiB of fp32 weights do not fit in 1 MiB
     assert row.status == "warn" and "--shm-size" in row.fix
-    assert row.expected == "≥ 2 MiB for a weight sync of 2 MiB (rollout.name: 'vllm')"
+    assert row.expected == "≥ 2 MiB to stage 2 MiB of weights (rollout.name: 'vllm')"
+    # two ranks on the node, tp 1: two engines sync at once, 2 · 1.63 MiB
+    spmd = ["rollout.name=vllm", "trainer.n_gpus_per_node=2", "actor.strategy=fsdp2", "critic.strategy=fsdp2"]
+    [row] = shm_sync_checks(load_config(None, spmd))
+    assert row.expected == "≥ 3 MiB to stage 3 MiB of weights (rollout.name: 'vllm', 2 engines per node)"
     assert shm_sync_checks(load_config(None, ["rollout.name=hf"])) == []  # hf: nothing is staged
     assert shm_sync_checks(load_config(None, ["rollout.name=vllm", "model.lora_rank=8"])) == []  # adapters

@@ -303,9 +303,10 @@ SHM_FLOOR_BYTES = 1 << 30
 
 
 def shm_checks(weight_bytes: int | None, needed_by: str) -> list[Check]:
-    """``/dev/shm``'s free and total space against a full weight sync of ``weight_bytes`` (None: not
-    known here, held to :data:`SHM_FLOOR_BYTES`) for ``needed_by``. A warning, not an error: a sync
-    that does not fit stages on disk (:func:`verl_core.rollout.weight_sync.staging_root`), slower."""
+    """``/dev/shm``'s free and total space against the full weight syncs staged there at once,
+    ``weight_bytes`` in all (None: not known here, held to :data:`SHM_FLOOR_BYTES`), for
+    ``needed_by``. A warning, not an error: a sync that does not fit stages on disk
+    (:func:`verl_core.rollout.weight_sync.staging_root`), slower."""
     from verl_core.rollout.weight_sync import SHM, SHM_FIX, mib, shm_needed, shm_space
 
     space = shm_space()
@@ -317,7 +318,7 @@ def shm_checks(weight_bytes: int | None, needed_by: str) -> list[Check]:
         expected = f"≥ {mib(SHM_FLOOR_BYTES)} (the model's size not readable here) for {needed_by}"
         status: Status = "ok" if free >= SHM_FLOOR_BYTES else "warn"
     else:
-        expected = f"≥ {mib(shm_needed(weight_bytes))} for a weight sync of {mib(weight_bytes)} ({needed_by})"
+        expected = f"≥ {mib(shm_needed(weight_bytes))} to stage {mib(weight_bytes)} of weights ({needed_by})"
         status = "ok" if free >= shm_needed(weight_bytes) else "warn"
     fix = "" if status == "ok" else f"{SHM_FIX} (until then weight syncs stage on disk, slower)"
     return [Check(SHM, status, found, expected, fix)]

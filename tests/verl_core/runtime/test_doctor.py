@@ -182,7 +182,7 @@ def test_shm_smaller_than_a_weight_sync_warns_with_the_docker_fix(monkeypatch: p
     [row] = doctor.shm_checks(GiB, "rollout.name: 'vllm'")
     assert row.status == "warn" and row.name == "/dev/shm"
     assert row.found == "64 MiB free of 64 MiB"
-    assert row.expected == "≥ 1,088 MiB for a weight sync of 1,024 MiB (rollout.name: 'vllm')"  # + 1/16
+    assert row.expected == "≥ 1,088 MiB to stage 1,024 MiB of weights (rollout.name: 'vllm')"  # + 1/16
     assert "--shm-size" in row.fix and "--ipc=host" in row.fix and "emptyDir" in row.fix
     # the model's size unknown here: held to the 1 GiB floor (the smallest GPU model we sync)
     assert doctor.shm_checks(None, "x")[0].status == "warn"
