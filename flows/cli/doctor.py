@@ -43,7 +43,7 @@ def doctor(
 
     err = Console(stderr=True)
     try:
-        cfg = load_config(config, overrides) if config or overrides else None
+        cfg = load_config(config, overrides or []) if config or overrides else None
     except ConfigError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
