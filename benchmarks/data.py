@@ -58,9 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "path", nargs="?", default=str(REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl")
-    )
+    parser.add_argument("path", nargs="?", default=str(REPO / "data" / "gsm8k" / "train_sample.jsonl"))
     parser.add_argument("--budget", type=int, default=4096, help="token budget of a packed bin")
     parser.add_argument("--max-length", type=int, default=1024, help="prompt and response length limit")
     args = parser.parse_args()

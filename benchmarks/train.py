@@ -17,8 +17,8 @@ host-synchronisation count of each: calls of ``Tensor.item``,
 ``Tensor.tolist``, ``int()/float()/bool()`` of a tensor (each one a device→host sync on CUDA; on CUDA
 ``torch.cuda.set_sync_debug_mode`` reports them as well).
 
-Sequence lengths follow GSM8K: question + solution of ``../shared/data/gsm8k/train.jsonl`` tokenized
-with a tokenizer trained like the quickstart's. The same sequences go through both paths:
+Sequence lengths follow GSM8K: question + solution of ``data/gsm8k/train_sample.jsonl`` (or ``--data``)
+tokenized with a tokenizer trained like the quickstart's. The same sequences go through both paths:
 - padded: batches of ``--batch`` sequences in data order, right-padded to the batch maximum, HF forward
   with an attention mask and the token-mean cross-entropy;
 - packed: the same sequences packed into token-budget micro-batches (``PackedCausalLM``, SFT loss).
@@ -218,7 +218,7 @@ def bench(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl")
+    p.add_argument("--data", type=Path, default=REPO / "data" / "gsm8k" / "train_sample.jsonl")
     p.add_argument("--sizes", nargs="+", default=["quickstart", "large"], choices=list(SIZES))
     p.add_argument("--shape", choices=list(SIZES), help="one geometry (overrides --sizes)")
     p.add_argument(

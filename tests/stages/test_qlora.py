@@ -1,7 +1,7 @@
 """QLoRA on CPU: a 4-bit NF4 base (bitsandbytes) with LoRA adapters goes through SFT steps and two
 GRPO iterations of the real stages, trains only the adapters, and exports a merged HF model.
 
-bitsandbytes' AVX512-BF16 trap (STACK_NOTES): on such CPUs a no-grad eval forward (generation,
+bitsandbytes' AVX512-BF16 trap (bitsandbytes 0.50): on such CPUs a no-grad eval forward (generation,
 validation) repacks the 4-bit weights into a path without autograd, after which LoRA gets no
 gradients; ``load_causal_lm`` turns that path off. Here every update follows a generation, and the
 actor has no weight decay, so an adapter that moves got a gradient.

@@ -1,7 +1,7 @@
 """Content checks of an engine against the trainer: the engine's log-probs are the model's.
 
 Tolerance: fp32 on both sides; vLLM's CPU kernels and the trainer's packed forward agree to ~5e-7 on
-these models (STACK_NOTES), so TOL = 1e-5 leaves room for summation order and nothing else."""
+these models (measured), so TOL = 1e-5 leaves room for summation order and nothing else."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The trained tokenizer uses the Qwen2 pre-tokenizer pipeline (NFC, Qwen's regex split, byte-level
 without its own regex; single digits are separate tokens). transformers 5 loads any directory
 whose ``config.json`` says ``model_type: qwen2`` as ``Qwen2Tokenizer``, which swaps in exactly this
-pipeline: a plain byte-level BPE would then reload with *different ids* (STACK_NOTES). Trained
+pipeline: a plain byte-level BPE would then reload with *different ids*. Trained
 this way, ids are the same whichever way the files are loaded.
 
 Special tokens: ``<|endoftext|>`` (eos and pad, id 0), ``<|im_start|>``, ``<|im_end|>`` (chatml).

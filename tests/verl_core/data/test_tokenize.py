@@ -63,7 +63,7 @@ def test_reloaded_ids_equal_trained_ids(tok: Any, tmp_path: Path) -> None:
     reloaded = load_tokenizer_from_bytes(files)
     assert [reloaded.encode(s, add_special_tokens=False) for s in SAMPLES] == trained
     assert reloaded.chat_template == CHATML and reloaded.padding_side == "right"
-    # the STACK_NOTES trap: a directory whose config says qwen2 loads as Qwen2Tokenizer
+    # the transformers 5 trap: a directory whose config says qwen2 loads as Qwen2Tokenizer
     d = write_files(files, tmp_path / "tok")
     (d / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": 300}))
     auto = AutoTokenizer.from_pretrained(str(d))

@@ -95,7 +95,7 @@ def test_packed_equals_per_sequence_logprobs_entropy_and_grads(
 
 
 def test_use_cache_trap_is_avoided() -> None:
-    # STACK_NOTES: with config.use_cache=True transformers creates a cache before building the packed
+    # transformers 5: with config.use_cache=True transformers creates a cache before building the packed
     # mask and the sequences attend to each other. packed_log_probs forces use_cache=False.
     model = tiny("qwen2")
     model.config.use_cache = True
