@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Any
 
 import pytest
 import torch
 
+from tests.vllm.spec import engine_spec
 from verl_core.data.tokenizer import train_tokenizer
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
 from verl_core.rollout.vllm_spec import VLLMSpec
@@ -42,11 +42,6 @@ def prompts() -> list[str]:
 
 
 def vllm_spec(**changes: Any) -> VLLMSpec:
-    """A vLLM engine spec for the tests: fp32 like the tiny models, eager (a faster start), a 0.25 GiB
-    KV cache on CPU, 1 MiB weight-sync buckets (several files for a tiny model)."""
-    spec = VLLMSpec(
-        dtype="float32", trust_remote_code=False, tensor_parallel_size=1, gpu_memory_utilization=0.5,
-        kv_cache_gib=None, cpu_kv_cache_gib=0.25, enforce_eager=True, max_model_len=128,
-        weight_sync_bucket_mb=1,
-    )  # fmt: skip
-    return dataclasses.replace(spec, **changes)
+    """The vLLM environment's test spec (fp32, eager, a 0.25 GiB KV cache on CPU) with 128 positions and
+    1 MiB weight-sync buckets (several files for a tiny model)."""
+    return engine_spec(**{"max_model_len": 128, "weight_sync_bucket_mb": 1, **changes})
