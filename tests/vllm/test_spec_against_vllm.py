@@ -34,7 +34,7 @@ def test_every_kwarg_is_an_engine_argument() -> None:
     )
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     for facts in (platform_facts(current_platform, 1), gpu):
-        kwargs = llm_kwargs(engine_spec(kv_cache_gib=2.0), facts, lora_rank=96, external_launcher=True)
+        kwargs = llm_kwargs(engine_spec(kv_cache_gib=2.0), facts, lora_rank=96)
         assert set(kwargs) <= fields, set(kwargs) - fields
 
 
@@ -42,7 +42,7 @@ def test_every_kwarg_is_an_engine_argument() -> None:
 def test_kv_cache_gib_passes_vllms_start_check(free_gib: float) -> None:
     total, free = 80 * GIB, int(free_gib * GIB)
     facts = PlatformFacts(is_cpu=False, sleep_mode=True, generator_offset=True, device_memory=(free, total))
-    kwargs = llm_kwargs(engine_spec(kv_cache_gib=2.0), facts, lora_rank=None, external_launcher=False)
+    kwargs = llm_kwargs(engine_spec(kv_cache_gib=2.0), facts, lora_rank=None)
     cache = CacheConfig(
         gpu_memory_utilization=kwargs["gpu_memory_utilization"],
         kv_cache_memory_bytes=kwargs["kv_cache_memory_bytes"],

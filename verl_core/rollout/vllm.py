@@ -101,10 +101,9 @@ class VLLMEngine(VLLMEngineBase):
         path = model if isinstance(model, str) else self._save_for_init(model, tokenizer, base_only=lora)
         facts = platform_facts(current_platform, spec.tensor_parallel_size)
         self.can_sleep = facts.sleep_mode
-        # an SPMD job (torchrun) with vLLM in the training processes: one engine per group of
-        # tensor_parallel_size consecutive ranks (vLLM's external launcher, as verl runs it)
-        spmd = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
-        kwargs = llm_kwargs(spec, facts, lora_rank=lora_rank, external_launcher=spmd)
+        # one engine per process: under torchrun each tensor-parallel group's first rank starts this in a
+        # subprocess of its own, pinned to the group's devices (verl_core.rollout.placement)
+        kwargs = llm_kwargs(spec, facts, lora_rank=lora_rank)
         log.info("vllm.LLM(%s, %s)", path, kwargs)
         self.llm = vllm.LLM(model=path, **kwargs)
         if self.tokenizer is None:

@@ -125,12 +125,9 @@ def max_lora_rank(rank: int) -> int:
     return fitting[0]
 
 
-def llm_kwargs(
-    spec: VLLMSpec, facts: PlatformFacts, *, lora_rank: int | None, external_launcher: bool
-) -> dict[str, Any]:
+def llm_kwargs(spec: VLLMSpec, facts: PlatformFacts, *, lora_rank: int | None) -> dict[str, Any]:
     """Every keyword argument of ``vllm.LLM`` but the model: ``spec`` on ``facts``' platform.
-    ``lora_rank``: a LoRA policy's rank (adapters sent per sync), None without; ``external_launcher``:
-    one engine per tensor-parallel group of a torchrun job, in the training processes."""
+    ``lora_rank``: a LoRA policy's rank (adapters sent per sync), None without."""
     kwargs: dict[str, Any] = {
         "tensor_parallel_size": spec.tensor_parallel_size,
         "dtype": spec.dtype,
@@ -150,8 +147,6 @@ def llm_kwargs(
         kwargs["enable_chunked_prefill"] = False
     if spec.max_model_len is not None:
         kwargs["max_model_len"] = spec.max_model_len
-    if external_launcher:
-        kwargs["distributed_executor_backend"] = "external_launcher"
     return kwargs
 
 

@@ -100,7 +100,7 @@ def test_a_lora_rank_above_512_is_refused_naming_the_field() -> None:
 
 
 def test_llm_kwargs_of_a_lora_policy_on_cpu_and_on_a_gpu() -> None:
-    on_cpu = llm_kwargs(spec(max_model_len=256), CPU, lora_rank=96, external_launcher=False)
+    on_cpu = llm_kwargs(spec(max_model_len=256), CPU, lora_rank=96)
     assert on_cpu == {
         "tensor_parallel_size": 1,
         "dtype": "bfloat16",
@@ -114,10 +114,10 @@ def test_llm_kwargs_of_a_lora_policy_on_cpu_and_on_a_gpu() -> None:
         "enable_chunked_prefill": False,  # the CPU generator has no offset
         "max_model_len": 256,
     }
-    on_gpu = llm_kwargs(spec(), gpu(free_gib=70), lora_rank=None, external_launcher=True)
+    on_gpu = llm_kwargs(spec(), gpu(free_gib=70), lora_rank=None)
     assert on_gpu["enable_sleep_mode"] and not on_gpu["enable_lora"]
     assert "max_lora_rank" not in on_gpu and "enable_chunked_prefill" not in on_gpu
-    assert on_gpu["distributed_executor_backend"] == "external_launcher"
+    assert "distributed_executor_backend" not in on_gpu  # one engine per process: vLLM's own executor
 
 
 def test_the_spec_crosses_the_channel_as_json_and_has_no_defaults() -> None:
