@@ -196,20 +196,6 @@ def sync_bytes(config: Any, element_size: int, *, trust_remote_code: bool = Fals
     return sum(t.numel() for t in tensors) * element_size
 
 
-class StagingDir:
-    """A fresh directory under :func:`staging_root` for a sync of ``nbytes`` of tensors (0: unknown,
-    ``/dev/shm`` whenever it is writable), removed on exit."""
-
-    def __init__(self, nbytes: int = 0, prefix: str = "verl-flow-sync-") -> None:
-        self.path = tempfile.mkdtemp(prefix=prefix, dir=staging_root(nbytes))
-
-    def __enter__(self) -> str:
-        return self.path
-
-    def __exit__(self, *exc: Any) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
 def staged_bytes(tensor: Tensor, dtype: torch.dtype | None = None) -> int:
     """The bytes ``tensor`` takes once staged: cast to ``dtype`` when it is floating."""
     if dtype is not None and tensor.is_floating_point():

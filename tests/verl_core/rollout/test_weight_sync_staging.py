@@ -17,7 +17,6 @@ import torch
 from verl_core.models.loading import ScratchSpec, scratch_config
 from verl_core.rollout import weight_sync
 from verl_core.rollout.weight_sync import (
-    StagingDir,
     staged_names,
     staged_weights,
     staging_root,
@@ -79,7 +78,7 @@ def test_a_sync_that_fits_stays_in_shm(
 def test_no_shm_stages_in_the_temp_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(weight_sync, "SHM", str(tmp_path / "absent"))
     assert staging_root(1) == tempfile.gettempdir()
-    with StagingDir() as directory:  # the no-argument form callers used before sizes were passed
+    with staged_weights([("a", torch.zeros(4))], bucket_bytes=MiB) as directory:
         assert Path(directory).parent == Path(tempfile.gettempdir())
 
 
