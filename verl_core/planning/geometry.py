@@ -93,7 +93,10 @@ class Geometry:
 
 def from_hf_config(config: Any) -> Geometry:
     """The geometry of an HF config object (or its ``config.json`` as a dict)."""
-    get = config.get if isinstance(config, dict) else lambda k, default=None: getattr(config, k, default)
+
+    def get(key: str, default: Any = None) -> Any:
+        return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+
     arch = str(get("model_type", "qwen2"))
     heads = int(get("num_attention_heads"))
     hidden = int(get("hidden_size"))
