@@ -131,7 +131,11 @@ def _tokenizer(prompts: pa.Table, sft: pa.Table, data: DataConfig, model: ModelC
     if model.init == "scratch":
         texts = _training_texts(prompts, sft, data.tokenizer_train_rows)
         return train_tokenizer(
-            texts, model.vocab_size, chat_template=None, model_max_length=model.max_position_embeddings
+            texts,
+            model.vocab_size,
+            chat_template=None,
+            model_max_length=model.max_position_embeddings,
+            pad_to=model.vocab_pad_to,
         )
     assert model.path is not None  # the config's cross checks require it
     return load_pretrained_tokenizer(model.path, trust_remote_code=model.trust_remote_code)
@@ -147,9 +151,10 @@ def _params(data: DataConfig, model: ModelConfig) -> dict[str, Any]:
         "tokenizer_train_rows",
     )
     model_fields = ("init", "path", "vocab_size", "max_position_embeddings", "trust_remote_code")
+    padded = {"vocab_pad_to": model.vocab_pad_to} if model.vocab_pad_to is not None else {}
     return {
         "data": {k: getattr(data, k) for k in data_fields},
-        "model": {k: getattr(model, k) for k in model_fields},
+        "model": {**{k: getattr(model, k) for k in model_fields}, **padded},
     }
 
 

@@ -87,7 +87,8 @@ def weight_sync_bytes(cfg: VerlFlowConfig) -> int | None:
     m = cfg.model
     if m.init == "scratch":
         spec = ScratchSpec(**{f.name: getattr(m, f.name) for f in fields(ScratchSpec)})
-        config = scratch_config(spec, m.vocab_size, eos_token_id=0, pad_token_id=0)
+        vocab = max(m.vocab_size, m.vocab_pad_to or 0)  # template_pack pads the tokenizer to vocab_pad_to
+        config = scratch_config(spec, vocab, eos_token_id=0, pad_token_id=0)
     else:
         from transformers import AutoConfig
 

@@ -126,6 +126,11 @@ class ModelConfig(Section):
     num_key_value_heads: PositiveInt = _f(2, "Key/value heads (GQA) for init=scratch")
     intermediate_size: PositiveInt = _f(256, "MLP width for init=scratch")
     vocab_size: PositiveInt = _f(512, "Tokenizer vocabulary trained on the run's text for init=scratch")
+    vocab_pad_to: PositiveInt | None = _f(
+        None,
+        "init=scratch: pad the trained tokenizer with unused ids up to this many, so the embedding and LM "
+        "head have a real model's rows and cost (e.g. Qwen2.5's 151936); None: the trained size",
+    )
     max_position_embeddings: PositiveInt = _f(1024, "Longest sequence the model supports (init=scratch)")
     trust_remote_code: bool = _f(
         False, "Allow code from the model repository to run (off unless you trust it)"

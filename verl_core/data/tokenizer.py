@@ -7,6 +7,14 @@ pipeline: a plain byte-level BPE would then reload with *different ids*. Trained
 this way, ids are the same whichever way the files are loaded.
 
 Special tokens: ``<|endoftext|>`` (eos and pad, id 0), ``<|im_start|>``, ``<|im_end|>`` (chatml).
+
+Padding (``pad_to``): a real model's vocabulary (Qwen2.5: 151,936 ids) on a small trained one, so
+that the embedding and LM head have the real rows and cost. The extra ids are entries of the BPE
+model's own vocabulary (``added_tokens`` would be matched against every input string, which makes
+tokenization slow at 150k of them) spelled ``<unused N>`` with a plain space: the byte-level
+pre-tokenizer maps every space to ``Ġ``, so no input word contains one and no merge can build one,
+and encoding is unchanged. Decoding one gives its spelling back (the byte-level decoder keeps a
+token whose characters are not byte symbols as its UTF-8 bytes).
 """
 
 from __future__ import annotations
@@ -38,9 +46,12 @@ def train_tokenizer(
     chat_template: str | None = None,
     model_max_length: int = 1024,
     min_frequency: int = 2,
+    pad_to: int | None = None,
 ) -> Any:
     """Train a byte-level BPE on ``texts`` with at most ``vocab_size`` tokens (special tokens
     included) and wrap it as a ``transformers`` fast tokenizer (eos = pad = ``<|endoftext|>``).
+    ``pad_to``: then add unused ids up to ``pad_to`` (``len(tokenizer) == pad_to``; none when the
+    trained vocabulary is already that large; see the module docstring).
 
     Deterministic: the same texts in the same order give the same vocabulary."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -67,6 +78,8 @@ def train_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    if pad_to is not None and pad_to > tok.get_vocab_size():
+        tok = _pad_vocabulary(tok, pad_to)
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=ENDOFTEXT,
@@ -77,6 +90,25 @@ def train_tokenizer(
     if chat_template is not None:
         wrapped.chat_template = chat_template
     return wrapped
+
+
+def unused_token(token_id: int) -> str:
+    """The spelling of padded id ``token_id``: a space inside, so no byte-level word can match it."""
+    return f"<unused {token_id}>"
+
+
+def _pad_vocabulary(tok: Any, pad_to: int) -> Any:
+    """``tok`` (a trained BPE ``tokenizers.Tokenizer``) with ids ``len(vocab) .. pad_to - 1`` added
+    to its model vocabulary as :func:`unused_token` (merges unchanged)."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    assert sorted(vocab.values()) == list(range(len(vocab))), "BPE ids are 0..n-1"
+    vocab.update({unused_token(i): i for i in range(len(vocab), pad_to)})
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def save_tokenizer_files(tokenizer: Any) -> dict[str, bytes]:

@@ -101,6 +101,23 @@ def test_model_lora_dropout_reaches_the_adapter() -> None:
     assert policy.peft_config["default"].lora_dropout == 0.25
 
 
+def test_model_vocab_pad_to_pads_the_trained_tokenizer(tmp_path: Path) -> None:
+    from stages.floor.artifacts import load_tokenizer
+    from stages.template_pack import template_pack
+
+    data = DataConfig(arithmetic_train_size=20, arithmetic_val_size=4)
+    toks, prompts = [], []
+    for run_id, model in (("plain", ModelConfig()), ("padded", ModelConfig(vocab_pad_to=2048))):
+        ctx = RunContext(run_id=run_id, store_url=str(tmp_path))
+        store = ctx.store()
+        uri = template_pack.fn(ctx, data, model, preprocess.fn(ctx, data))
+        toks.append(load_tokenizer(store, uri))
+        prompts.append(store.read_table(store.read_manifest(uri), "prompt_tokens/train.parquet"))
+    # the trained vocabulary (at most model.vocab_size=512) padded to 2048 ids; the prompts' ids unchanged
+    assert len(toks[0]) <= 512 and len(toks[1]) == 2048
+    assert prompts[0].column("input_ids").to_pylist() == prompts[1].column("input_ids").to_pylist()
+
+
 def test_model_quantization_double_quant_and_compute_dtype() -> None:
     q = QuantizationConfig(double_quant=False, compute_dtype="float16")
     spec = quant_spec(ModelConfig(lora_rank=8, quantization=q))
