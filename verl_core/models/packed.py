@@ -14,6 +14,9 @@ forward (:func:`packed_inputs`); no layer synchronises.
 Log-probs and entropies come from the final hidden states in chunks of tokens: each chunk's logits
 ``(chunk, V)`` are computed, reduced and freed; under autograd, when the whole ``(N, V)`` float32
 logits would be large, each chunk is checkpointed and recomputed in backward so they never exist at once.
+A chunk holds at most :data:`_CHUNK_LOGITS_ELEMENTS` logits (:func:`logits_chunk_tokens`): at a real
+vocabulary (Qwen2.5: 151,936) 1,024 tokens would be 594 MiB of float32 logits per buffer, and the
+log-softmax, entropy and backward each need a few such buffers at once.
 """
 
 from __future__ import annotations
@@ -160,7 +163,8 @@ def _chunk_logprobs(
     logits = F.linear(hidden, weight, bias).float()  # (C, V)
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
-    logits = logits / temperature
+    if temperature != 1.0:  # z / 1 == z exactly: no (C, V) copy
+        logits = logits / temperature
     log_z = torch.logsumexp(logits, dim=-1)  # (C,)
     log_probs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z  # log p_y = z_y − log Z
     if not with_entropy:
@@ -174,6 +178,14 @@ def _chunk_logprobs(
 # Below this many float32 logits in the whole call (N·V; 64 Mi elements = 256 MiB) backward keeps them
 # instead of recomputing each chunk (activation checkpointing would run the LM head twice).
 _KEEP_LOGITS_ELEMENTS = 64 * 2**20
+# The most float32 logits of one chunk (C·V; 16 Mi elements = 64 MiB): C = chunk_size up to a vocabulary
+# of 16,384; at 151,936, 110 tokens.
+_CHUNK_LOGITS_ELEMENTS = 16 * 2**20
+
+
+def logits_chunk_tokens(chunk_size: int, vocab_size: int) -> int:
+    """Tokens per LM-head chunk: ``min(chunk_size, _CHUNK_LOGITS_ELEMENTS // V)``, at least 1."""
+    return max(1, min(chunk_size, _CHUNK_LOGITS_ELEMENTS // vocab_size))
 
 
 def chunked_log_probs(
@@ -189,20 +201,22 @@ def chunked_log_probs(
     entropy_grad: bool = True,
 ) -> TokenLogProbs:
     """Per-token ``log p(targets)`` and (``with_entropy``) entropies from hidden states ``(N, H)`` and
-    an LM head ``weight (V, H)``, ``chunk_size`` tokens at a time (float32 math). Without
+    an LM head ``weight (V, H)``, ``chunk_size`` tokens at a time, fewer where V is large
+    (:func:`logits_chunk_tokens`; float32 math). Without
     ``with_entropy`` no entropy is computed at all (only log Z and the target logit); without
     ``entropy_grad`` it is computed outside autograd (a metric: nothing is saved for backward).
 
     When gradients are needed and the whole ``(N, V)`` float32 logits would exceed
     ``_KEEP_LOGITS_ELEMENTS``, each chunk runs under activation checkpointing: backward recomputes the
-    chunk's logits instead of keeping them, so peak memory is one ``(chunk_size, V)`` block."""
+    chunk's logits instead of keeping them, so peak memory is one chunk's ``(C, V)`` blocks."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     recompute = grad and hidden.shape[0] * weight.shape[0] > _KEEP_LOGITS_ELEMENTS
     lps, ents = [], []
-    for start in range(0, hidden.shape[0], chunk_size):
-        h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+    chunk = logits_chunk_tokens(chunk_size, weight.shape[0])
+    for start in range(0, hidden.shape[0], chunk):
+        h, t = hidden[start : start + chunk], targets[start : start + chunk]
         args = (h, weight, bias, t, temperature, softcap, with_entropy, entropy_grad)
         lp, ent = (
             checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute else _chunk_logprobs(*args)

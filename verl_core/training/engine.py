@@ -209,6 +209,9 @@ class TrainEngine:
             )
         lr = float(self.scheduler.get_last_lr()[0])
         self.optimizer.step()
+        # freed now, not at the next step's start: kept, they would stay resident (the trainable
+        # weights' size again) through generation and the log-prob passes until the next update
+        self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.global_step += 1
         return StepStats(self.strategy.all_reduce_sum(total), float(grad_norm), lr, len(micro_batches))

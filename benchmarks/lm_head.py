@@ -1,0 +1,195 @@
+"""The LM head and log-probs at a real vocabulary: seconds and peak memory of one log-prob pass and of
+one actor update micro-batch (forward + backward), at Qwen2.5-0.5B's geometry with its vocabulary of
+151,936 rows (from scratch, no download), CPU.
+
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/lm_head.py                    # head + model, ~3 min
+    .venv/bin/python benchmarks/lm_head.py --part head --sweep 1024,256,128,64      # the head alone
+    .venv/bin/python benchmarks/lm_head.py --shape quickstart --vocab 327           # the quickstart's
+
+``--part head``: the chunked log-prob computation alone (:func:`verl_core.models.packed.chunked_log_probs`)
+on random hidden states ``(P, hidden)`` and a trainable ``(vocab, hidden)`` head, P = ``--samples`` ×
+``--response`` positions: a no-grad pass without entropy (old / reference log-probs) and a pass with
+the entropy as a metric plus the backward of Σ log-probs (the actor's). ``--part model``: the whole
+packed model (:class:`verl_core.models.packed.PackedCausalLM`) on ``--samples`` sequences of
+``--prompt`` + ``--response`` tokens: :func:`verl_core.training.ppo_kernels.response_log_probs` under
+no-grad, and :func:`verl_core.training.ppo_kernels.actor_loss` (GRPO, KL loss) + backward.
+
+Memory: each measurement's peak resident set above the resident set before it (the process's RSS read
+from ``/proc/self/statm`` every millisecond by a thread), so what the pass allocates and frees: logits
+chunks, activations, gradients. Seconds: the median of ``--repeats`` after one warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from verl_core.models import packed  # noqa: E402
+from verl_core.models.packed import PackedCausalLM, chunked_log_probs  # noqa: E402
+
+# (hidden, layers, heads, kv heads, MLP) of Qwen2.5-0.5B's config.json and of the quickstart's model
+SHAPES = {"0.5b": (896, 24, 14, 2, 4864), "quickstart": (128, 2, 4, 2, 256)}
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+class PeakRSS:
+    """The largest RSS while the block runs, minus the RSS at its start (sampled every ``every`` s)."""
+
+    def __init__(self, every: float = 0.001) -> None:
+        self.every, self.peak, self.base = every, 0, 0
+        self._stop = threading.Event()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes())
+            time.sleep(self.every)
+
+    def __enter__(self) -> PeakRSS:
+        self.base = self.peak = rss_bytes()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def grown(self) -> int:
+        return self.peak - self.base
+
+
+def measure(name: str, fn: Callable[[], None], repeats: int) -> None:
+    fn()  # warm-up
+    seconds, grown = [], []
+    for _ in range(repeats):
+        with PeakRSS() as peak:
+            t = time.perf_counter()
+            fn()
+            seconds.append(time.perf_counter() - t)
+        grown.append(peak.grown)
+    print(f"  {name:<52} {statistics.median(seconds):8.3f} s   peak +{max(grown) / 2**20:8.0f} MiB")
+
+
+def head_part(args: argparse.Namespace, hidden: int, chunk: int) -> None:
+    torch.manual_seed(0)
+    positions = args.samples * args.response
+    h = torch.randn(positions, hidden, requires_grad=True)
+    weight = (torch.randn(args.vocab, hidden) * 0.02).requires_grad_(True)
+    targets = torch.randint(0, args.vocab, (positions,))
+
+    def no_grad() -> None:
+        with torch.no_grad():
+            chunked_log_probs(h, weight, targets, chunk_size=chunk, with_entropy=False)
+
+    def with_grad() -> None:
+        out = chunked_log_probs(h, weight, targets, chunk_size=chunk, with_entropy=True, entropy_grad=False)
+        out.log_probs.sum().backward()
+        h.grad = weight.grad = None
+
+    print(f"head alone: {positions} positions × vocab {args.vocab:,} × hidden {hidden}, chunk_size={chunk}")
+    measure("log-probs, no grad, no entropy (old/ref pass)", no_grad, args.repeats)
+    measure("log-probs + entropy metric, fwd + bwd (actor)", with_grad, args.repeats)
+
+
+def model_part(args: argparse.Namespace, shape: tuple[int, int, int, int, int]) -> None:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from verl_core.algorithms import AggNorm
+    from verl_core.training.ppo_kernels import ActorLossSpec, actor_loss, make_ppo_batch, response_log_probs
+
+    hidden, layers, heads, kv, mlp = shape
+    config = Qwen2Config(
+        vocab_size=args.vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, intermediate_size=mlp, tie_word_embeddings=True, use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    actor = PackedCausalLM(lm)
+    n_params = sum(p.numel() for p in lm.parameters())
+    g = torch.Generator().manual_seed(1)
+    group = 2  # samples per prompt (rollout.n)
+    prompts = [
+        torch.randint(0, args.vocab, (args.prompt,), generator=g).tolist() for _ in range(args.samples)
+    ]
+    prompts = [prompts[i - i % group] for i in range(args.samples)]
+    # response lengths from R/2 to R: the padded (S, R) layout has ~1/4 padding
+    lengths = [args.response // 2 + (i * args.response) // (2 * args.samples) for i in range(args.samples)]
+    responses = [torch.randint(0, args.vocab, (n,), generator=g).tolist() for n in lengths]
+    batch = make_ppo_batch(prompts, responses, share_prompts=True)
+    real = int(batch.response_mask.sum())
+    spec = ActorLossSpec(
+        policy_loss="vanilla", loss_agg_mode="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.2,
+        clip_ratio_c=3.0, entropy_coeff=0.0, use_kl_loss=True, kl_loss_coef=0.04,
+        kl_loss_type="low_var_kl", temperature=1.0,
+    )  # fmt: skip
+    with torch.no_grad():
+        old = response_log_probs(actor, batch)[0]
+    adv = torch.randn(batch.response_mask.shape) * batch.response_mask
+    norm = AggNorm(num_tokens=float(real), num_seqs=float(args.samples), horizon=float(args.response))
+
+    def log_prob_pass() -> None:
+        with torch.no_grad():
+            response_log_probs(actor, batch)
+
+    def update_micro_batch() -> None:
+        actor_loss(actor, batch, old, adv, old, spec, norm).loss.backward()
+        lm.zero_grad(set_to_none=True)
+
+    print(
+        f"model: Qwen2 {n_params / 1e6:.1f}M params (hidden {hidden}, {layers} layers, "
+        f"vocab {args.vocab:,}); "
+        f"{args.samples} samples × ({args.prompt} prompt + ≤ {args.response} response) tokens, "
+        f"{real} response tokens in a {tuple(batch.gather_index.shape)} layout"
+    )
+    measure("old log-prob pass (no grad, no entropy)", log_prob_pass, args.repeats)
+    measure("actor micro-batch: loss fwd (+ entropy metric) + bwd", update_micro_batch, args.repeats)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shape", choices=tuple(SHAPES), default="0.5b")
+    p.add_argument("--vocab", type=int, default=151_936, help="LM head rows (Qwen2.5's 151,936)")
+    p.add_argument("--part", choices=("head", "model", "all"), default="all")
+    p.add_argument("--samples", type=int, default=8, help="sequences of the micro-batch")
+    p.add_argument("--prompt", type=int, default=48, help="prompt tokens per sequence")
+    p.add_argument("--response", type=int, default=64, help="longest response (tokens)")
+    p.add_argument("--sweep", default="1024", help="chunk_size values of --part head, comma-separated")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    budget = getattr(packed, "_CHUNK_LOGITS_ELEMENTS", None)
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s); "
+        f"verl_core from {Path(packed.__file__).parents[2]}; "
+        f"logits chunk element budget: {budget if budget is None else f'{budget:,}'}"
+    )
+    shape = SHAPES[args.shape]
+    if args.part in ("head", "all"):
+        for chunk in (int(c) for c in args.sweep.split(",")):
+            head_part(args, shape[0], chunk)
+    if args.part in ("model", "all"):
+        model_part(args, shape)
+
+
+if __name__ == "__main__":
+    main()
