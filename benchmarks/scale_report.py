@@ -1,0 +1,163 @@
+"""The tables of ``benchmarks/scale.py``'s records (Markdown, pasted into ``benchmarks/RESULTS.md``), and
+the cost model (:mod:`verl_core.planning.cost`) fitted on the smaller sizes and checked on the others."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from verl_core.planning.cost import (
+    PHASES,
+    Calibration,
+    Workload,
+    fit_calibration,
+    phase_features,
+    predict,
+)
+from verl_core.planning.geometry import Geometry
+
+GIB = 1024**3
+TABLE_PHASES = (
+    "generation", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic",
+    "weight_sync",
+)  # fmt: skip
+FLOP_PHASES = {
+    "generation": "gen_flop",
+    "old_log_prob": "fwd_flop",
+    "ref": "fwd_flop",
+    "values": "fwd_flop",
+    "update_actor": "train_flop",
+    "update_critic": "train_flop",
+}
+
+
+def measured(r: dict[str, Any]) -> dict[str, float]:
+    """Seconds per cost-model phase of a record's last iteration (checkpoint phases: per checkpoint)."""
+    last = r["iterations"][-1]
+    out = {p: s for p, s in last["phases"].items() if p in PHASES}
+    out["orchestration"] = last["orchestration_s"]
+    out["checkpoint_save"] = r["checkpoint_save_s"]
+    out["checkpoint_load"] = r["checkpoint_load_s"]
+    return out
+
+
+def features(r: dict[str, Any], rate: float | None = None) -> dict[str, dict[str, float]]:
+    g, w = Geometry(**r["geometry"]), Workload(**r["workload_model"])
+    return phase_features(g, w, r["rate_flops"] if rate is None else rate)
+
+
+def _s(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"{x:.3f}" if x < 1 else f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
+def _key(r: dict[str, Any]) -> tuple[int, str]:
+    return (r["n_params"], r["algo"])
+
+
+def seconds_table(records: list[dict[str, Any]]) -> None:
+    print("\nSeconds per phase, last iteration (checkpoint: the final one, once per run):\n")
+    head = ["size", "algo", "params", "gen vLLM", "gen HF", "gen tok/s", *TABLE_PHASES[1:],
+            "Parquet", "ckpt save", "ckpt load", "iteration"]  # fmt: skip
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in sorted(records, key=_key):
+        last = r["iterations"][-1]
+        ph = last["phases"]
+        row = [
+            r["size"], r["algo"], f"{r['n_params'] / 1e6:.1f}M", _s(ph["generation"]),
+            _s(r.get("hf_generation_s")), f"{last['generated_tokens'] / ph['generation']:.0f}",
+            *(_s(ph.get(p)) for p in TABLE_PHASES[1:]),
+            _s(last["parquet_s"]), _s(r["checkpoint_save_s"]), _s(r["checkpoint_load_s"]), _s(last["wall_s"]),
+        ]  # fmt: skip
+        print("| " + " | ".join(row) + " |")
+
+
+def memory_table(records: list[dict[str, Any]]) -> None:
+    print("\nMemory, bytes, matmul rate and load:\n")
+    head = ["size", "algo", "trainer peak RSS", "vLLM tree peak RSS", "store +/iteration",
+            "Parquet/iteration", "checkpoint", "matmul rate (fp32)", "load 1-min start/end",
+            "tokens P+R"]  # fmt: skip
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in sorted(records, key=_key):
+        last, rss = r["iterations"][-1], r["peak_rss"]
+        row = [
+            r["size"], r["algo"], f"{max(rss['trainer'], rss['trainer_ru_maxrss']) / GIB:.2f} GiB",
+            f"{rss['vllm_tree'] / GIB:.2f} GiB", f"{last['store_bytes_added'] / 1e6:.2f} MB",
+            f"{last['parquet_bytes'] / 1e3:.0f} kB", f"{r['checkpoint_bytes'] / 1e9:.3f} GB",
+            f"{r['rate_flops'] / 1e9:.0f} GFLOP/s",
+            f"{r['load_at_start'][0]:.1f} / {r['loadavg_end'][0]:.1f}",
+            f"{last['prompt_tokens']:.1f}+{last['response_tokens']:.1f}",
+        ]  # fmt: skip
+        print("| " + " | ".join(row) + " |")
+
+
+def flops_table(records: list[dict[str, Any]]) -> None:
+    print(
+        "\nAchieved FLOP/s per phase (model FLOPs / seconds), GFLOP/s and % of the same run's matmul rate:\n"
+    )
+    head = ["size", "algo", *FLOP_PHASES]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in sorted(records, key=_key):
+        flops = features(r, rate=1.0)  # rate 1: the FLOP features are FLOPs
+        ph = r["iterations"][-1]["phases"]
+        cells = []
+        for p, k in FLOP_PHASES.items():
+            if p not in flops or not ph.get(p):
+                cells.append("–")
+                continue
+            achieved = flops[p][k] / ph[p]
+            cells.append(f"{achieved / 1e9:.1f} ({100 * achieved / r['rate_flops']:.0f}%)")
+        print("| " + " | ".join([r["size"], r["algo"], *cells]) + " |")
+
+
+def orchestration_table(records: list[dict[str, Any]]) -> None:
+    print("\nOrchestration (issue 37 item 6): seconds of the last iteration outside the kernels:\n")
+    head = ["size", "algo", "iteration", "kernels", "outside", "share", "Prefect tasks", "artifacts+tracking",
+            "of which Parquet"]  # fmt: skip
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in sorted(records, key=_key):
+        it = r["iterations"][-1]
+        row = [
+            r["size"], r["algo"], _s(it["wall_s"]), _s(it["kernel_s"]), _s(it["orchestration_s"]),
+            f"{100 * it['orchestration_s'] / it['wall_s']:.1f}%", _s(it["prefect_s"]), _s(it["artifacts_s"]),
+            _s(it["parquet_s"]),
+        ]  # fmt: skip
+        print("| " + " | ".join(row) + " |")
+
+
+def fit_and_check(records: list[dict[str, Any]], fit_sizes: tuple[str, ...]) -> Calibration | None:
+    fit = [r for r in records if r["size"] in fit_sizes]
+    if not fit:
+        return None
+    rows = [(features(r)[p], s) for r in fit for p, s in measured(r).items() if p in features(r)]
+    cal = fit_calibration(rows)
+    print(f"\nCost model fitted on {sorted({r['size'] for r in fit})} ({len(rows)} phase rows):")
+    print("  " + ", ".join(f"{k}={v:.3g}" for k, v in asdict(cal).items()))
+    for r in sorted(records, key=_key):
+        pred = predict(features(r), cal)
+        meas = measured(r)
+        where = "fitted on" if r["size"] in fit_sizes else "PREDICTED"
+        print(f"\n{where} {r['size']} {r['algo']}: phase | measured s | predicted s | predicted/measured")
+        print("| phase | measured s | predicted s | ratio |\n|---|---|---|---|")
+        for p in PHASES:
+            if p in pred and p in meas:
+                ratio = pred[p] / meas[p] if meas[p] else float("nan")
+                flag = "" if 0.75 <= ratio <= 1.25 else " ✗"
+                print(f"| {p} | {_s(meas[p])} | {_s(pred[p])} | {ratio:.2f}{flag} |")
+        total_m = sum(v for p, v in meas.items() if not p.startswith("checkpoint"))
+        total_p = sum(v for p, v in pred.items() if not p.startswith("checkpoint") and p in meas)
+        print(f"| iteration (sum) | {_s(total_m)} | {_s(total_p)} | {total_p / total_m:.2f} |")
+    return cal
+
+
+def report(records: list[dict[str, Any]], fit_sizes: tuple[str, ...]) -> None:
+    seconds_table(records)
+    memory_table(records)
+    flops_table(records)
+    orchestration_table(records)
+    fit_and_check(records, fit_sizes)

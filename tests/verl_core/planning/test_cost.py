@@ -1,0 +1,145 @@
+"""The cost model: FLOP counts by hand, the fit recovering known coefficients, monotone predictions."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields, replace
+
+import pytest
+import torch
+
+from verl_core.config import load_config
+from verl_core.planning.cost import (
+    CPU_CALIBRATION,
+    GPU_CALIBRATION,
+    Calibration,
+    Workload,
+    fit_calibration,
+    forward_flops,
+    gpu_peak_flops,
+    measure_cpu_matmul_rate,
+    nnls,
+    phase_features,
+    predict,
+    predict_seconds,
+    train_factor,
+    workload_of,
+)
+from verl_core.planning.geometry import Geometry
+
+# h 8, 2 layers, 2 query heads and 1 key/value head of 4, MLP 16, 32 rows, tied. Per layer: q 8·8 = 64,
+# k and v 8·4 = 32 each, o 8·8 = 64, MLP 3·8·16 = 384 → 576; N = 2·576 + the head 32·8 = 1,408;
+# d = H·d_h = 8.
+TINY = Geometry("qwen2", 8, 2, 2, 1, 4, 16, 32)
+
+
+def _workload(**kw: object) -> Workload:
+    base = Workload(
+        samples=2, prompt_tokens=6.0, response_tokens=4.0, old_log_prob_samples=1, actor_steps=2,
+        critic_steps=2, micro_batches=1, has_ref=True,
+    )  # fmt: skip
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_forward_flops_by_hand() -> None:
+    assert TINY.matmul_params == 1_408
+    # 2 sequences of 10 tokens: 2·N·S·ℓ = 2·1408·2·10 = 56,320; attention 2·L·d·S·ℓ² = 2·2·8·2·100 = 6,400
+    assert forward_flops(TINY, 2, 10) == 62_720
+    # the critic drops the LM head's 32·8 = 256 rows: 2·1152·20 = 46,080 (+ the same attention)
+    assert forward_flops(TINY, 2, 10, lm_head=False) == 52_480
+
+
+def test_phase_flops_count_each_model_and_pass() -> None:
+    w = _workload()
+    f = phase_features(TINY, w, rate_flops=1.0)  # rate 1: FLOP features are FLOPs
+    full, half = 62_720, forward_flops(TINY, 1, 10)  # all samples; the one old-log-prob sample
+    assert f["generation"]["gen_flop"] == full  # prefill + decode = one causal forward's matmuls
+    assert f["ref"]["fwd_flop"] == full
+    assert f["old_log_prob"]["fwd_flop"] == half  # the first mini-batch's π_old is its own forward
+    assert f["update_actor"]["train_flop"] == 3 * full  # forward + backward
+    assert f["update_critic"]["train_flop"] == 3 * 52_480
+    # logits: 20 tokens × 32 rows per pass, 3 passes in training
+    assert f["ref"]["logit"] == 640
+    assert f["update_actor"]["logit"] == 1_920
+    # no reference, no critic: no such phases
+    bare = phase_features(TINY, replace(w, has_ref=False, critic_steps=0), 1.0)
+    assert {"ref", "values", "update_critic"}.isdisjoint(bare)
+
+
+def test_train_factor_counts_recompute_and_lora() -> None:
+    assert train_factor(_workload()) == 3.0
+    assert train_factor(_workload(gradient_checkpointing=True)) == 4.0  # the forward again in backward
+    assert train_factor(_workload(lora_rank=8)) == 2.0  # no weight gradients of the frozen base
+    # LoRA syncs and optimizes only the adapters
+    f = phase_features(TINY, _workload(lora_rank=2), 1.0)
+    assert f["weight_sync"]["sync_byte"] == 4 * TINY.lora_params(2)
+    assert f["update_actor"]["opt_param"] == 2 * TINY.lora_params(2)
+
+
+def test_workload_of_follows_the_config() -> None:
+    cfg = load_config(
+        None,
+        ["data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=2", "actor.use_kl_loss=true",
+         "algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=1"],
+    )  # fmt: skip
+    w = workload_of(cfg, prompt_tokens=10, response_tokens=5)
+    assert w.samples == 8
+    assert w.old_log_prob_samples == 4  # 8 minus the first mini-batch's 2 prompts × 2 samples
+    assert (w.actor_steps, w.critic_steps) == (2, 4)  # 4 prompts / 2 per step; / 1 per step
+    assert w.has_ref
+    kl_in_reward = load_config(None, ["algorithm.use_kl_in_reward=true"])
+    assert workload_of(kl_in_reward).old_log_prob_samples == workload_of(kl_in_reward).samples
+
+
+def test_nnls_keeps_coefficients_non_negative() -> None:
+    # b = 3·a₀ − 1·a₁ = (2, 1, 0) unconstrained; with x ≥ 0 the second coefficient is 0 and the first
+    # the mean of b, 1 (the gradient along a₁ there, (1, 2, 3)·(1, 0, −1) = −2, keeps it out)
+    a = torch.tensor([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]], dtype=torch.float64)
+    x = nnls(a, a @ torch.tensor([3.0, -1.0], dtype=torch.float64))
+    assert x[1] == 0 and x[0] == pytest.approx(1.0)
+    exact = nnls(a, a @ torch.tensor([0.5, 3.0], dtype=torch.float64))
+    assert torch.allclose(exact, torch.tensor([0.5, 3.0], dtype=torch.float64))
+
+
+def test_fit_recovers_known_coefficients_from_synthetic_rows() -> None:
+    truth = Calibration(**{f.name: 0.0 for f in fields(Calibration)})
+    truth = replace(truth, gen_flop=4.0, gen_step_layer=1e-3, gen_call=0.2, fwd_flop=2.0, train_flop=3.0,
+                    logit=1e-8, layer_pass=1e-3, sync_byte=1e-9, sync_call=0.5)  # fmt: skip
+    geometries = [
+        TINY,
+        Geometry("qwen2", 64, 4, 4, 2, 16, 128, 1000),
+        Geometry("qwen2", 128, 8, 4, 2, 32, 256, 5000),
+    ]
+    rows = []
+    for g in geometries:
+        for s, p, r in ((2, 10.0, 5.0), (8, 30.0, 20.0), (4, 50.0, 7.0)):
+            w = _workload(samples=s, prompt_tokens=p, response_tokens=r, old_log_prob_samples=s // 2)
+            f = phase_features(g, w, rate_flops=1e9)
+            pred = predict(f, truth)
+            rows += [
+                (f[k], pred[k]) for k in ("generation", "ref", "old_log_prob", "update_actor", "weight_sync")
+            ]
+    fitted = asdict(fit_calibration(rows))
+    for name, value in asdict(truth).items():
+        if value:
+            assert fitted[name] == pytest.approx(value, rel=1e-6), name
+    assert fitted["opt_param"] == pytest.approx(0.0, abs=1e-15)  # rows carry no optimizer feature
+
+
+@pytest.mark.parametrize("calibration", [CPU_CALIBRATION, GPU_CALIBRATION])
+def test_prediction_grows_with_tokens_and_size(calibration: Calibration) -> None:
+    cfg = load_config(None, ["algorithm.adv_estimator=gae", "actor.use_kl_loss=true"])
+    small, large = TINY, Geometry("qwen2", 64, 4, 4, 2, 16, 128, 1000)
+    base = predict_seconds(cfg, small, 1e10, calibration, workload_of(cfg, 20, 10))
+    longer = predict_seconds(cfg, small, 1e10, calibration, workload_of(cfg, 20, 40))
+    bigger = predict_seconds(cfg, large, 1e10, calibration, workload_of(cfg, 20, 10))
+    for phase, seconds in base.items():
+        assert longer[phase] >= seconds and bigger[phase] >= seconds, phase
+    assert longer["iteration"] > base["iteration"] and bigger["iteration"] > base["iteration"]
+    assert base["iteration"] > 0
+
+
+def test_rates() -> None:
+    assert gpu_peak_flops("NVIDIA H200") == 989e12
+    assert gpu_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert gpu_peak_flops("a CPU") is None
+    assert measure_cpu_matmul_rate(n=64, seconds=0.01) > 0

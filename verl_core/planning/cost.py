@@ -1,0 +1,325 @@
+"""Seconds of each phase of one RL iteration, predicted from the geometry, the workload and a matmul rate.
+
+Every phase's time is a dot product of *features* (what the phase does, computed from the geometry and
+the workload) with *coefficients* (what the machine charges per unit, a :class:`Calibration`)::
+
+    seconds(phase) = Σ_k coefficient_k · feature_k(phase)
+
+FLOPs (``N`` = :attr:`Geometry.matmul_params`, ``L`` layers, ``d`` = ``H·d_h``, sequences of
+``P + R`` tokens, ``T`` = tokens of the pass):
+
+* one causal forward over ``S`` sequences of length ``ℓ = P + R``: ``F = 2·N·S·ℓ + 2·L·d·S·ℓ²``
+  (projections and LM head; ``QKᵀ`` and ``AV`` halved by the causal mask; Kaplan et al. 2020 §2.1);
+* generation with a KV cache does the same matmuls as that forward (prefill + one token per step);
+* forward + backward = ``3·F`` (``4·F`` with gradient checkpointing: the forward is recomputed);
+  LoRA: ``2·F`` (the frozen weights get no weight gradient; the adapters' FLOPs are ≪ ``F``);
+* the critic's ``N_c = N − V·h``: a scalar value head instead of the LM head.
+
+A FLOP feature is ``F / rate`` (seconds at the measured matmul rate), so its coefficient is
+``1 / efficiency``: 1.0 means the phase runs at the plain matmul's rate. The other features are the
+costs matmuls do not explain: ``T·V`` log-softmax elements per pass (memory-bound), a fixed cost per
+layer per micro-batch pass (small kernels, dispatch), per decode step and layer, per trainable parameter
+per optimizer step (AdamW, clipping: memory traffic), per byte synced or checkpointed, per sample scored,
+per stage call and per token stored (orchestration: Prefect task runs, manifests, Parquet, tracking).
+
+The coefficients are fitted (:func:`fit_calibration`, non-negative least squares on relative error) on
+measured phases of *smaller* models (``benchmarks/scale.py``), then predict a larger one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from verl_core.planning.geometry import Geometry
+
+if TYPE_CHECKING:
+    from verl_core.config import VerlFlowConfig
+
+PHASES = (
+    "generation",
+    "reward",
+    "old_log_prob",
+    "ref",
+    "values",
+    "adv",
+    "update_actor",
+    "update_critic",
+    "weight_sync",
+    "orchestration",
+    "checkpoint_save",
+    "checkpoint_load",
+)
+"""Per iteration, but the two checkpoint phases: per checkpoint (every ``trainer.save_freq``)."""
+
+BYTES = {"float32": 4, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Seconds per unit of each feature (see the module docstring). ``*_flop``: 1 / efficiency."""
+
+    gen_flop: float  # generation FLOPs / rate
+    gen_step_layer: float  # per decode step per layer
+    gen_call: float  # per generate call (engine round trip)
+    fwd_flop: float  # no-grad forwards (old / ref log-probs, values)
+    train_flop: float  # forward + backward
+    logit: float  # per logit element (T·V) per pass
+    layer_pass: float  # per layer per micro-batch pass
+    opt_param: float  # per trainable parameter per optimizer step
+    sync_byte: float  # weight sync, per byte of synced weights
+    sync_call: float
+    save_byte: float  # checkpoint, per byte written
+    load_byte: float  # per byte read back
+    ckpt_call: float  # per checkpoint save or load
+    reward_sample: float
+    reward_call: float
+    adv_token: float  # advantages and token rewards, per response token
+    stage_call: float  # orchestration: per stage call (3 per iteration)
+    artifact_token: float  # per token stored in the iteration's Parquet tables
+
+
+# Fitted on this project's CPU machine (2 cores, Intel Xeon, fp32, torch 2 threads, 2026-11-28) by
+# benchmarks/scale.py on the quickstart's, 34M and 135M geometries (fit_calibration): the defaults of
+# `verl-flow plan` on CPU.
+CPU_CALIBRATION = Calibration(
+    gen_flop=1.0, gen_step_layer=0.0, gen_call=0.0, fwd_flop=1.0, train_flop=1.0, logit=0.0,
+    layer_pass=0.0, opt_param=0.0, sync_byte=0.0, sync_call=0.0, save_byte=0.0, load_byte=0.0,
+    ckpt_call=0.0, reward_sample=0.0, reward_call=0.0, adv_token=0.0, stage_call=0.0, artifact_token=0.0,
+)  # fmt: skip
+
+# Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s, matched on the
+# device name.
+GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+# An ASSUMPTION, not measured: 40% of the dense peak for forwards and training (bf16, large batches),
+# 10% for generation (decode at small batch is memory-bound), fixed costs of a few milliseconds, and
+# store / sync bandwidths of a fast local disk (2 GB/s) and PCIe (10 GB/s).
+GPU_CALIBRATION = Calibration(
+    gen_flop=10.0, gen_step_layer=2e-5, gen_call=0.05, fwd_flop=2.5, train_flop=2.5, logit=1e-11,
+    layer_pass=1e-4, opt_param=1e-10, sync_byte=1e-10, sync_call=0.1, save_byte=5e-10,
+    load_byte=5e-10, ckpt_call=1.0, reward_sample=1e-4, reward_call=0.01, adv_token=1e-7,
+    stage_call=0.1, artifact_token=1e-6,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One RL iteration's shape: ``samples`` = prompts × n sequences of ``prompt_tokens`` +
+    ``response_tokens`` (means, or the config's maxima for a bound)."""
+
+    samples: int
+    prompt_tokens: float
+    response_tokens: float
+    old_log_prob_samples: int  # samples whose π_old is recomputed (not the first actor mini-batch's)
+    actor_steps: int  # optimizer steps: epochs × mini-batches
+    critic_steps: int  # 0: no critic
+    micro_batches: int  # micro-batches of one pass over the whole batch (token budget)
+    has_ref: bool
+    lora_rank: int = 0
+    gradient_checkpointing: bool = False
+    dtype_bytes: int = 4
+    max_new_tokens: int = 0  # decode steps (0: response_tokens)
+
+
+def workload_of(
+    cfg: VerlFlowConfig, prompt_tokens: float | None = None, response_tokens: float | None = None
+) -> Workload:
+    """The workload ``cfg`` runs per iteration; lengths default to ``data.max_prompt_length`` and
+    ``data.max_response_length`` (an upper bound). Old log-probs skip the first actor mini-batch when
+    its π_old is its own forward (no rollout log-probs, KL in reward or rollout correction), as
+    :func:`verl_core.training.ppo.ppo_iteration` does."""
+    d, a, c = cfg.data, cfg.actor, cfg.critic
+    n = cfg.rollout.n
+    samples = d.train_batch_size * n
+    p = float(prompt_tokens if prompt_tokens is not None else d.max_prompt_length)
+    r = float(response_tokens if response_tokens is not None else d.max_response_length)
+    mini = -(-d.train_batch_size // a.ppo_mini_batch_size)
+    rc = cfg.algorithm.rollout_correction
+    corrected = rc.rollout_is is not None or rc.rollout_rs is not None
+    own_forward = not (a.use_rollout_logprobs or cfg.algorithm.use_kl_in_reward or corrected)
+    old = samples - min(samples, a.ppo_mini_batch_size * n) if own_forward else samples
+    per_mini = a.ppo_mini_batch_size * n
+    micro_per_mini = (
+        math.ceil(per_mini * (p + r) / a.ppo_max_token_len_per_gpu)
+        if a.use_dynamic_bsz
+        else math.ceil(per_mini / a.ppo_micro_batch_size_per_gpu)
+    )
+    return Workload(
+        samples=samples,
+        prompt_tokens=p,
+        response_tokens=r,
+        old_log_prob_samples=old,
+        actor_steps=a.ppo_epochs * mini,
+        critic_steps=c.ppo_epochs * -(-d.train_batch_size // c.ppo_mini_batch_size) if cfg.use_critic else 0,
+        micro_batches=max(1, mini * micro_per_mini),
+        has_ref=cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
+        lora_rank=cfg.model.lora_rank,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        dtype_bytes=BYTES[cfg.model.dtype],
+        max_new_tokens=d.max_response_length,
+    )
+
+
+def forward_flops(g: Geometry, sequences: float, length: float, *, lm_head: bool = True) -> float:
+    """``2·N·S·ℓ + 2·L·d·S·ℓ²``: one causal forward over ``sequences`` of ``length`` tokens; without
+    ``lm_head`` (a critic) ``N − V·h``."""
+    n = g.matmul_params - (0 if lm_head else g.embedding_params)
+    return 2.0 * n * sequences * length + 2.0 * g.num_layers * g.attention_width * sequences * length**2
+
+
+def train_factor(w: Workload) -> float:
+    """Forward + backward in forwards: 3, 4 with gradient checkpointing (recompute), 2 under LoRA."""
+    return (2.0 if w.lora_rank else 3.0) + (1.0 if w.gradient_checkpointing else 0.0)
+
+
+def trainable_params(g: Geometry, w: Workload, *, critic: bool = False) -> int:
+    """Parameters the optimizer updates: the adapters under LoRA, else all (a critic: no LM head rows,
+    tied embeddings kept for the input)."""
+    if critic:  # the backbone (an untied LM head dropped) plus a 1-output value head
+        return g.n_params - (0 if g.tied_embeddings else g.embedding_params) + g.hidden_size + 1
+    return g.lora_params(w.lora_rank) if w.lora_rank else g.n_params
+
+
+def checkpoint_bytes(g: Geometry, w: Workload) -> int:
+    """Bytes a checkpoint holds: policy weights, AdamW's two moments of the trainable ones, and the
+    critic's weights and moments (fp32 moments)."""
+    policy = g.n_params * w.dtype_bytes + 8 * trainable_params(g, w)
+    critic = (w.dtype_bytes + 8) * trainable_params(g, w, critic=True) if w.critic_steps else 0
+    return policy + critic
+
+
+def phase_features(g: Geometry, w: Workload, rate_flops: float) -> dict[str, dict[str, float]]:
+    """``{phase: {coefficient name: feature}}`` of one iteration (checkpoint phases: one checkpoint)."""
+    ell = w.prompt_tokens + w.response_tokens
+    tokens = w.samples * ell
+    v, layers = g.vocab_rows, g.num_layers
+    steps = w.max_new_tokens or w.response_tokens
+    f = {s: forward_flops(g, s, ell) / rate_flops for s in {w.samples, w.old_log_prob_samples}}
+    critic_f = forward_flops(g, w.samples, ell, lm_head=False) / rate_flops
+    train = train_factor(w)
+    old_part = w.old_log_prob_samples / w.samples
+    synced = (g.lora_params(w.lora_rank) if w.lora_rank else g.n_params) * w.dtype_bytes
+    ckpt = float(checkpoint_bytes(g, w))
+    out: dict[str, dict[str, float]] = {
+        "generation": {"gen_flop": f[w.samples], "gen_step_layer": steps * layers, "gen_call": 1.0},
+        "reward": {"reward_sample": w.samples, "reward_call": 1.0},
+        "old_log_prob": {
+            "fwd_flop": f[w.old_log_prob_samples],
+            "logit": old_part * tokens * v,
+            "layer_pass": layers * math.ceil(old_part * w.micro_batches) if old_part else 0.0,
+        },
+        "ref": {"fwd_flop": f[w.samples], "logit": tokens * v, "layer_pass": layers * w.micro_batches},
+        "values": {"fwd_flop": critic_f, "layer_pass": layers * w.micro_batches},
+        "adv": {"adv_token": w.samples * w.response_tokens},
+        "update_actor": {
+            "train_flop": train * f[w.samples],
+            "logit": 3.0 * tokens * v,
+            "layer_pass": train * layers * w.micro_batches,
+            "opt_param": w.actor_steps * trainable_params(g, w),
+        },
+        "update_critic": {
+            "train_flop": 3.0 * critic_f,
+            "layer_pass": 3.0 * layers * w.micro_batches,
+            "opt_param": w.critic_steps * trainable_params(g, w, critic=True),
+        },
+        "weight_sync": {"sync_byte": synced, "sync_call": 1.0},
+        "orchestration": {"stage_call": 3.0, "artifact_token": tokens},
+        "checkpoint_save": {"save_byte": ckpt, "ckpt_call": 1.0},
+        "checkpoint_load": {"load_byte": ckpt, "ckpt_call": 1.0},
+    }
+    if not w.has_ref:
+        out.pop("ref")
+    if not w.critic_steps:
+        out.pop("values")
+        out.pop("update_critic")
+    return out
+
+
+def predict(features: dict[str, dict[str, float]], calibration: Calibration) -> dict[str, float]:
+    """``{phase: Σ_k coefficient_k · feature_k}``."""
+    c = asdict(calibration)
+    return {phase: sum(c[k] * x for k, x in feats.items()) for phase, feats in features.items()}
+
+
+def predict_seconds(
+    cfg: VerlFlowConfig,
+    geometry: Geometry,
+    rate_flops: float,
+    calibration: Calibration,
+    workload: Workload | None = None,
+) -> dict[str, float]:
+    """Seconds per phase of one iteration of ``cfg`` (the checkpoint phases: per checkpoint), plus
+    ``iteration``: the per-iteration phases summed and one save per ``trainer.save_freq`` iterations.
+    ``workload`` None: :func:`workload_of` ``cfg`` at its maximum lengths."""
+    w = workload or workload_of(cfg)
+    out = predict(phase_features(geometry, w, rate_flops), calibration)
+    per_iteration = sum(s for p, s in out.items() if not p.startswith("checkpoint"))
+    every = cfg.trainer.save_freq or cfg.trainer.total_iterations
+    out["iteration"] = per_iteration + out["checkpoint_save"] / max(every, 1)
+    return out
+
+
+def fit_calibration(rows: list[tuple[dict[str, float], float]]) -> Calibration:
+    """Non-negative coefficients minimising Σ ((prediction − seconds) / seconds)² over ``rows`` of
+    ``(features of one phase, measured seconds)``: relative error, so a 0.01 s phase of a small model
+    weighs as much as a 10 s one. Coefficients no row uses are 0."""
+    names = [f.name for f in fields(Calibration)]
+    kept = [(x, y) for x, y in rows if y > 0]
+    a = torch.tensor([[x.get(k, 0.0) / y for k in names] for x, y in kept], dtype=torch.float64)
+    coef = nnls(a, torch.ones(len(kept), dtype=torch.float64))
+    return Calibration(**{k: float(v) for k, v in zip(names, coef.tolist(), strict=True)})
+
+
+def nnls(a: Tensor, b: Tensor, max_iter: int = 200) -> Tensor:
+    """``argmin ‖a·x − b‖₂`` subject to ``x ≥ 0`` (Lawson & Hanson 1974, active set). ``a``: ``(m, n)``,
+    ``b``: ``(m,)``; returns ``(n,)``. Columns are scaled to unit norm for the solve (features span
+    many decades), zero columns stay 0."""
+    norms = a.norm(dim=0)
+    scale = torch.where(norms > 0, norms, torch.ones_like(norms))
+    a = a / scale
+    n = a.shape[1]
+    x = torch.zeros(n, dtype=a.dtype)
+    passive = torch.zeros(n, dtype=torch.bool)
+    usable = norms > 0
+    for _ in range(max_iter):
+        grad = a.T @ (b - a @ x)
+        candidates = (~passive) & usable & (grad > 1e-12)
+        if not candidates.any():
+            break
+        passive[int(torch.where(candidates, grad, torch.full_like(grad, -math.inf)).argmax())] = True
+        while True:
+            z = torch.zeros(n, dtype=a.dtype)
+            idx = passive.nonzero().flatten()
+            z[idx] = torch.linalg.lstsq(a[:, idx], b.unsqueeze(1)).solution.flatten()
+            if (z[idx] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = torch.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+            x[~passive] = 0.0
+    return x / scale
+
+
+def measure_cpu_matmul_rate(n: int = 1024, seconds: float = 1.0) -> float:
+    """FLOP/s of fp32 ``n × n`` by ``n × n`` matmuls (``2·n³`` each) on the CPU with torch's current
+    threads, repeated for about ``seconds``: the denominator of the CPU features."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.matmul(a, b)  # warm-up
+    reps, t0 = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < seconds or reps < 2:
+        torch.matmul(a, b)
+        reps += 1
+    return 2.0 * n**3 * reps / elapsed
+
+
+def gpu_peak_flops(device_name: str) -> float | None:
+    """The data-sheet dense bf16 peak of a GPU named ``device_name`` (FLOP/s), None off the table."""
+    return next((peak for key, peak in GPU_PEAK_FLOPS.items() if key in device_name), None)
