@@ -2,11 +2,12 @@
 
 One module per command group (:mod:`flows.cli.run`: run, replay, rescore, config show;
 :mod:`flows.cli.runs`: runs list/show; :mod:`flows.cli.policy`: export, eval; :mod:`flows.cli.serve`;
-:mod:`flows.cli.spmd`: spmd-command, spmd-follow; :mod:`flows.cli.doctor`); this module builds the app
-from them. Heavy modules (Prefect, torch, MLflow) are imported only by the commands that need them.
-Errors that are the user's to fix (bad config, missing artifact) print one line and exit 2
-(config) or 1 (anything else), without a traceback. A failed ``run`` prints one line too (stage,
-iteration, what failed, the log file; ``launcher.run_log``), the traceback goes to the log file.
+:mod:`flows.cli.spmd`: spmd-command, spmd-follow; :mod:`flows.cli.doctor`; :mod:`flows.cli.plan`);
+this module builds the app from them. Heavy modules (Prefect, torch, MLflow) are imported only by
+the commands that need them. Errors that are the user's to fix (bad config, missing artifact) print
+one line and exit 2 (config) or 1 (anything else), without a traceback. A failed ``run`` prints one
+line too (stage, iteration, what failed, the log file; ``launcher.run_log``), the traceback goes to
+the log file.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import typer
 
 from flows.cli.doctor import doctor
+from flows.cli.plan import plan_cmd
 from flows.cli.policy import eval_cmd, export_cmd
 from flows.cli.run import config_app, replay_cmd, rescore_cmd, run
 from flows.cli.runs import runs_app
@@ -30,6 +32,7 @@ app = typer.Typer(
 app.add_typer(config_app, name="config")
 app.add_typer(runs_app, name="runs")
 app.command("doctor")(doctor)  # versions, pins, store and MLflow reachable
+app.command("plan")(plan_cmd)  # memory per process vs the machine, seconds per phase
 app.command()(run)
 app.command("spmd-command")(spmd_command)
 app.command("spmd-follow")(spmd_follow)

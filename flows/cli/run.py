@@ -68,6 +68,11 @@ def run(
             check_parent(open_store(cfg.store.url), cfg, run_id or default_run_id(cfg))
         except VerlFlowError as e:
             fail(e, 1)
+    from flows.cli.plan import check_fits
+
+    unfit = check_fits(cfg)  # a run that cannot fit in this machine's memory: one line, before any work
+    if unfit is not None:
+        fail(unfit, 1)
 
     def pipeline() -> PipelineResult:
         from flows.pipeline import rlhf_pipeline

