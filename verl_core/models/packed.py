@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from verl_core.models import varlen_sdpa
+from verl_core.models import lm_head, varlen_sdpa
 from verl_core.models.attention import SharedPrompts, take
 from verl_core.models.loading import unwrap
 
@@ -207,14 +207,23 @@ def chunked_log_probs(
     ``entropy_grad`` it is computed outside autograd (a metric: nothing is saved for backward).
 
     When gradients are needed and the whole ``(N, V)`` float32 logits would exceed
-    ``_KEEP_LOGITS_ELEMENTS``, each chunk runs under activation checkpointing: backward recomputes the
-    chunk's logits instead of keeping them, so peak memory is one chunk's ``(C, V)`` blocks."""
+    ``_KEEP_LOGITS_ELEMENTS``, backward recomputes each chunk's logits instead of keeping them, so peak
+    memory is one chunk's ``(C, V)`` blocks: :class:`~verl_core.models.lm_head.HeadLogProbs` (one
+    weight gradient accumulated in place) where it applies (``lm_head.fits``), else each chunk under
+    activation checkpointing."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     recompute = grad and hidden.shape[0] * weight.shape[0] > _KEEP_LOGITS_ELEMENTS
-    lps, ents = [], []
     chunk = logits_chunk_tokens(chunk_size, weight.shape[0])
+    if recompute and lm_head.fits(hidden, weight, bias, softcap):  # one (V, H) gradient, not one per chunk
+        return TokenLogProbs(
+            *lm_head.head_log_probs(
+                hidden, weight, targets, bias=bias, chunk=chunk, temperature=temperature,
+                with_entropy=with_entropy, entropy_grad=entropy_grad,
+            )
+        )  # fmt: skip
+    lps, ents = [], []
     for start in range(0, hidden.shape[0], chunk):
         h, t = hidden[start : start + chunk], targets[start : start + chunk]
         args = (h, weight, bias, t, temperature, softcap, with_entropy, entropy_grad)
