@@ -1,0 +1,350 @@
+"""The whole pipeline at Qwen2.5-0.5B's size (``configs/scale_0.5b_cpu.yaml``): wall time per stage,
+peak resident memory of the whole process tree and of each process, then ``verl-flow serve`` on the
+export answering one question. A benchmark, not a test (minutes to tens of minutes on 2 CPU cores).
+
+    .venv/bin/python benchmarks/scale_pipeline.py                      # GRPO + reference, vLLM, serve
+    .venv/bin/python benchmarks/scale_pipeline.py --kill-resume        # kill -9 in RL iteration 2, resume
+    .venv/bin/python benchmarks/scale_pipeline.py --variant ppo_critic # PPO + GAE critic, 2 iterations
+    .venv/bin/python benchmarks/scale_pipeline.py --variant lora       # LoRA r=16, 2 iterations
+    .venv/bin/python benchmarks/scale_pipeline.py -- actor.lr=2e-5     # any dotted overrides after --
+
+Memory: every 0.5 s the resident set (RSS) of ``verl-flow run`` and all its descendants (the vLLM
+engine subprocess and its workers, the temporary Prefect server) is read with psutil; "peak total" is
+the largest sum over the tree at one sample (RSS counts a page shared by two processes twice: an upper
+bound), plus what the run holds in ``/dev/shm`` (weight-sync staging lives there, in no process's RSS).
+Stage times come from the run log's task-completion timestamps (a task's time = its completion minus
+the previous task's; the stages run one after another in local mode).
+
+``--kill-resume`` runs the config in a second store under the same run id, SIGKILLs every process of
+the tree once RL iteration 2's rollout is committed (its update is then running), reruns the same
+command (a rerun of a run id resumes it) and compares the sha256 of ``ckpt/iter-0003``'s policy
+weights with the uninterrupted run's (``--reference``: its store; by default this script's GRPO run).
+Writes ``<root>/<variant>.json``; prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = "configs/scale_0.5b_cpu.yaml"
+VERL_FLOW = str(REPO / ".venv" / "bin" / "verl-flow")
+RUN_ID = "scale-0.5b"
+GIB = 2**30
+# Per variant: the overrides on top of the config, with the reason for each knob.
+VARIANTS: dict[str, list[str]] = {
+    "grpo": [],
+    # PPO: a GAE critic (a second 0.5B model with its own AdamW moments) instead of group baselines;
+    # the KL loss (and with it the reference model) off, as verl's PPO example keeps KL in the reward
+    "ppo_critic": [
+        "algorithm.adv_estimator=gae",
+        "critic.enable=true",
+        "actor.use_kl_loss=false",
+        "trainer.total_iterations=2",
+    ],
+    # LoRA r=16 on all linear layers: the reference is the base with adapters off (no second copy)
+    "lora": ["model.lora_rank=16", "model.lora_alpha=32", "actor.lr=1e-4", "trainer.total_iterations=2"],
+}
+QUESTION = (
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?"
+)
+
+
+def _role(p: psutil.Process) -> str:
+    """A readable name for one process of the tree."""
+    try:
+        cmd = " ".join(p.cmdline())
+        name = p.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "?"
+    if cmd.startswith("VLLM::") or name.startswith("VLLM::"):
+        return (cmd or name).split()[0]  # vLLM titles its processes: VLLM::EngineCore, VLLM::Worker
+    if "verl_core.rollout.vllm_process" in cmd:
+        return "vLLM engine host (subprocess)"
+    if "vllm.entrypoints" in cmd:
+        return "vLLM API server"
+    if "prefect" in cmd and "server" in cmd:
+        return "Prefect server"
+    if "verl-flow" in cmd and " run " in f" {cmd} ":
+        return "trainer (verl-flow run)"
+    if "verl-flow" in cmd and " serve " in f" {cmd} ":
+        return "verl-flow serve"
+    if "vllm" in cmd.lower() or "VLLM" in name:
+        return f"vLLM ({name})"
+    return name
+
+
+class TreeSampler(threading.Thread):
+    """Samples the RSS of ``root`` and its descendants every ``period_s`` until :meth:`stop`."""
+
+    def __init__(self, root: int, period_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.root, self.period_s = root, period_s
+        self.peak_total = self.peak_total_shm = 0
+        self.per_pid: dict[int, dict[str, Any]] = {}
+        self.shm0 = _shm_used()
+        self._done = threading.Event()
+
+    def pids(self) -> list[int]:
+        try:
+            root = psutil.Process(self.root)
+            return [root.pid, *(c.pid for c in root.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            return []
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            total = 0
+            for pid in self.pids():
+                try:
+                    p = psutil.Process(pid)
+                    rss = p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    continue
+                total += rss
+                rec = self.per_pid.setdefault(pid, {"role": "?", "peak_rss": 0})
+                rec["role"] = _role(p)  # again each time: a process may rename itself after it starts
+                rec["peak_rss"] = max(rec["peak_rss"], rss)
+            self.peak_total = max(self.peak_total, total)
+            self.peak_total_shm = max(self.peak_total_shm, total + max(0, _shm_used() - self.shm0))
+            self._done.wait(self.period_s)
+
+    def stop(self) -> dict[str, Any]:
+        self._done.set()
+        self.join()
+        procs = sorted(self.per_pid.items(), key=lambda kv: -kv[1]["peak_rss"])
+        return {
+            "peak_total_rss_gib": self.peak_total / GIB,
+            "peak_total_rss_plus_shm_gib": self.peak_total_shm / GIB,
+            "processes": [
+                {"pid": pid, "role": r["role"], "peak_rss_gib": r["peak_rss"] / GIB}
+                for pid, r in procs
+                if r["peak_rss"] > 50 * 2**20
+            ],
+        }
+
+
+def _shm_used() -> int:
+    try:
+        return shutil.disk_usage("/dev/shm").used
+    except OSError:
+        return 0
+
+
+def _env() -> dict[str, str]:
+    quiet = {
+        "DO_NOT_TRACK": "1",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    return {**os.environ, **quiet}
+
+
+def run_pipeline(store: Path, overrides: list[str], kill_when: Path | None = None) -> dict[str, Any]:
+    """``verl-flow run CONFIG overrides --run-id RUN_ID`` in ``store``, sampled; with ``kill_when``,
+    every process of the tree gets SIGKILL once that path exists."""
+    cmd = [VERL_FLOW, "run", CONFIG, f"store.url={store}", *overrides, "--run-id", RUN_ID]
+    log = store / f"stdout-{int(time.time())}.log"
+    store.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+        sampler = TreeSampler(proc.pid)
+        sampler.start()
+        killed = False
+        while proc.poll() is None:
+            if kill_when is not None and kill_when.exists():
+                for pid in sampler.pids():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.5)
+        rc = proc.wait()
+    memory = sampler.stop()
+    wall = time.monotonic() - t0
+    return {"cmd": " ".join(cmd[1:]), "rc": rc, "killed": killed, "wall_s": wall, "log": str(log), **memory}
+
+
+_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \| \w+ +\| (.*)$")
+_DONE = re.compile(r"Task run '(.+)-[0-9a-f]+' - Finished in state Completed")
+
+
+def stage_times(store: Path) -> dict[str, float]:
+    """Seconds per task name (summed over iterations) from the run log(s) under ``store/logs``."""
+    times: dict[str, float] = {}
+    for path in sorted((store / "logs" / RUN_ID).glob("*.log")):
+        prev = None
+        for line in path.read_text(errors="replace").splitlines():
+            m = _LINE.match(line)
+            if not m:
+                continue
+            t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            done = _DONE.search(m.group(2))
+            if done and prev is not None:
+                times[done.group(1)] = times.get(done.group(1), 0.0) + t - prev
+            if done or "Beginning" in m.group(2):
+                prev = t
+    return times
+
+
+def policy_sha256(store: Path, iteration: int) -> str | None:
+    """sha256 of ``ckpt/iter-NNNN``'s policy weights, as its manifest records them."""
+    manifest = store / "runs" / RUN_ID / "ckpt" / f"iter-{iteration:04d}" / "manifest.json"
+    if not manifest.exists():
+        return None
+    files = json.loads(manifest.read_text())["files"]
+    return next((f["sha256"] for f in files if f["name"].endswith("model.safetensors")), None)
+
+
+def ask_server(store: Path, port: int) -> dict[str, Any]:
+    """``verl-flow serve`` on the run's export, one chat question, then Ctrl-C (the server stops)."""
+    cmd = [VERL_FLOW, "serve", RUN_ID, "--store", str(store), "--port", str(port)]
+    cmd += ["--vllm-enforce-eager", "--cpu-kv-cache-gib", "0.5", "--max-model-len", "1024"]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    sampler = TreeSampler(proc.pid)
+    sampler.start()
+    url = model = None
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        m = re.search(r"serving (\S+) at (\S+)/v1", line)
+        if m:
+            model, url = m.group(1), m.group(2)
+            break
+    result: dict[str, Any] = {"cmd": " ".join(cmd[1:]), "start_s": time.monotonic() - t0}
+    if url is None:
+        proc.wait()
+        return {**result, "error": "".join(lines[-20:]), **sampler.stop()}
+    t1 = time.monotonic()
+    result.update(client=_client(), answer=_chat(url, model or RUN_ID), answer_s=time.monotonic() - t1)
+    proc.send_signal(signal.SIGINT)
+    try:
+        result["exit_code"] = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        result["exit_code"] = "killed after 120 s"
+    return {**result, **sampler.stop()}
+
+
+def _client() -> str:
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        return "urllib (openai not installed)"
+    return "openai"
+
+
+def _chat(url: str, model: str) -> str:
+    messages = [{"role": "user", "content": QUESTION}]
+    if _client() == "openai":
+        import openai
+
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=48)  # type: ignore[arg-type]
+        return reply.choices[0].message.content or ""
+    body = json.dumps({"model": model, "messages": messages, "max_tokens": 48}).encode()
+    req = urllib.request.Request(
+        f"{url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())["choices"][0]["message"]["content"]
+
+
+def _table(report: dict[str, Any]) -> None:
+    for name, r in report["runs"].items():
+        total, shm = r["peak_total_rss_gib"], r["peak_total_rss_plus_shm_gib"]
+        print(f"\n{name}: rc {r['rc']}, wall {r['wall_s']:.0f} s, peak total RSS {total:.2f} GiB (+ /dev/shm {shm:.2f})")
+        for p in r["processes"]:
+            print(f"  {p['role']:<28} pid {p['pid']:>7}  peak RSS {p['peak_rss_gib']:6.2f} GiB")
+        for stage, s in r.get("stage_s", {}).items():
+            print(f"  stage {stage:<22} {s:8.1f} s")
+    for key in ("serve", "kill_resume"):
+        if key in report:
+            print(f"\n{key}: {json.dumps(report[key], indent=1, default=str)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default="grpo")
+    ap.add_argument("--kill-resume", action="store_true", help="kill -9 in RL iteration 2 and resume")
+    ap.add_argument("--root", type=Path, default=REPO / "runs" / "scale_pipeline")
+    ap.add_argument("--reference", type=Path, help="store of the uninterrupted run (default: <root>/grpo)")
+    ap.add_argument("--no-serve", action="store_true", help="skip verl-flow serve")
+    ap.add_argument("--port", type=int, default=8011)
+    ap.add_argument("overrides", nargs="*", help="dotted config overrides")
+    args = ap.parse_args()
+
+    overrides = [*VARIANTS[args.variant], *args.overrides]
+    name = args.variant + ("-kill-resume" if args.kill_resume else "")
+    report: dict[str, Any] = {
+        "config": CONFIG,
+        "overrides": overrides,
+        "load_before": os.getloadavg(),
+        "runs": {},
+    }
+    if not args.kill_resume:
+        store = args.root / args.variant
+        shutil.rmtree(store, ignore_errors=True)
+        run = run_pipeline(store, overrides)
+        run["stage_s"] = stage_times(store)
+        report["runs"][args.variant] = run
+        if run["rc"] == 0 and not args.no_serve and args.variant == "grpo":
+            report["serve"] = ask_server(store, args.port)
+    else:
+        store = args.root / name
+        shutil.rmtree(store, ignore_errors=True)
+        # iteration 2 (iter-0001) has its rollouts committed: its update is running when the kill lands
+        marker = store / "runs" / RUN_ID / "iter-0001" / "reward" / "manifest.json"
+        # export and eval read the checkpoint and change no weights: off, to save their time
+        lean = [*overrides, "export.enable=false", "eval.enable=false"]
+        first = run_pipeline(store, lean, kill_when=marker)
+        second = run_pipeline(store, lean)
+        second["stage_s"] = stage_times(store)
+        report["runs"] = {"killed": first, "resumed": second}
+        ref = args.reference or args.root / args.variant
+        last = int(
+            next(o for o in [*overrides, "trainer.total_iterations=3"] if "total_iterations" in o).split("=")[
+                1
+            ]
+        )
+        mine, theirs = policy_sha256(store, last), policy_sha256(ref, last)
+        report["kill_resume"] = {
+            "killed_at": "iteration 2 (iter-0001), after its reward stage committed",
+            "killed": first["killed"],
+            "policy_sha256_resumed": mine,
+            "policy_sha256_uninterrupted": theirs,
+            "bit_identical": mine is not None and mine == theirs,
+        }
+    report["load_after"] = os.getloadavg()
+    args.root.mkdir(parents=True, exist_ok=True)
+    out = args.root / f"{name}.json"
+    out.write_text(json.dumps(report, indent=1, default=str))
+    _table(report)
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
