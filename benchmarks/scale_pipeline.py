@@ -276,7 +276,7 @@ def _chat(url: str, model: str) -> str:
 def _table(report: dict[str, Any]) -> None:
     for name, r in report["runs"].items():
         total, shm = r["peak_total_rss_gib"], r["peak_total_rss_plus_shm_gib"]
-        print(f"\n{name}: rc {r['rc']}, wall {r['wall_s']:.0f} s, peak total RSS {total:.2f} GiB (+ /dev/shm {shm:.2f})")
+        print(f"\n{name}: rc {r['rc']}, wall {r['wall_s']:.0f} s, peak RSS {total:.2f} GiB (+ shm {shm:.2f})")
         for p in r["processes"]:
             print(f"  {p['role']:<28} pid {p['pid']:>7}  peak RSS {p['peak_rss_gib']:6.2f} GiB")
         for stage, s in r.get("stage_s", {}).items():
