@@ -5,7 +5,8 @@ Memory: :func:`verl_core.planning.memory.plan_memory` (formulas in its docstring
 knob that fixes a plan that does not fit: :mod:`verl_core.planning.capacity`. Seconds:
 :func:`verl_core.planning.cost.predict_seconds` on the device the config names (CPU: a matmul rate
 measured here; GPU: the published peak of ``--gpu`` or of the GPU present). Exit 0 when the run
-fits, 1 with one line (pool, need, how much over, the knob) when it cannot, 2 for a bad config.
+fits, 1 with one line (pool, need, how much over, the knob) when it cannot (its floor plan over the
+capacity, :mod:`verl_core.planning.capacity`), 2 for a bad config.
 ``verl-flow run`` refuses the same runs before any work (:func:`check_fits`; ``trainer.refuse_unfit``).
 """
 
@@ -14,9 +15,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from flows.cli.common import ConfigArg, OverridesArg, fail, load, out, print_table
+from flows.cli.common import ConfigArg, OverridesArg, err, fail, load, out, print_table
 from verl_core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -42,7 +44,9 @@ def plan_cmd(
     ] = None,
 ) -> None:
     """Plan CONFIG with OVERRIDES: memory per process and device against the machine's, seconds per
-    phase of an iteration; exit 1 with one line (and the knob that fixes it) when it cannot fit."""
+    phase of an iteration. Exit 1 with one line (and the knob that fixes it) when the run cannot fit
+    even with one-sample micro-batches (``verl-flow run`` refuses it); a warning when only its
+    full-length plan does not fit."""
     cfg = load(config, overrides)
     from verl_core.planning.capacity import machine_capacity
 
@@ -51,37 +55,39 @@ def plan_cmd(
         plan = _plan(cfg, capacity)
     except ConfigError as e:
         fail(e, 2)
-    _print_memory(plan, capacity)
+    _print_memory(plan, _plan(cfg, capacity, floor=True), capacity)
     _print_seconds(cfg, plan, gpu)
-    line = unfit_line(cfg, plan, capacity, refuse_only=False)
-    if line is not None:
-        fail(line, 1)
+    warning = unfit_line(cfg, capacity, floor=False)
+    refusal = unfit_line(cfg, capacity, floor=True)
+    if refusal is not None:
+        fail(refusal, 1)
+    if warning is not None:
+        err.print(f"[yellow]warning:[/] at full lengths {escape(warning)}", highlight=False, soft_wrap=True)
 
 
-def _plan(cfg: VerlFlowConfig, capacity: Capacity) -> MemoryPlan:
+def _plan(cfg: VerlFlowConfig, capacity: Capacity, *, floor: bool = False) -> MemoryPlan:
     from verl_core.planning.memory import plan_memory
 
-    return plan_memory(cfg, gpu_bytes=capacity.pools.get("cuda"))
+    return plan_memory(cfg, gpu_bytes=capacity.pools.get("cuda"), floor=floor)
 
 
-def unfit_line(
-    cfg: VerlFlowConfig, plan: MemoryPlan, capacity: Capacity, *, refuse_only: bool = True
-) -> str | None:
-    """The one line of a plan that does not fit ``capacity`` (``refuse_only``: only beyond the plan's
-    error margin), naming the knob that fixes it; None when it fits."""
+def unfit_line(cfg: VerlFlowConfig, capacity: Capacity, *, floor: bool) -> str | None:
+    """The one line of a run that does not fit ``capacity``, naming the knob that fixes it; None when
+    it fits. ``floor``: its floor plan, and only beyond the plan's error margin (a refusal); else its
+    full-length plan (a warning)."""
     from verl_core.planning.capacity import fixes, refusal_line, shortfalls
 
-    found = [s for s in shortfalls(plan, capacity) if s.refused or not refuse_only]
+    found = [s for s in shortfalls(_plan(cfg, capacity, floor=floor), capacity) if s.refused or not floor]
     if not found:
         return None
     worst = max(found, key=lambda s: s.need - s.have)
-    knobs = fixes(cfg, lambda c: _plan(c, capacity), capacity, worst.pool)
+    knobs = fixes(cfg, lambda c: _plan(c, capacity, floor=floor), capacity, worst.pool)
     return refusal_line(worst, knobs, capacity.source)
 
 
 def check_fits(cfg: VerlFlowConfig) -> str | None:
-    """What ``verl-flow run`` checks before any work: the one line of a run whose plan exceeds this
-    machine's memory beyond the plan's margin; None when it fits, when ``trainer.refuse_unfit`` is
+    """What ``verl-flow run`` checks before any work: the one line of a run whose floor plan exceeds
+    this machine's memory beyond the plan's margin; None when it fits, when ``trainer.refuse_unfit`` is
     off, when the stages run elsewhere (deployments) or the model's geometry cannot be read here."""
     if not cfg.trainer.refuse_unfit or cfg.execution.mode != "local":
         return None
@@ -91,13 +97,12 @@ def check_fits(cfg: VerlFlowConfig) -> str | None:
     if cfg.trainer.device == "cuda" and "cuda" not in capacity.pools:
         return None  # no GPU here: the run fails on its device, not on a plan
     try:
-        plan = _plan(cfg, capacity)
+        return unfit_line(cfg, capacity, floor=True)
     except ConfigError:
         return None  # a pretrained model whose config.json is not reachable yet: its load says why
-    return unfit_line(cfg, plan, capacity)
 
 
-def _print_memory(plan: MemoryPlan, capacity: Capacity) -> None:
+def _print_memory(plan: MemoryPlan, floor: MemoryPlan, capacity: Capacity) -> None:
     from verl_core.planning.capacity import gib
 
     g = plan.geometry
@@ -117,12 +122,16 @@ def _print_memory(plan: MemoryPlan, capacity: Capacity) -> None:
             for name in proc.phases:
                 table.add_row(f"total at {name}", f"{proc.at(name) / 2**30:.3f}", "")
         print_table(table)
-    totals = Table("memory", "needs", "at", "has", "source", title="total vs capacity", title_justify="left")
+    totals = Table(
+        "memory", "needs (full lengths)", "at", "at least (1-sample micro-batches)", "has", "source",
+        title="total vs capacity", title_justify="left",
+    )  # fmt: skip
     for pool in plan.pools:
         need, phase = plan.pool_need(pool)
         have = capacity.pools.get(pool)
         source = capacity.source.get(pool, "unknown (--gpu / --gpu-memory-gib)")
-        totals.add_row(pool, gib(need), phase, gib(have) if have is not None else "?", source)
+        least = gib(floor.pool_need(pool)[0])
+        totals.add_row(pool, gib(need), phase, least, gib(have) if have is not None else "?", source)
     print_table(totals)
 
 

@@ -5,9 +5,12 @@ Capacity: the host's RAM available now (``MemAvailable`` of ``/proc/meminfo``: f
 cache, what a new run can take), and per GPU the free memory ``torch.cuda.mem_get_info`` measures; for
 a GPU config planned where there is no GPU, the published memory of the GPU named (:data:`GPU_MEMORY_GIB`).
 
-A run is refused only when its plan exceeds the capacity by more than :data:`REFUSE_MARGIN` of its
-need (the plan is an upper bound; its error against measured peaks is in benchmarks/RESULTS.md): a
-run that fits is never refused for the plan's own error.
+Two plans of a run: at the config's full lengths and token budgets (the bound: every sample as long as
+it may be, every micro-batch filled), and its floor (``plan_memory(floor=True)``: micro-batches of one
+full-length sample, the least the config allows). A run is refused (``verl-flow run``, exit 1 of
+``verl-flow plan``) only when even its floor exceeds the capacity by more than :data:`REFUSE_MARGIN` of
+its need (the plan's error against measured peaks, benchmarks/RESULTS.md): a run that could fit is never
+refused. A bound over the capacity is a warning with the same line (the run may fit on shorter samples).
 """
 
 from __future__ import annotations
@@ -149,8 +152,10 @@ def _knobs(cfg: VerlFlowConfig) -> list[list[str]]:
         kv = ro.kv_cache_gib if ro.kv_cache_gib is not None else ro.cpu_kv_cache_gib
         tries += [[f"rollout.kv_cache_gib={kv / k:g}"] for k in (2, 4)]
         tries += [[f"rollout.gpu_memory_utilization={ro.gpu_memory_utilization / 2:g}"]]
-    if ro.name == "hf" and not ro.share_weights:
-        tries.append(["rollout.share_weights=true"])
+    if ro.name == "hf":
+        tries += _halvings("rollout.max_batch_size", ro.max_batch_size, 1)
+        if not ro.share_weights:
+            tries.append(["rollout.share_weights=true"])
     if not m.lora_rank:
         tries.append(["model.lora_rank=16"])
     if cfg.trainer.device == "cuda":

@@ -240,10 +240,13 @@ class _Run:
     world: int
     rows: int  # samples per iteration
     gpu: bool
+    floor: bool  # micro-batches of one sample each
 
     def tokens(self, budget: int, mini_samples: int) -> int:
         """``T`` of a micro-batch: the budget, at most a rank's mini-batch of full-length samples, at
-        least one sample."""
+        least one sample (``floor``: one sample)."""
+        if self.floor:
+            return self.seq
         return max(self.seq, min(budget, -(-mini_samples // self.world) * self.seq))
 
     def response_tokens(self, tokens: int) -> int:
@@ -257,18 +260,21 @@ def plan_memory(
     gpu_bytes: int | None = None,
     prompt_tokens: int | None = None,
     response_tokens: int | None = None,
+    floor: bool = False,
 ) -> MemoryPlan:
     """Every process's memory for ``cfg`` (``geometry``: default :func:`geometry_of` its model;
     ``gpu_bytes``: one GPU's memory, which ``rollout.gpu_memory_utilization`` is a share of).
     ``prompt_tokens`` / ``response_tokens``: a sample's lengths (default ``data.max_prompt_length`` /
-    ``data.max_response_length``: the bound; a run's measured lengths to compare with its peaks)."""
+    ``data.max_response_length``: the bound; a run's measured lengths to compare with its peaks).
+    ``floor``: every micro-batch one sample (the smallest the token budgets allow): the least the run
+    needs, what ``verl-flow run`` refuses on (:func:`verl_core.planning.capacity.shortfalls`)."""
     g = geometry or geometry_of(cfg.model)
     d, compute = cfg.data, cfg.actor.mixed_precision.param_dtype or cfg.model.dtype
     p = d.max_prompt_length if prompt_tokens is None else prompt_tokens
     r = d.max_response_length if response_tokens is None else response_tokens
     run = _Run(
         g=g, b=DTYPE_BYTES[cfg.model.dtype], c=DTYPE_BYTES[compute], seq=p + r, resp=r, world=cfg.world_size,
-        rows=d.train_batch_size * cfg.rollout.n, gpu=cfg.trainer.device == "cuda",
+        rows=d.train_batch_size * cfg.rollout.n, gpu=cfg.trainer.device == "cuda", floor=floor,
     )  # fmt: skip
     pool = "cuda" if run.gpu else "cpu"
     ranks = cfg.trainer.n_gpus_per_node
@@ -358,7 +364,10 @@ def _trainer(
         bucket = min(ro.weight_sync_bucket_mb * MIB, _staged_bytes(run))
         phases["weight sync"] = (*resident, _c("staging bucket", bucket, "rollout.weight_sync_bucket_mb"))
     if cfg.sft.enable:  # its own policy and optimizer, gone before RL starts
-        sft, t = _policy(cfg, run, "SFT policy"), cfg.sft.max_token_len_per_batch
+        sft, t = (
+            _policy(cfg, run, "SFT policy"),
+            run.tokens(cfg.sft.max_token_len_per_batch, cfg.sft.batch_size),
+        )
         sft_t = _forward_backward(g, t, run, m.gradient_checkpointing, "SFT", response_share=False)
         phases["sft"] = (*dev0, *sft.device, *sft.update, *sft_t)
     return tuple(resident), tuple(host), phases
@@ -402,13 +411,16 @@ def _vllm(cfg: VerlFlowConfig, run: _Run, gpu_bytes: int | None) -> list[Process
     base = _c("vLLM baseline (process, runtime)", VLLM_BASELINE, "measured")
     staging = _c("staged weights (/dev/shm)", staged, "every state-dict tensor·c")
     mapped = _c("staged weights mapped", staged, "the /dev/shm files it reads", shared=True)
-    out = [ProcessMemory("/dev/shm staging", "staging", "cpu", (), {"weight sync": (staging,)})]
+    before: dict[str, tuple[Component, ...]] = {"sft": ()} if cfg.sft.enable else {}  # started for RL
+    out = [ProcessMemory("/dev/shm staging", "staging", "cpu", (), {**before, "weight sync": (staging,)})]
     if not run.gpu:
         kv_gib = ro.kv_cache_gib if ro.kv_cache_gib is not None else ro.cpu_kv_cache_gib
         key = "kv_cache_gib" if ro.kv_cache_gib is not None else "cpu_kv_cache_gib"
         idle = (base, weights, _c("vLLM KV cache", kv_gib * GIB, f"rollout.{key}"), sampler)
         out.append(
-            ProcessMemory("vLLM engine", "vllm", "cpu", idle, {"weight sync": (*idle, mapped)}, engines)
+            ProcessMemory(
+                "vLLM engine", "vllm", "cpu", idle, {**before, "weight sync": (*idle, mapped)}, engines
+            )
         )
         return out
     # GPU: its share of the device while awake; asleep during the updates (sleep mode: weights on the
@@ -421,7 +433,7 @@ def _vllm(cfg: VerlFlowConfig, run: _Run, gpu_bytes: int | None) -> list[Process
         share = ro.gpu_memory_utilization * (gpu_bytes or 0)
         of = "GPU memory unknown" if gpu_bytes is None else f"{gpu_bytes / GIB:.0f} GiB"
         awake = (_c("vLLM share (weights + KV cache)", share, f"{ro.gpu_memory_utilization:g} × {of}"),)
-    phases = {"generate": awake, "weight sync": awake}
+    phases = {**before, "generate": awake, "weight sync": awake}
     out.append(ProcessMemory("vLLM engine (GPU)", "vllm", "cuda", (context,), phases, engines))
-    out.append(ProcessMemory("vLLM engine, host RAM", "vllm", "cpu", (base, weights), {}, engines))
+    out.append(ProcessMemory("vLLM engine, host RAM", "vllm", "cpu", (base, weights), before, engines))
     return out
