@@ -2,8 +2,8 @@
 one actor update micro-batch (forward + backward), at Qwen2.5-0.5B's geometry with its vocabulary of
 151,936 rows (from scratch, no download), CPU.
 
-    flock /tmp/heavy.lock .venv/bin/python benchmarks/lm_head.py                    # head + model, ~3 min
-    .venv/bin/python benchmarks/lm_head.py --part head --sweep 1024,256,128,64      # the head alone
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/lm_head.py --ab --repeats 1   # before/after, ~10 min
+    .venv/bin/python benchmarks/lm_head.py --part head --sweep 1024,256,110         # the head alone
     .venv/bin/python benchmarks/lm_head.py --shape quickstart --vocab 327           # the quickstart's
 
 ``--part head``: the chunked log-prob computation alone (:func:`verl_core.models.packed.chunked_log_probs`)
@@ -16,7 +16,9 @@ no-grad, and :func:`verl_core.training.ppo_kernels.actor_loss` (GRPO, KL loss) +
 
 Memory: each measurement's peak resident set above the resident set before it (the process's RSS read
 from ``/proc/self/statm`` every millisecond by a thread), so what the pass allocates and frees: logits
-chunks, activations, gradients. Seconds: the median of ``--repeats`` after one warm-up.
+chunks, activations, gradients. Seconds: the median of ``--repeats`` after one warm-up. ``--ab``: each
+measurement also with the head as it was before issue 37 (:func:`previous_head`: 1,024-token chunks at
+any vocabulary, checkpointed chunks), the two alternating in one process.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +39,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from verl_core.models import packed  # noqa: E402
+from verl_core.models import lm_head, packed  # noqa: E402
 from verl_core.models.packed import PackedCausalLM, chunked_log_probs  # noqa: E402
 
 # (hidden, layers, heads, kv heads, MLP) of Qwen2.5-0.5B's config.json and of the quickstart's model
@@ -77,16 +80,41 @@ class PeakRSS:
         return self.peak - self.base
 
 
-def measure(name: str, fn: Callable[[], None], repeats: int) -> None:
-    fn()  # warm-up
-    seconds, grown = [], []
+@contextmanager
+def previous_head() -> Iterator[None]:
+    """The LM head as it was before issue 37: chunks of ``chunk_size`` tokens whatever the vocabulary,
+    each checkpointed chunk's backward making its own ``(V, H)`` weight gradient (the ``z / 1`` copy at
+    temperature 1 aside)."""
+    saved = packed._CHUNK_LOGITS_ELEMENTS, lm_head.fits
+    packed._CHUNK_LOGITS_ELEMENTS, lm_head.fits = 2**62, lambda *a: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        packed._CHUNK_LOGITS_ELEMENTS, lm_head.fits = saved  # type: ignore[assignment]
+
+
+def measure(name: str, fn: Callable[[], None], repeats: int, ab: bool = False) -> None:
+    """Median seconds and largest RSS growth of ``fn``; ``ab``: also under :func:`previous_head`,
+    the two alternating (before, after, before, ...) so that a changing load hits both alike."""
+    sides = {"before": previous_head, "after": nullcontext} if ab else {"": nullcontext}
+    for ctx in sides.values():
+        with ctx():
+            fn()  # warm-up
+    seconds: dict[str, list[float]] = {k: [] for k in sides}
+    grown: dict[str, list[int]] = {k: [] for k in sides}
     for _ in range(repeats):
-        with PeakRSS() as peak:
-            t = time.perf_counter()
-            fn()
-            seconds.append(time.perf_counter() - t)
-        grown.append(peak.grown)
-    print(f"  {name:<52} {statistics.median(seconds):8.3f} s   peak +{max(grown) / 2**20:8.0f} MiB")
+        for side, ctx in sides.items():
+            with ctx(), PeakRSS() as peak:
+                t = time.perf_counter()
+                fn()
+                seconds[side].append(time.perf_counter() - t)
+            grown[side].append(peak.grown)
+    for side in sides:
+        label = f"{name} ({side})" if side else name
+        print(
+            f"  {label:<61} {statistics.median(seconds[side]):8.3f} s   "
+            f"peak +{max(grown[side]) / 2**20:6.0f} MiB"
+        )
 
 
 def head_part(args: argparse.Namespace, hidden: int, chunk: int) -> None:
@@ -106,8 +134,8 @@ def head_part(args: argparse.Namespace, hidden: int, chunk: int) -> None:
         h.grad = weight.grad = None
 
     print(f"head alone: {positions} positions × vocab {args.vocab:,} × hidden {hidden}, chunk_size={chunk}")
-    measure("log-probs, no grad, no entropy (old/ref pass)", no_grad, args.repeats)
-    measure("log-probs + entropy metric, fwd + bwd (actor)", with_grad, args.repeats)
+    measure("log-probs, no grad, no entropy (old/ref pass)", no_grad, args.repeats, args.ab)
+    measure("log-probs + entropy metric, fwd + bwd (actor)", with_grad, args.repeats, args.ab)
 
 
 def model_part(args: argparse.Namespace, shape: tuple[int, int, int, int, int]) -> None:
@@ -160,8 +188,8 @@ def model_part(args: argparse.Namespace, shape: tuple[int, int, int, int, int]) 
         f"{args.samples} samples × ({args.prompt} prompt + ≤ {args.response} response) tokens, "
         f"{real} response tokens in a {tuple(batch.gather_index.shape)} layout"
     )
-    measure("old log-prob pass (no grad, no entropy)", log_prob_pass, args.repeats)
-    measure("actor micro-batch: loss fwd (+ entropy metric) + bwd", update_micro_batch, args.repeats)
+    measure("old log-prob pass (no grad, no entropy)", log_prob_pass, args.repeats, args.ab)
+    measure("actor micro-batch: loss fwd (+ entropy metric) + bwd", update_micro_batch, args.repeats, args.ab)
 
 
 def main() -> None:
@@ -174,14 +202,15 @@ def main() -> None:
     p.add_argument("--response", type=int, default=64, help="longest response (tokens)")
     p.add_argument("--sweep", default="1024", help="chunk_size values of --part head, comma-separated")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument(
+        "--ab", action="store_true", help="each measurement also with the previous head, alternating"
+    )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    budget = getattr(packed, "_CHUNK_LOGITS_ELEMENTS", None)
     print(
-        f"torch {torch.__version__}, {args.threads} thread(s); "
-        f"verl_core from {Path(packed.__file__).parents[2]}; "
-        f"logits chunk element budget: {budget if budget is None else f'{budget:,}'}"
+        f"torch {torch.__version__}, {args.threads} thread(s); logits per chunk ≤ "
+        f"{packed._CHUNK_LOGITS_ELEMENTS:,}, kept for backward ≤ {packed._KEEP_LOGITS_ELEMENTS:,}"
     )
     shape = SHAPES[args.shape]
     if args.part in ("head", "all"):

@@ -201,8 +201,8 @@ def chunked_log_probs(
     entropy_grad: bool = True,
 ) -> TokenLogProbs:
     """Per-token ``log p(targets)`` and (``with_entropy``) entropies from hidden states ``(N, H)`` and
-    an LM head ``weight (V, H)``, ``chunk_size`` tokens at a time, fewer where V is large
-    (:func:`logits_chunk_tokens`; float32 math). Without
+    an LM head ``weight (V, H)``, ``chunk_size`` tokens at a time, fewer where V is large and the
+    logits are not kept for backward (:func:`logits_chunk_tokens`; float32 math). Without
     ``with_entropy`` no entropy is computed at all (only log Z and the target logit); without
     ``entropy_grad`` it is computed outside autograd (a metric: nothing is saved for backward).
 
@@ -215,7 +215,10 @@ def chunked_log_probs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     recompute = grad and hidden.shape[0] * weight.shape[0] > _KEEP_LOGITS_ELEMENTS
-    chunk = logits_chunk_tokens(chunk_size, weight.shape[0])
+    # kept for backward, all chunks' logits exist at once (≤ _KEEP_LOGITS_ELEMENTS): smaller chunks
+    # would save nothing and cost a (V, H) weight gradient each
+    kept = grad and not recompute
+    chunk = chunk_size if kept else logits_chunk_tokens(chunk_size, weight.shape[0])
     if recompute and lm_head.fits(hidden, weight, bias, softcap):  # one (V, H) gradient, not one per chunk
         return TokenLogProbs(
             *lm_head.head_log_probs(

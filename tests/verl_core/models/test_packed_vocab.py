@@ -42,7 +42,7 @@ def _reference(
 
 
 PATHS = {  # _KEEP_LOGITS_ELEMENTS, softcap
-    "kept": (10**9, None),  # small N·V: backward keeps the chunks' logits
+    "kept": (10**9, None),  # small N·V: backward keeps the logits
     "hand-written backward": (0, None),  # every call recomputes: HeadLogProbs
     "checkpointed": (0, 30.0),  # soft-capping: HeadLogProbs does not apply, checkpointing does
 }
@@ -77,7 +77,9 @@ def test_chunks_stay_under_the_budget_and_equal_the_full_log_softmax(
         hidden, weight, targets, bias=bias, chunk_size=1024, temperature=temperature, softcap=cap,
         entropy_grad=entropy_grad,
     )  # fmt: skip
-    assert sizes == [100] * 6 + [50]  # forward: 6 chunks of 2 tokens × 50, one of 1 token
+    # forward: 6 chunks of 2 tokens × 50 and one of 1 token; logits kept for backward (all of them
+    # exist at once anyway): one chunk of chunk_size (here all 13 tokens)
+    assert sizes == ([650] if path == "kept" else [100] * 6 + [50])
     assert out.entropy is not None
     torch.testing.assert_close(out.log_probs, ref_lp)
     torch.testing.assert_close(out.entropy, ref_ent, atol=1e-4, rtol=1e-4)  # Σ p·log p: another formula
@@ -88,8 +90,10 @@ def test_chunks_stay_under_the_budget_and_equal_the_full_log_softmax(
     want = torch.autograd.grad(ref_lp.sum() + (ref_ent.sum() if entropy_grad else 0), [hidden, weight, bias])
     for a, b in zip(got, want, strict=True):  # float32 sums over V of other orders: ~1e-5 apart
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-    assert max(sizes) <= 100  # backward's recomputed chunks too
-    assert len(sizes) == (7 if path == "kept" else 14)  # each chunk recomputed once, or never
+    if path != "kept":  # each chunk recomputed once, under the budget too
+        assert len(sizes) == 14 and max(sizes) <= 100
+    else:
+        assert len(sizes) == 1  # never recomputed
 
 
 def test_hand_written_backward_sends_no_gradient_to_inputs_that_need_none(
