@@ -1,13 +1,17 @@
 """``verl-flow plan``'s memory against a run's measured peaks, per process (issue 37 item 4).
 
-Runs ``verl-flow run CONFIG OVERRIDES`` in a subprocess and samples its process tree every 0.2 s
-(``/proc/PID/status``): each process's peak resident set (``VmHWM``, the kernel's high-water mark) and
-the peak of the summed ``VmRSS`` of each role: ``trainer`` (the ``verl-flow`` process) and ``vllm`` (the
-engine subprocess and its children). Then it plans the same config (:func:`verl_core.planning.memory.
-plan_memory`) and prints predicted against measured. Not a test: a run of the size asked for.
+Runs ``verl-flow run CONFIG OVERRIDES`` (store ``--store``) in a subprocess and samples its process
+tree every 0.2 s (``/proc/PID/status``): the peak of the summed ``VmRSS`` of each role, ``trainer``
+(the ``verl-flow`` process), ``vllm`` (the engine subprocess and its children) and ``prefect-server``
+(a temporary API server), and each role's largest ``VmHWM``. Then it plans the same config
+(:func:`verl_core.planning.memory.plan_memory`, at the run's mean prompt and response lengths and at
+the config's maxima) and prints predicted against measured. ``--scale-json``: the same for
+``benchmarks/scale.py``'s records (their peak RSS of the trainer and of the vLLM process tree). Not a
+test: runs of the size asked for.
 
     flock /tmp/heavy.lock .venv/bin/python -m benchmarks.plan_vs_peaks configs/quickstart_grpo.yaml \\
         rollout.name=vllm trainer.total_iterations=2 --store /tmp/peaks/store --json /tmp/peaks/qs.json
+    .venv/bin/python -m benchmarks.plan_vs_peaks --scale-json /tmp/scale/scale.json
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 from pathlib import Path
 
 GIB = 1 << 30
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _status_kib(pid: int, key: str) -> int:
@@ -109,14 +114,45 @@ def mean_lengths(store: Path) -> tuple[int, int] | None:
     return (round(p / n), round(r / n)) if n else None
 
 
+def from_scale(path: Path) -> list[dict[str, object]]:
+    """Predicted against measured for each record of ``benchmarks/scale.py``'s JSON (its config: the
+    quickstart + the record's overrides; the plan at the record's mean lengths): trainer and vLLM."""
+    from verl_core.config import load_config
+    from verl_core.planning.memory import plan_memory
+
+    rows = []
+    for rec in json.loads(path.read_text()):
+        cfg = load_config(REPO / "configs" / "quickstart.yaml", rec["config_overrides"])
+        last = rec["iterations"][-1]
+        plan = plan_memory(
+            cfg, prompt_tokens=round(last["prompt_tokens"]), response_tokens=round(last["response_tokens"])
+        )
+        by_role = {p.role: p for p in plan.processes}
+        peak = rec["peak_rss"]
+        for role, measured in (("trainer", peak["trainer"]), ("vllm", peak["vllm_tree"])):
+            p = by_role[role]
+            rows.append({
+                "size": rec["size"], "algo": rec["algo"], "process": role,
+                "predicted_gib": p.peak_bytes / GIB, "phase": p.peak_phase,
+                "measured_gib": measured / GIB, "error": p.peak_bytes / measured - 1,
+                "components_gib": {c.name: round(c.nbytes / GIB, 3) for c in p.components()},
+            })  # fmt: skip
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("config")
+    ap.add_argument("config", nargs="?")
     ap.add_argument("overrides", nargs="*")
-    ap.add_argument("--store", required=True, help="a fresh store directory for the run (store.url)")
+    ap.add_argument("--store", help="a fresh store directory for the run (store.url)")
+    ap.add_argument("--scale-json", help="compare with benchmarks/scale.py's records instead of running")
     ap.add_argument("--json", default=None, help="write the figures here")
     ap.add_argument("--log", default="/tmp/plan_vs_peaks.log", help="the run's output")
     args = ap.parse_args()
+    if args.scale_json:
+        for row in from_scale(Path(args.scale_json)):
+            print(json.dumps(row))
+        return
     overrides = [*args.overrides, f"store.url={args.store}"]
     env = dict(os.environ, DO_NOT_TRACK="1", MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1")
     verl_flow = str(Path(sys.executable).with_name("verl-flow"))

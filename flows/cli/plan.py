@@ -113,7 +113,7 @@ def _print_memory(plan: MemoryPlan, floor: MemoryPlan, capacity: Capacity) -> No
     )
     for proc in plan.processes:
         phase = proc.peak_phase
-        title = f"{proc.name} [{proc.pool}]: peak {gib(proc.peak_bytes)} at {phase}"
+        title = escape(f"{proc.name} [{proc.pool}]: peak {gib(proc.peak_bytes)} at {phase}")
         table = Table("component", "GiB", "formula", title=title, title_justify="left")
         for comp in proc.components(phase):
             table.add_row(comp.name, f"{comp.nbytes / 2**30:.3f}", comp.formula)

@@ -103,11 +103,13 @@ class ProcessMemory:
 
     @property
     def peak_phase(self) -> str:
-        return max(self.phases, key=self.at) if self.phases else "idle"
+        """The phase it holds most at (``idle`` when no phase holds more than ``idle``)."""
+        best = max(self.phases, key=self.at, default="idle")
+        return best if self.at(best) > self.at("idle") else "idle"
 
     @property
     def peak_bytes(self) -> int:
-        return max(self.at(self.peak_phase), sum(c.nbytes for c in self.idle))
+        return self.at(self.peak_phase)
 
     def components(self, phase: str | None = None) -> tuple[Component, ...]:
         return self.phases.get(phase or self.peak_phase, self.idle)
