@@ -26,7 +26,7 @@ has the full length; the measured lengths are reported and used), two actor (and
 engine, its own process); ``--iterations`` iterations, the last one reported (the first carries the
 one-off warm-ups). Each (size, algorithm) runs in a fresh child process (peak RSS is per process and
 cannot be reset), through the real Prefect flow (``flows.rl.rl_loop``: tasks, manifests, Parquet
-artifacts, MLflow tracking), with ``--lock`` held around the child.
+artifacts, MLflow tracking), with ``--lock`` held around all the children of one invocation.
 
 Per phase, the seconds the pipeline itself records (rollout ``seconds`` = ``engine.generate``, reward
 ``seconds``, the update's ``timing_s/*``), weight sync (``advance_policy``), the checkpoint save (the
@@ -89,7 +89,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--iterations", type=int, default=2, help="RL iterations (the last is reported)")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the trainer")
     p.add_argument("--hf", action="store_true", help="also time the HF engine's generation")
-    p.add_argument("--lock", default="/tmp/heavy.lock", help="file lock held around each child ('': none)")
+    p.add_argument("--lock", default="/tmp/heavy.lock", help="lock held around all the children ('': none)")
     p.add_argument("--out", default="/tmp/scale/scale.json", help="JSON file the records merge into")
     p.add_argument("--workdir", default="/tmp/scale/runs", help="stores of the runs (deleted after)")
     p.add_argument("--report", action="store_true", help="print the table and the fit from --out only")
@@ -223,18 +223,21 @@ class RssSampler(threading.Thread):
             vllm, largest, other = 0, 0, 0
             try:
                 self.peak["trainer"] = max(self.peak["trainer"], self.me.memory_info().rss)
-                for p in self.me.children(recursive=True):
-                    try:
-                        rss, cmd = p.memory_info().rss, " ".join(p.cmdline())
-                    except psutil.Error:
-                        continue
-                    if "vllm" in cmd:
-                        vllm += rss
-                        largest = max(largest, rss)
-                    else:
-                        other += rss
+                children = self.me.children()
             except psutil.Error:
                 continue
+            for child in children:  # each child with its own descendants: the vLLM engine's tree apart
+                try:
+                    tree = [child, *child.children(recursive=True)]
+                    rss = [p.memory_info().rss for p in tree]
+                    is_vllm = any("vllm" in " ".join(p.cmdline()) for p in tree)
+                except psutil.Error:
+                    continue
+                if is_vllm:
+                    vllm += sum(rss)
+                    largest = max(largest, *rss)
+                else:
+                    other += sum(rss)
             self.peak["vllm_tree"] = max(self.peak["vllm_tree"], vllm)
             self.peak["vllm_largest"] = max(self.peak["vllm_largest"], largest)
             self.peak["other_children"] = max(self.peak["other_children"], other)
@@ -328,6 +331,9 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
         },
         "config_overrides": overrides(size, algo, args, root),
         "loadavg_end": os.getloadavg(),
+        "commit": subprocess.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True
+        ).stdout.strip(),
     }
 
 
@@ -417,41 +423,45 @@ def _checkpoint_load(
 
 
 def run_children(args: argparse.Namespace) -> None:
+    """Each (size, algorithm) in a child process, one after the other, ``--lock`` held around them all
+    (one wait for the machine, no other heavy run between the sizes compared)."""
+    lock = open(args.lock, "a") if args.lock else None  # noqa: SIM115
+    if lock is not None:
+        print(f"waiting for {args.lock} ...", flush=True)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        for size in args.sizes.split(","):
+            for algo in args.algos.split(","):
+                run_one(size, algo, args)
+    finally:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
+
+
+def run_one(size: str, algo: str, args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for size in args.sizes.split(","):
-        for algo in args.algos.split(","):
-            with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-                result = Path(f.name)
-            cmd = [sys.executable, __file__, "--child", size, algo, "--out", str(result)]
-            cmd += [
-                f"--{k}={getattr(args, k)}" for k in ("prompts", "n", "response", "iterations", "threads")
-            ]
-            cmd += ["--workdir", args.workdir] + (["--hf"] if args.hf else [])
-            lock = open(args.lock, "a") if args.lock else None  # noqa: SIM115
-            if lock is not None:
-                print(f"[{size} {algo}] waiting for {args.lock} ...", flush=True)
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                load = os.getloadavg()
-                print(f"[{size} {algo}] start, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
-                t0 = time.perf_counter()
-                code = subprocess.call(cmd)
-            finally:
-                if lock is not None:
-                    fcntl.flock(lock, fcntl.LOCK_UN)
-                    lock.close()
-            if code != 0:
-                print(f"[{size} {algo}] FAILED (exit {code})", flush=True)
-                continue
-            record = json.loads(result.read_text())
-            record["child_s"] = time.perf_counter() - t0
-            record["load_at_start"] = load
-            records = json.loads(out.read_text()) if out.exists() else []
-            records = [r for r in records if (r["size"], r["algo"]) != (size, algo)] + [record]
-            out.write_text(json.dumps(records, indent=1))
-            print(f"[{size} {algo}] done in {record['child_s']:.0f} s → {out}", flush=True)
-            subprocess.run(["rm", "-rf", str(Path(args.workdir) / f"{size}-{algo}")], check=False)
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        result = Path(f.name)
+    cmd = [sys.executable, __file__, "--child", size, algo, "--out", str(result), "--workdir", args.workdir]
+    cmd += [f"--{k}={getattr(args, k)}" for k in ("prompts", "n", "response", "iterations", "threads")]
+    cmd += ["--hf"] if args.hf else []
+    load = os.getloadavg()
+    print(f"[{size} {algo}] start, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
+    t0 = time.perf_counter()
+    code = subprocess.call(cmd)
+    if code != 0:
+        print(f"[{size} {algo}] FAILED (exit {code})", flush=True)
+        return
+    record = json.loads(result.read_text())
+    record["child_s"] = time.perf_counter() - t0
+    record["load_at_start"] = load
+    records = json.loads(out.read_text()) if out.exists() else []
+    records = [r for r in records if (r["size"], r["algo"]) != (size, algo)] + [record]
+    out.write_text(json.dumps(records, indent=1))
+    print(f"[{size} {algo}] done in {record['child_s']:.0f} s → {out}", flush=True)
+    subprocess.run(["rm", "-rf", str(Path(args.workdir) / f"{size}-{algo}")], check=False)
 
 
 def main() -> None:
