@@ -16,9 +16,10 @@ full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` q
 * mixed precision (``param_dtype`` below ``model.dtype``): autocast's compute copies of the matmul
   weights ``N·c`` live from forward to backward of an update.
 * activations saved for backward, per token and layer (what HF's Qwen2/Llama layer keeps):
-  RMSNorm ×2: its fp32 input and normalised output ``2·2h``; q/k/v: q, k, v, their rotated copies
-  and RoPE's ``rotate_half`` inputs, attention output and o_proj input ``5·H·d + 4·K·d``; SwiGLU:
-  gate, SiLU(gate), up, their product ``4·I``, each element ``c`` bytes (norms fp32). With
+  two RMSNorms: each its input (the residual stream), normalised and scaled outputs ``2·3h`` (fp32);
+  attention: q and k, RoPE's ``rotate_half`` copies and rotated outputs, v, the attention output and
+  o_proj's contiguous input ``5·H·d + 4·K·d``; SwiGLU: gate, SiLU(gate), up, their product ``4·I``;
+  ``A`` elements in all, ``c`` bytes each (the norms' 4). With
   ``model.gradient_checkpointing`` each layer keeps only its input ``h`` and one layer is recomputed at
   a time: ``T·(L·h + A)``. A no-grad forward holds one layer's intermediates ``T·(3I + 4h)``.
 * log-prob chunks over the vocabulary (:func:`verl_core.models.packed.chunked_log_probs`): the LM head
@@ -138,13 +139,13 @@ class MemoryPlan:
 def activation_elements(g: Geometry) -> int:
     """``A``: elements one decoder layer saves for backward per token (module docstring)."""
     d = g.head_dim
-    return 2 * 2 * g.hidden_size + 5 * g.num_heads * d + 4 * g.num_kv_heads * d + 4 * g.intermediate_size
+    return 2 * 3 * g.hidden_size + 5 * g.num_heads * d + 4 * g.num_kv_heads * d + 4 * g.intermediate_size
 
 
 def activation_bytes(g: Geometry, tokens: int, c: int, *, checkpointed: bool) -> int:
     """Saved activations of a ``tokens``-token micro-batch: ``T·L·A·c`` (norms' fp32 halves counted at
     4 bytes), or checkpointed ``T·(L·h·4 + A·c)``."""
-    norms = 2 * 2 * g.hidden_size  # fp32 whatever c is
+    norms = 2 * 3 * g.hidden_size  # fp32 whatever c is
     per_layer = norms * 4 + (activation_elements(g) - norms) * c
     if checkpointed:
         return tokens * (g.num_layers * g.hidden_size * 4 + per_layer)

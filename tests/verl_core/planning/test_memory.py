@@ -41,14 +41,14 @@ def _component(cfg: VerlFlowConfig, name: str, phase: str = "actor update") -> i
 
 
 def test_activation_formulas_by_hand() -> None:
-    # A = 2 norms·2h + 5·H·d + 4·K·d + 4·I = 32 + 40 + 16 + 64 = 152 elements per token and layer
-    assert activation_elements(TINY) == 152
-    # fp32, 10 tokens: T·L·A·4 = 10·2·152·4 = 12,160 bytes
-    assert activation_bytes(TINY, 10, 4, checkpointed=False) == 12_160
-    # checkpointed: each layer's input kept (T·L·h·4 = 640) + one layer recomputed (T·A·4 = 6,080)
-    assert activation_bytes(TINY, 10, 4, checkpointed=True) == 6_720
-    # bf16 compute: the norms' 32 elements stay fp32 (4 B), the other 120 take 2 B: 10·2·(128 + 240)
-    assert activation_bytes(TINY, 10, 2, checkpointed=False) == 7_360
+    # A = 2 norms·3h + 5·H·d + 4·K·d + 4·I = 48 + 40 + 16 + 64 = 168 elements per token and layer
+    assert activation_elements(TINY) == 168
+    # fp32, 10 tokens: T·L·A·4 = 10·2·168·4 = 13,440 bytes
+    assert activation_bytes(TINY, 10, 4, checkpointed=False) == 13_440
+    # checkpointed: each layer's input kept (T·L·h·4 = 640) + one layer recomputed (T·A·4 = 6,720)
+    assert activation_bytes(TINY, 10, 4, checkpointed=True) == 7_360
+    # bf16 compute: the norms' 48 elements stay fp32 (4 B), the other 120 take 2 B: 10·2·(192 + 240)
+    assert activation_bytes(TINY, 10, 2, checkpointed=False) == 8_640
     # a no-grad forward holds one layer's intermediates: T·(3I + 4h)·c = 10·(48 + 32)·4 = 3,200
     assert no_grad_layer_bytes(TINY, 10, 4) == 3_200
 
