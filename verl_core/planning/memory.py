@@ -17,11 +17,12 @@ full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` q
   weights ``N·c`` live from forward to backward of an update.
 * activations saved for backward, per token and layer (what HF's Qwen2/Llama layer keeps):
   two RMSNorms: each its input (the residual stream), normalised and scaled outputs ``2·3h`` (fp32);
-  attention: q and k, RoPE's ``rotate_half`` copies and rotated outputs, v, the attention output and
-  o_proj's contiguous input ``5·H·d + 4·K·d``; SwiGLU: gate, SiLU(gate), up, their product ``4·I``;
-  ``A`` elements in all, ``c`` bytes each (the norms' 4). With
-  ``model.gradient_checkpointing`` each layer keeps only its input ``h`` and one layer is recomputed at
-  a time: ``T·(L·h + A)``. A no-grad forward holds one layer's intermediates ``T·(3I + 4h)``.
+  attention: q, k, v as the packed attention regroups them, its output and o_proj's contiguous input
+  ``3·H·d + 2·K·d``; SwiGLU: gate, SiLU(gate), up, their product ``4·I``; ``A`` elements in all,
+  ``c`` bytes each (the norms' 4); the final norm ``3h`` once. Counted with
+  ``torch.autograd.graph.saved_tensors_hooks`` on a scratch Qwen2 (CPU, bucketed attention): exact
+  to the element. With ``model.gradient_checkpointing`` each layer keeps only its input ``h`` and one
+  layer is recomputed at a time: ``T·(L·h + A + 3h)``. A no-grad forward holds one layer's intermediates ``T·(3I + 4h)``.
 * log-prob chunks over the vocabulary (:func:`verl_core.models.packed.chunked_log_probs`): the LM head
   runs on response positions only (``T_r = T·R/(prompt + R)``), ``C`` tokens at a time; a chunk holds
   4 float32 ``(C, V)`` buffers at once (logits, log-sum-exp's two temporaries, the entropy's or the
@@ -139,17 +140,19 @@ class MemoryPlan:
 def activation_elements(g: Geometry) -> int:
     """``A``: elements one decoder layer saves for backward per token (module docstring)."""
     d = g.head_dim
-    return 2 * 3 * g.hidden_size + 5 * g.num_heads * d + 4 * g.num_kv_heads * d + 4 * g.intermediate_size
+    return 2 * 3 * g.hidden_size + 3 * g.num_heads * d + 2 * g.num_kv_heads * d + 4 * g.intermediate_size
 
 
 def activation_bytes(g: Geometry, tokens: int, c: int, *, checkpointed: bool) -> int:
-    """Saved activations of a ``tokens``-token micro-batch: ``T·L·A·c`` (norms' fp32 halves counted at
-    4 bytes), or checkpointed ``T·(L·h·4 + A·c)``."""
+    """Saved activations of a ``tokens``-token micro-batch: ``T·(L·A + 3h)`` elements, the norms' at 4
+    bytes, the others at ``c``; checkpointed ``T·(L·h + A + 3h)`` (each layer's input, one layer
+    recomputed in backward). ``3h``: the final norm's input, normalised and scaled outputs."""
     norms = 2 * 3 * g.hidden_size  # fp32 whatever c is
     per_layer = norms * 4 + (activation_elements(g) - norms) * c
+    final = 3 * g.hidden_size * 4
     if checkpointed:
-        return tokens * (g.num_layers * g.hidden_size * 4 + per_layer)
-    return tokens * g.num_layers * per_layer
+        return tokens * (g.num_layers * g.hidden_size * 4 + per_layer + final)
+    return tokens * (g.num_layers * per_layer + final)
 
 
 def no_grad_layer_bytes(g: Geometry, tokens: int, c: int) -> int:

@@ -41,13 +41,14 @@ def _component(cfg: VerlFlowConfig, name: str, phase: str = "actor update") -> i
 
 
 def test_activation_formulas_by_hand() -> None:
-    # A = 2 norms·3h + 5·H·d + 4·K·d + 4·I = 48 + 40 + 16 + 64 = 168 elements per token and layer
-    assert activation_elements(TINY) == 168
-    # fp32, 10 tokens: T·L·A·4 = 10·2·168·4 = 13,440 bytes
-    assert activation_bytes(TINY, 10, 4, checkpointed=False) == 13_440
-    # checkpointed: each layer's input kept (T·L·h·4 = 640) + one layer recomputed (T·A·4 = 6,720)
-    assert activation_bytes(TINY, 10, 4, checkpointed=True) == 7_360
-    # bf16 compute: the norms' 48 elements stay fp32 (4 B), the other 120 take 2 B: 10·2·(192 + 240)
+    # A = 2 norms·3h + 3·H·d + 2·K·d + 4·I = 48 + 24 + 8 + 64 = 144 elements per token and layer
+    assert activation_elements(TINY) == 144
+    # fp32, 10 tokens: T·(L·A + 3h)·4 = 10·(288 + 24)·4 = 12,480 bytes (3h: the final norm)
+    assert activation_bytes(TINY, 10, 4, checkpointed=False) == 12_480
+    # checkpointed: each layer's input (L·h = 16), one layer recomputed (A = 144), the final norm (24)
+    assert activation_bytes(TINY, 10, 4, checkpointed=True) == 10 * (16 + 144 + 24) * 4
+    # bf16 compute: a layer's 48 norm elements stay fp32 (4 B), its other 96 take 2 B: 384 B; plus the
+    # final norm's 24·4: 10·(2·384 + 96) = 8,640
     assert activation_bytes(TINY, 10, 2, checkpointed=False) == 8_640
     # a no-grad forward holds one layer's intermediates: T·(3I + 4h)·c = 10·(48 + 32)·4 = 3,200
     assert no_grad_layer_bytes(TINY, 10, 4) == 3_200
@@ -132,3 +133,31 @@ def test_a_run_that_fits_is_allowed() -> None:
 def test_quickstart_configs_fit_in_4_gib(name: str) -> None:
     plan = plan_memory(_cfg(config=name))
     assert shortfalls(plan, Capacity({"cpu": 4 * GIB}, {"cpu": "given"})) == []
+
+
+def test_activation_formula_matches_the_tensors_a_packed_forward_saves() -> None:
+    # every tensor autograd saves in a packed forward of a scratch Qwen2's decoder (parameters aside,
+    # each storage once) against T·(L·A + 3h)·4: within 10% (the decoder alone saves 2h of the final
+    # norm's 3h, the third being the LM head's input; RoPE's cos/sin and index tensors are extra)
+    import torch
+
+    from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
+    from verl_core.models.packed import PackedCausalLM, packed_hidden_states
+    from verl_core.planning.geometry import from_hf_config
+
+    config = scratch_config(ScratchSpec("qwen2", 64, 2, 4, 2, 176, 256), 300, eos_token_id=0, pad_token_id=0)
+    model = PackedCausalLM(init_causal_lm(config, seed=0).train())
+    tokens = 128
+    ids, cu = torch.randint(0, 300, (tokens,)), torch.arange(0, tokens + 1, 32, dtype=torch.int32)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        packed_hidden_states(model.lm, ids, cu)
+    predicted = activation_bytes(from_hf_config(model.lm.config), tokens, 4, checkpointed=False)
+    assert abs(sum(saved.values()) / predicted - 1) < 0.10
