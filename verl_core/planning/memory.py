@@ -20,9 +20,10 @@ full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` q
   attention: q, k, v as the packed attention regroups them, its output and o_proj's contiguous input
   ``3·H·d + 2·K·d``; SwiGLU: gate, SiLU(gate), up, their product ``4·I``; ``A`` elements in all,
   ``c`` bytes each (the norms' 4); the final norm ``3h`` once. Counted with
-  ``torch.autograd.graph.saved_tensors_hooks`` on a scratch Qwen2 (CPU, bucketed attention): exact
-  to the element. With ``model.gradient_checkpointing`` each layer keeps only its input ``h`` and one
-  layer is recomputed at a time: ``T·(L·h + A + 3h)``. A no-grad forward holds one layer's intermediates ``T·(3I + 4h)``.
+  ``torch.autograd.graph.saved_tensors_hooks`` on a scratch Qwen2 (CPU, bucketed attention): within
+  2% (RoPE's cos/sin and index tensors aside). With ``model.gradient_checkpointing`` each layer keeps
+  only its input ``h`` and one layer is recomputed at a time: ``T·(L·h + A + 3h)``. A no-grad forward
+  holds one layer's intermediates ``T·(3I + 4h)``.
 * log-prob chunks over the vocabulary (:func:`verl_core.models.packed.chunked_log_probs`): the LM head
   runs on response positions only (``T_r = T·R/(prompt + R)``), ``C`` tokens at a time; a chunk holds
   4 float32 ``(C, V)`` buffers at once (logits, log-sum-exp's two temporaries, the entropy's or the
