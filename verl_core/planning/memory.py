@@ -364,7 +364,11 @@ def _trainer(
         act = activation_bytes(
             g, t, DTYPE_BYTES[cr.mixed_precision.param_dtype or m.dtype], checkpointed=False
         )
-        phases["critic update"] = (*resident, *critic.update, _c("critic activations", act, f"T={t:,}·L·A"))
+        phases["critic update"] = (
+            *resident,
+            *critic.update,
+            _c("critic activations", act, f"T={t:,} × (L·A + 3h)"),
+        )
     state = sum(c.nbytes for c in resident if "moments" in c.name)
     phases["checkpoint"] = (*resident, _c("serialised trainer state", state, "the moments, in memory"))
     if ro.name == "vllm" or (ro.name == "auto" and run.gpu):
@@ -386,7 +390,10 @@ def _forward_backward(
     """Saved activations and the log-prob chunks of a ``tokens``-token micro-batch under grad (the LM
     head on its response positions, or on every token for SFT)."""
     a = activation_bytes(g, tokens, run.c, checkpointed=checkpointed)
-    shape = "(L·h + A)" if checkpointed else "L·A"
+    other = activation_bytes(g, tokens, run.c, checkpointed=not checkpointed) / GIB
+    shape = f"(L·h + A + 3h); without checkpointing {other:.2f} GiB" if checkpointed else (
+        f"(L·A + 3h); with checkpointing {other:.2f} GiB"
+    )  # fmt: skip
     t_r = run.response_tokens(tokens) if response_share else tokens
     return (
         _c(f"{label} activations", a, f"T={tokens:,} × {shape}, A={activation_elements(g):,}"),
