@@ -191,7 +191,22 @@ class _Trained:
 
     device: tuple[Component, ...]
     host: tuple[Component, ...]
-    update: tuple[Component, ...]
+    grads: Component  # all gradients, from the first backward to the optimizer step
+    head_grad: Component  # the LM head's, allocated first in a backward (the critic: none)
+    step: Component  # the optimizer step's temporaries
+    extras: tuple[Component, ...]  # compute copies, gathered units: through forward and backward
+
+    def update(self, saved: tuple[Component, ...], several: bool) -> tuple[Component, ...]:
+        """What an update holds at its peak beside the resident state, ``saved`` being a micro-batch's
+        activations: with ``several`` micro-batches per optimizer step the second runs forward beside
+        the first's gradients (all of them); with one, gradients are freed after each step
+        (``set_to_none``), so the peak is the larger of the forward-backward (activations and the LM
+        head's gradient) and the step (all gradients and its temporaries)."""
+        if several:
+            return (self.grads, self.step, *self.extras, *saved)
+        fwd = (self.head_grad, *self.extras, *saved)
+        step = (self.grads, self.step, *self.extras)
+        return max(fwd, step, key=lambda parts: sum(c.nbytes for c in parts))
 
 
 @dataclass(frozen=True)
@@ -212,27 +227,34 @@ class _Placement:
 
 
 def _trained(
-    label: str, g: Geometry, frozen: float, trainable: int, matmul: int, b: int, c: int, at: _Placement
+    label: str,
+    g: Geometry,
+    frozen: float,
+    trainable: int,
+    matmul: int,
+    b: int,
+    c: int,
+    at: _Placement,
+    head: int,
 ) -> _Trained:
     """Weights (``frozen`` bytes + ``trainable``·b), AdamW moments, gradients of one model, sharded by
-    its placement, on the host with ``offload``."""
+    its placement, on the host with ``offload``; ``head``: trainable parameters of its LM head."""
     sw, sg, so = at.shards()
     weights = _c(f"{label} weights", (frozen + trainable * b) / sw, f"P·b/{sw}, P_t = {trainable:,}, b = {b}")
     moments = _c(f"{label} AdamW moments", 2 * trainable * b / so, f"2·P_t·b/{so}")
     largest = min(trainable, max(g.embedding_params, g.hidden_size * g.intermediate_size))
-    update = [
-        _c(f"{label} gradients", trainable * b / sg, f"P_t·b/{sg}"),
-        _c(f"{label} optimizer step temporaries", largest * b, f"largest tensor {largest:,}·b"),
-    ]
+    grads = _c(f"{label} gradients", trainable * b / sg, f"P_t·b/{sg}")
+    head_grad = _c(f"{label} LM head gradient", head * b / sg, f"V·h·b/{sg} (first in backward)")
+    step = _c(f"{label} optimizer step temporaries", largest * b, f"largest tensor {largest:,}·b")
+    extras = []
     if c < b:
-        update.append(_c(f"{label} compute copies", matmul * c / sw, f"N·c = {matmul:,}·{c} (autocast)"))
+        extras.append(_c(f"{label} compute copies", matmul * c / sw, f"N·c = {matmul:,}·{c} (autocast)"))
     if sw > 1:  # FSDP2 all-gathers the root (embedding, head) and a layer or two in the compute dtype
-        update.append(
-            _c(f"{label} gathered units", (g.embedding_params + 2 * g.layer_params) * c, "(V·h + 2 layers)·c")
-        )
-    if at.offload:
-        return _Trained(device=(), host=(weights, moments), update=tuple(update))
-    return _Trained(device=(weights, moments), host=(), update=tuple(update))
+        gathered = (g.embedding_params + 2 * g.layer_params) * c
+        extras.append(_c(f"{label} gathered units", gathered, "(V·h + 2 layers)·c"))
+    held = (weights, moments)
+    device, host = ((), held) if at.offload else (held, ())
+    return _Trained(device, host, grads, head_grad, step, tuple(extras))
 
 
 @dataclass(frozen=True)
@@ -255,6 +277,10 @@ class _Run:
         if self.floor:
             return self.seq
         return max(self.seq, min(budget, -(-mini_samples // self.world) * self.seq))
+
+    def several(self, tokens: int, mini_samples: int) -> bool:
+        """Whether a rank's mini-batch of ``mini_samples`` takes more than one ``tokens`` micro-batch."""
+        return -(-mini_samples // self.world) * self.seq > tokens
 
     def response_tokens(self, tokens: int) -> int:
         return tokens * self.resp // self.seq
@@ -305,11 +331,11 @@ def _policy(cfg: VerlFlowConfig, run: _Run, label: str) -> _Trained:
     m, a, g = cfg.model, cfg.actor, run.g
     at = _Placement(a.strategy, a.zero_stage, a.param_offload, run.world)
     if not m.lora_rank:
-        return _trained(label, g, 0, g.n_params, g.matmul_params, run.b, run.c, at)
+        return _trained(label, g, 0, g.n_params, g.matmul_params, run.b, run.c, at, g.embedding_params)
     frozen: float = g.n_params * run.b
     if m.quantization is not None:  # the layers' weights in ``bits``, the embedding in the compute dtype
         frozen = g.num_layers * g.layer_params * m.quantization.bits / 8 + g.embedding_params * run.c
-    return _trained(label, g, frozen, g.lora_params(m.lora_rank), g.matmul_params, run.b, run.c, at)
+    return _trained(label, g, frozen, g.lora_params(m.lora_rank), g.matmul_params, run.b, run.c, at, 0)
 
 
 def _trainer(
@@ -331,7 +357,7 @@ def _trainer(
         n_c = g.n_params - (0 if g.tied_embeddings else g.embedding_params) + g.hidden_size + 1
         c_c = DTYPE_BYTES[cr.mixed_precision.param_dtype or m.dtype]
         at = _Placement(cr.strategy, cr.zero_stage, cr.param_offload, run.world)
-        critic = _trained("critic", g, 0, n_c, g.matmul_params - g.embedding_params, run.b, c_c, at)
+        critic = _trained("critic", g, 0, n_c, g.matmul_params - g.embedding_params, run.b, c_c, at, 0)
         resident, host = [*resident, *critic.device], [*host, *critic.host]
     if ro.name == "hf" and (not ro.share_weights or cfg.trainer.rollout_ahead):
         resident.append(_c("HF engine's own copy", g.n_params * run.c, "P·c"))
@@ -352,23 +378,18 @@ def _trainer(
         _c("no-grad layer", no_grad_layer_bytes(g, t, run.c), f"T={t:,}·(3I + 4h)·c"),
         _c(f"log-prob chunks (V={g.vocab_rows:,})", chunks, f"{CHUNK_BUFFERS}·C·V·4"),
     )
-    micro = a.ppo_micro_batch_size_per_gpu * run.seq
-    t = run.tokens(a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else micro, a.ppo_mini_batch_size * ro.n)
-    phases["actor update"] = (
-        *resident,
-        *actor.update,
-        *_forward_backward(g, t, run, m.gradient_checkpointing, "actor"),
-    )
+    micro, mini = a.ppo_micro_batch_size_per_gpu * run.seq, a.ppo_mini_batch_size * ro.n
+    t = run.tokens(a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else micro, mini)
+    saved: tuple[Component, ...] = _forward_backward(g, t, run, m.gradient_checkpointing, "actor")
+    phases["actor update"] = (*resident, *actor.update(saved, run.several(t, mini)))
     if critic is not None:
-        t = run.tokens(cr.ppo_max_token_len_per_gpu, cr.ppo_mini_batch_size * ro.n)
+        mini = cr.ppo_mini_batch_size * ro.n
+        t = run.tokens(cr.ppo_max_token_len_per_gpu, mini)
         act = activation_bytes(
             g, t, DTYPE_BYTES[cr.mixed_precision.param_dtype or m.dtype], checkpointed=False
         )
-        phases["critic update"] = (
-            *resident,
-            *critic.update,
-            _c("critic activations", act, f"T={t:,} × (L·A + 3h)"),
-        )
+        saved = (_c("critic activations", act, f"T={t:,} × (L·A + 3h)"),)
+        phases["critic update"] = (*resident, *critic.update(saved, run.several(t, mini)))
     state = sum(c.nbytes for c in resident if "moments" in c.name)
     phases["checkpoint"] = (*resident, _c("serialised trainer state", state, "the moments, in memory"))
     if ro.name == "vllm" or (ro.name == "auto" and run.gpu):
@@ -379,8 +400,9 @@ def _trainer(
             _policy(cfg, run, "SFT policy"),
             run.tokens(cfg.sft.max_token_len_per_batch, cfg.sft.batch_size),
         )
-        sft_t = _forward_backward(g, t, run, m.gradient_checkpointing, "SFT", response_share=False)
-        phases["sft"] = (*dev0, *sft.device, *sft.update, *sft_t)
+        saved = _forward_backward(g, t, run, m.gradient_checkpointing, "SFT", response_share=False)
+        several = run.several(t, cfg.sft.batch_size)
+        phases["sft"] = (*dev0, *sft.device, *sft.update(saved, several))
     return tuple(resident), tuple(host), phases
 
 
