@@ -97,9 +97,10 @@ def check_fits(cfg: VerlFlowConfig) -> str | None:
     if cfg.trainer.device == "cuda" and "cuda" not in capacity.pools:
         return None  # no GPU here: the run fails on its device, not on a plan
     try:
-        return unfit_line(cfg, capacity, floor=True)
+        line = unfit_line(cfg, capacity, floor=True)
     except ConfigError:
         return None  # a pretrained model whose config.json is not reachable yet: its load says why
+    return None if line is None else f"{line} (trainer.refuse_unfit=false runs it anyway)"
 
 
 def _print_memory(plan: MemoryPlan, floor: MemoryPlan, capacity: Capacity) -> None:
