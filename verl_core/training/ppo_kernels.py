@@ -129,20 +129,34 @@ def response_log_probs(
     entropy_grad: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """``(S, R)`` log-probs of the response tokens (and entropies, differentiable if ``entropy_grad``)
-    under ``model``, 0 where masked. The LM head runs on the S·R gathered positions only."""
+    under ``model``, 0 where masked. The LM head runs on the S·R gathered positions only; without
+    autograd on the real response tokens only (the padded layout can be mostly padding: at a vocabulary
+    of 151,936 each padded row is a 600 KB row of logits). Each row's log-prob is computed alone, so
+    the values are the same; under autograd the padded rows stay, since dropping them would reorder
+    the sums of the head's weight gradient (other float rounding)."""
+    shape = batch.gather_index.shape
+    real = None if torch.is_grad_enabled() else batch.response_mask.flatten() > 0  # (S·R,)
+    positions = batch.gather_index.flatten()  # (S·R,)
     out, _ = model(
         batch.input_ids,
         batch.cu_seqlens,
         temperature=temperature,
         with_entropy=with_entropy,
         entropy_grad=entropy_grad,
-        positions=batch.gather_index.flatten(),  # (S·R,)
+        positions=positions if real is None else positions[real],  # (S·R,) or (real tokens,)
         shared=batch.shared,
     )
-    shape = batch.gather_index.shape
-    logp = out.log_probs.view(shape) * batch.response_mask
-    ent = None if out.entropy is None else out.entropy.view(shape) * batch.response_mask
+    logp = _unpack(out.log_probs, real).view(shape) * batch.response_mask
+    ent = None if out.entropy is None else _unpack(out.entropy, real).view(shape) * batch.response_mask
     return logp, ent
+
+
+def _unpack(values: Tensor, real: Tensor | None) -> Tensor:
+    """``values`` of the ``real`` positions (``(real.sum(),)``) laid out on all ``(S·R,)`` of them,
+    0 elsewhere; ``real`` None: ``values`` already are."""
+    if real is None:
+        return values
+    return torch.zeros(real.shape, dtype=values.dtype, device=values.device).masked_scatter_(real, values)
 
 
 def response_values(critic: PackedScoreModel, batch: PPOBatch) -> Tensor:
