@@ -11,9 +11,11 @@ Figures measured so far and their history: ``benchmarks/RESULTS.md``.
 ``--device`` cpu (default), cuda or auto (ours ``trainer.device``, TRL ``use_cpu``); ``--dtype bfloat16``:
 bf16 mixed precision with fp32 master weights on both sides (ours ``{actor,ref}.mixed_precision``, our
 generation staying in fp32; TRL ``bf16=True``); ``--shape quickstart`` (the config's ~0.3M-parameter
-Qwen2) or ``0.5b`` (Qwen2.5-0.5B's geometry from scratch, vocabulary from the run's tokenizer, no
-download). Printed too: the device, a plain matmul's FLOP/s in ``--dtype`` from the same run, achieved
-FLOP/s of the training phases (FLOPs of :mod:`_hw`, on real tokens) and peak memory.
+Qwen2) or ``0.5b`` (Qwen2.5-0.5B's geometry from scratch, 494M parameters: the run's tokenizer padded to
+Qwen2.5's 151,936 ids, ``model.vocab_pad_to``, no download; CPU: ``--sft-steps 0`` and a tiny workload,
+``--batch 4 --n 2 --mini 2 --max-new-tokens 32 --iterations 2 --repeats 1``: ~12.5 GiB peak RSS).
+Printed too: the device, a plain matmul's FLOP/s in ``--dtype`` from the same run, achieved FLOP/s of
+the training phases (FLOPs of :mod:`_hw`, on real tokens) and peak memory.
 
 Set-up (not timed): ``configs/quickstart_grpo.yaml`` with its batch geometry overridden (default 8
 prompts × 4 samples, 2 optimizer steps per iteration) on a temporary store; our stages build the data,
@@ -89,6 +91,9 @@ SHAPES: dict[str, list[str]] = {
         "model.num_key_value_heads=2",
         "model.intermediate_size=4864",
         "model.vocab_size=32000",
+        # the trained tokenizer (a few hundred ids on this data) padded with unused ids to Qwen2.5's
+        # 151,936 rows: the embedding and LM head (136M of the 494M parameters) at their real cost
+        "model.vocab_pad_to=151936",
     ],
 }
 
