@@ -87,14 +87,31 @@ class PeakRSS:
 @contextmanager
 def previous_head() -> Iterator[None]:
     """The LM head as it was before issue 37: chunks of ``chunk_size`` tokens whatever the vocabulary,
-    each checkpointed chunk's backward making its own ``(V, H)`` weight gradient (the ``z / 1`` copy at
-    temperature 1 aside)."""
+    each checkpointed chunk's backward making its own ``(V, H)`` weight gradient, no-grad passes on
+    the padded ``(S, R)`` layout (the ``z / 1`` copy at temperature 1 aside)."""
     saved = packed._CHUNK_LOGITS_ELEMENTS, lm_head.fits
     packed._CHUNK_LOGITS_ELEMENTS, lm_head.fits = 2**62, lambda *a: False  # type: ignore[assignment]
+    _PADDED.append(True)
     try:
         yield
     finally:
         packed._CHUNK_LOGITS_ELEMENTS, lm_head.fits = saved  # type: ignore[assignment]
+        _PADDED.clear()
+
+
+_PADDED: list[bool] = []  # [True] inside previous_head()
+
+
+def padded_log_probs(actor: PackedCausalLM, batch: Any) -> torch.Tensor:
+    """The no-grad pass before issue 37: the LM head on all S·R positions of the padded layout."""
+    out, _ = actor(
+        batch.input_ids,
+        batch.cu_seqlens,
+        with_entropy=False,
+        positions=batch.gather_index.flatten(),
+        shared=batch.shared,
+    )
+    return out.log_probs.view(batch.gather_index.shape) * batch.response_mask
 
 
 def measure(name: str, fn: Callable[[], None], repeats: int, ab: bool = False) -> None:
@@ -180,7 +197,7 @@ def model_part(args: argparse.Namespace, shape: tuple[int, int, int, int, int]) 
 
     def log_prob_pass() -> None:
         with torch.no_grad():
-            response_log_probs(actor, batch)
+            padded_log_probs(actor, batch) if _PADDED else response_log_probs(actor, batch)
 
     def update_micro_batch() -> None:
         actor_loss(actor, batch, old, adv, old, spec, norm).loss.backward()
