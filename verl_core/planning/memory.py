@@ -9,8 +9,10 @@ full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` q
 ``d``, vocabulary ``V``.
 
 * weights ``P·b``; gradients ``P_t·b`` (trainable ``P_t``: all, or the LoRA adapters), alive from a
-  micro-batch's backward to the optimizer step (``zero_grad(set_to_none=True)``); AdamW moments
-  ``2·P_t·b``; the step's temporaries one largest tensor (``foreach=False``: one parameter at a time).
+  micro-batch's backward to the optimizer step (``zero_grad(set_to_none=True)``): with several
+  micro-batches per step the second's forward meets all of them; with one, only the LM head's
+  (``V·h·b``, the first computed in backward); AdamW moments ``2·P_t·b``; the step's temporaries one
+  largest tensor (``foreach=False``: one parameter at a time).
   Sharded (``fsdp2``; ``deepspeed`` ZeRO 1: moments, 2: + gradients, 3: + weights) they are ``/W``;
   with ``param_offload`` they move to the host's RAM.
 * mixed precision (``param_dtype`` below ``model.dtype``): autocast's compute copies of the matmul
@@ -35,12 +37,15 @@ full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` q
   bucket (``rollout.weight_sync_bucket_mb``); the whole model in the engine's dtype is staged in
   ``/dev/shm`` (machine RAM) and memory-mapped by the engine while it reloads.
 * checkpoint: the trainer state (moments) serialised in memory, ``2·P_t·b`` (+ the critic's).
+* on CPU, :data:`CPU_HEAP_RETAINED` of an update's freed activations and logits stays resident (glibc's
+  heap) under the checkpoint's and the weight sync's buffers.
 * a per-process baseline: Python, torch, transformers, Prefect, MLflow, pyarrow resident (measured, see
   :data:`TRAINER_BASELINE`), vLLM's engine process and its runtime (:data:`VLLM_BASELINE`).
 
 Not counted: the attention's score matrices (the packed backends never build ``T×T``), rollout data
-(kilobytes), allocator fragmentation. Each figure is an upper bound over the iteration's lengths:
-every sample at its full prompt and response length.
+(kilobytes), the engine start's and export's transient copies. By default every sample has its full
+prompt and response length (a bound); ``floor`` plans one-sample micro-batches (the least the config
+allows). Predicted against measured peaks: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
