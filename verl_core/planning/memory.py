@@ -51,11 +51,13 @@ allows). Predicted against measured peaks: benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from verl_core.planning.geometry import Geometry, geometry_of
+from verl_core.planning.parts import Component, MemoryPlan, ProcessMemory
+
+__all__ = ["Component", "MemoryPlan", "ProcessMemory", "plan_memory"]
 
 if TYPE_CHECKING:
     from verl_core.config.schema import VerlFlowConfig
@@ -84,66 +86,6 @@ CHUNK_BUFFERS = 4
 # buffers are single large allocations (mmap) that cannot reuse them, so they come on top. Measured:
 # 0.78 on the 135M PPO run (benchmarks/plan_vs_peaks.py), 0.4 on a 49M update alone; 0.75 here.
 CPU_HEAP_RETAINED = 0.75
-
-
-@dataclass(frozen=True)
-class Component:
-    """``nbytes`` of one thing a process holds; ``shared``: the same pages are counted by another
-    entry of the plan (staged weights the engine maps), left out of a pool's sum."""
-
-    name: str
-    nbytes: int
-    formula: str
-    shared: bool = False
-
-
-@dataclass(frozen=True)
-class ProcessMemory:
-    """One process's use of one memory pool (``cpu``: the machine's RAM; ``cuda``: one GPU), per phase
-    of the run: ``phases[name]`` lists every component live at that phase's peak; a phase it has no
-    entry for holds ``idle``. ``count``: processes like this one drawing on the same pool."""
-
-    name: str
-    role: str  # "trainer" | "vllm" | "staging"
-    pool: str  # "cpu" | "cuda"
-    idle: tuple[Component, ...]
-    phases: Mapping[str, tuple[Component, ...]] = field(default_factory=dict)
-    count: int = 1
-
-    def at(self, phase: str, *, pooled: bool = False) -> int:
-        """Bytes held at ``phase``; ``pooled``: without ``shared`` components."""
-        parts = self.phases.get(phase, self.idle)
-        return sum(c.nbytes for c in parts if not (pooled and c.shared))
-
-    @property
-    def peak_phase(self) -> str:
-        """The phase it holds most at (``idle`` when no phase holds more than ``idle``)."""
-        best = max(self.phases, key=self.at, default="idle")
-        return best if self.at(best) > self.at("idle") else "idle"
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.at(self.peak_phase)
-
-    def components(self, phase: str | None = None) -> tuple[Component, ...]:
-        return self.phases.get(phase or self.peak_phase, self.idle)
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    processes: tuple[ProcessMemory, ...]
-    geometry: Geometry
-
-    def pool_need(self, pool: str) -> tuple[int, str]:
-        """``(bytes, phase)``: the most the processes on ``pool`` hold at once, over the phases."""
-        names = {p for proc in self.processes for p in proc.phases} | {"idle"}
-        on = [p for p in self.processes if p.pool == pool]
-        best = max(names, key=lambda ph: sum(p.at(ph, pooled=True) * p.count for p in on))
-        return sum(p.at(best, pooled=True) * p.count for p in on), best
-
-    @property
-    def pools(self) -> list[str]:
-        return sorted({p.pool for p in self.processes})
 
 
 # -- the formulas ------------------------------------------------------------------------------
