@@ -343,15 +343,8 @@ def _trainer(
         )
         saved = (_c("critic activations", act, f"T={t:,} × (L·A + 3h)"),)
         phases["critic update"] = (*resident, *critic.update(saved, run.several(t, mini)))
-    updates = [parts for name, parts in phases.items() if name.endswith("update")]
-    freed = max(
-        sum(c.nbytes for c in parts if "activations" in c.name or "chunks" in c.name) for parts in updates
-    )
-    held = (
-        ()
-        if run.gpu
-        else (_c("heap kept from the update", CPU_HEAP_RETAINED * freed, "glibc, CPU_HEAP_RETAINED"),)
-    )
+    freed = max(_freed(parts) for name, parts in phases.items() if name.endswith("update"))
+    held = () if run.gpu else (_c("heap kept from the update", CPU_HEAP_RETAINED * freed, "glibc"),)
     state = sum(c.nbytes for c in resident if "moments" in c.name)
     phases["checkpoint"] = (*resident, *held, _c("serialised trainer state", state, "the moments, in memory"))
     if ro.name == "vllm" or (ro.name == "auto" and run.gpu):
@@ -369,7 +362,15 @@ def _trainer(
         saved = _forward_backward(g, t, run, m.gradient_checkpointing, "SFT", response_share=False)
         several = run.several(t, cfg.sft.batch_size)
         phases["sft"] = (*dev0, *sft.device, *sft.update(saved, several))
+        kept = () if run.gpu else (_c("heap kept from the step", CPU_HEAP_RETAINED * _freed(saved), "glibc"),)
+        moments = _c("serialised trainer state", 2 * sft.grads.nbytes, "the moments, in memory")
+        phases["sft checkpoint"] = (*dev0, *sft.device, *kept, moments)
     return tuple(resident), tuple(host), phases
+
+
+def _freed(parts: tuple[Component, ...]) -> int:
+    """An update's activations and logit chunks: what it frees (into the heap, on CPU)."""
+    return sum(c.nbytes for c in parts if "activations" in c.name or "chunks" in c.name)
 
 
 def _forward_backward(
@@ -413,7 +414,7 @@ def _vllm(cfg: VerlFlowConfig, run: _Run, gpu_bytes: int | None) -> list[Process
     base = _c("vLLM baseline (process, runtime)", VLLM_BASELINE, "measured")
     staging = _c("staged weights (/dev/shm)", staged, "every state-dict tensor·c")
     mapped = _c("staged weights mapped", staged, "the /dev/shm files it reads", shared=True)
-    before: dict[str, tuple[Component, ...]] = {"sft": ()} if cfg.sft.enable else {}  # started for RL
+    before: dict[str, tuple[Component, ...]] = {"sft": (), "sft checkpoint": ()} if cfg.sft.enable else {}
     out = [ProcessMemory("/dev/shm staging", "staging", "cpu", (), {**before, "weight sync": (staging,)})]
     if not run.gpu:
         kv_gib = ro.kv_cache_gib if ro.kv_cache_gib is not None else ro.cpu_kv_cache_gib
