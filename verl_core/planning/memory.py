@@ -35,7 +35,7 @@ full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` q
   vLLM's: ``rollout.kv_cache_gib`` (CPU: ``cpu_kv_cache_gib``) or ``gpu_memory_utilization`` of the GPU.
 * weight sync to vLLM (:func:`verl_core.rollout.weight_sync.staged_weights`): the trainer holds one
   bucket (``rollout.weight_sync_bucket_mb``); the whole model in the engine's dtype is staged in
-  ``/dev/shm`` (machine RAM) and memory-mapped by the engine while it reloads.
+  ``/dev/shm`` (machine RAM) and memory-mapped by the engine one bucket file at a time while it reloads.
 * checkpoint: the trainer state (moments) serialised in memory, ``2·P_t·b`` (+ the critic's).
 * on CPU, :data:`CPU_HEAP_RETAINED` of an update's freed activations and logits stays resident (glibc's
   heap) under the checkpoint's and the weight sync's buffers.
@@ -413,7 +413,8 @@ def _vllm(cfg: VerlFlowConfig, run: _Run, gpu_bytes: int | None) -> list[Process
     )
     base = _c("vLLM baseline (process, runtime)", VLLM_BASELINE, "measured")
     staging = _c("staged weights (/dev/shm)", staged, "every state-dict tensor·c")
-    mapped = _c("staged weights mapped", staged, "the /dev/shm files it reads", shared=True)
+    bucket = min(ro.weight_sync_bucket_mb * MIB, staged)  # it maps one bucket file at a time
+    mapped = _c("staged bucket mapped", bucket, "one /dev/shm file while it reads it", shared=True)
     before: dict[str, tuple[Component, ...]] = {"sft": (), "sft checkpoint": ()} if cfg.sft.enable else {}
     out = [ProcessMemory("/dev/shm staging", "staging", "cpu", (), {**before, "weight sync": (staging,)})]
     if not run.gpu:
