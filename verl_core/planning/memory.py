@@ -35,7 +35,9 @@ full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` q
   vLLM's: ``rollout.kv_cache_gib`` (CPU: ``cpu_kv_cache_gib``) or ``gpu_memory_utilization`` of the GPU.
 * weight sync to vLLM (:func:`verl_core.rollout.weight_sync.staged_weights`): the trainer holds one
   bucket (``rollout.weight_sync_bucket_mb``); the whole model in the engine's dtype is staged in
-  ``/dev/shm`` (machine RAM) and memory-mapped by the engine one bucket file at a time while it reloads.
+  ``/dev/shm`` (machine RAM) and memory-mapped by the engine one bucket file at a time while it reloads;
+  vLLM's CPU backend holds its linear layers as oneDNN-packed copies and restores them in their
+  loading layout to reload (``L·layer·c`` more), and its LM head twice (the embedding's and a packed one).
 * checkpoint: the trainer state (moments) serialised in memory, ``2·P_t·b`` (+ the critic's).
 * on CPU, :data:`CPU_HEAP_RETAINED` of an update's freed activations and logits stays resident (glibc's
   heap) under the checkpoint's and the weight sync's buffers.
@@ -421,10 +423,12 @@ def _vllm(cfg: VerlFlowConfig, run: _Run, gpu_bytes: int | None) -> list[Process
         kv_gib = ro.kv_cache_gib if ro.kv_cache_gib is not None else ro.cpu_kv_cache_gib
         key = "kv_cache_gib" if ro.kv_cache_gib is not None else "cpu_kv_cache_gib"
         idle = (base, weights, _c("vLLM KV cache", kv_gib * GIB, f"rollout.{key}"), sampler)
+        # its CPU backend runs the linear layers on oneDNN-packed copies of their weights; a reload
+        # restores the layers' weights in their loading layout beside them before packing again
+        restored = _c("layers restored for reload", g.num_layers * g.layer_params * run.c / tp, "L·layer·c")
+        sync = (*idle, mapped, restored)
         out.append(
-            ProcessMemory(
-                "vLLM engine", "vllm", "cpu", idle, {**before, "weight sync": (*idle, mapped)}, engines
-            )
+            ProcessMemory("vLLM engine", "vllm", "cpu", idle, {**before, "weight sync": sync}, engines)
         )
         return out
     # GPU: its share of the device while awake; asleep during the updates (sleep mode: weights on the
