@@ -18,7 +18,9 @@ the previous task's; the stages run one after another in local mode).
 ``--kill-resume`` runs the config in a second store under the same run id, SIGKILLs every process of
 the tree once RL iteration 2's rollout is committed (its update is then running), reruns the same
 command (a rerun of a run id resumes it) and compares the sha256 of ``ckpt/iter-0003``'s policy
-weights with the uninterrupted run's (``--reference``: its store; by default this script's GRPO run).
+weights with the uninterrupted run's (``--reference``: its store; by default this script's GRPO run);
+``--seed-stages`` first links that run's committed preprocess/template_pack/SFT stages into the new
+store, so that only the RL phase runs again.
 Writes ``<root>/<variant>.json``; prints a table.
 """
 
@@ -58,7 +60,14 @@ VARIANTS: dict[str, list[str]] = {
         "trainer.total_iterations=2",
     ],
     # LoRA r=16 on all linear layers: the reference is the base with adapters off (no second copy)
-    "lora": ["model.lora_rank=16", "model.lora_alpha=32", "actor.lr=1e-4", "trainer.total_iterations=2"],
+    # (SFT off: a LoRA SFT would train the adapter alone; the variant measures the RL phase)
+    "lora": [
+        "model.lora_rank=16",
+        "model.lora_alpha=32",
+        "actor.lr=1e-4",
+        "sft.enable=false",
+        "trainer.total_iterations=2",
+    ],
 }
 QUESTION = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -98,6 +107,7 @@ class TreeSampler(threading.Thread):
         self.root, self.period_s = root, period_s
         self.peak_total = self.peak_total_shm = 0
         self.per_pid: dict[int, dict[str, Any]] = {}
+        self.samples: list[tuple[float, int, int, int]] = []  # (time, tree, trainer, vLLM processes)
         self.shm0 = _shm_used()
         self._done = threading.Event()
 
@@ -110,7 +120,7 @@ class TreeSampler(threading.Thread):
 
     def run(self) -> None:
         while not self._done.is_set():
-            total = 0
+            total = root_rss = vllm_rss = 0
             for pid in self.pids():
                 try:
                     p = psutil.Process(pid)
@@ -119,8 +129,12 @@ class TreeSampler(threading.Thread):
                     continue
                 total += rss
                 rec = self.per_pid.setdefault(pid, {"role": "?", "peak_rss": 0})
-                rec["role"] = _role(p)  # again each time: a process may rename itself after it starts
+                role = _role(p)  # again each time: a process may rename itself after it starts
+                rec["role"] = role if role != "?" else rec["role"]
                 rec["peak_rss"] = max(rec["peak_rss"], rss)
+                root_rss += rss if pid == self.root else 0
+                vllm_rss += rss if rec["role"].lower().startswith("vllm") else 0
+            self.samples.append((time.time(), total, root_rss, vllm_rss))
             self.peak_total = max(self.peak_total, total)
             self.peak_total_shm = max(self.peak_total_shm, total + max(0, _shm_used() - self.shm0))
             self._done.wait(self.period_s)
@@ -180,8 +194,23 @@ def run_pipeline(store: Path, overrides: list[str], kill_when: Path | None = Non
             time.sleep(0.5)
         rc = proc.wait()
     memory = sampler.stop()
+    memory["stage_peak"] = stage_memory(sampler.samples, store)
     wall = time.monotonic() - t0
     return {"cmd": " ".join(cmd[1:]), "rc": rc, "killed": killed, "wall_s": wall, "log": str(log), **memory}
+
+
+def stage_memory(samples: list[tuple[float, int, int, int]], store: Path) -> dict[str, dict[str, float]]:
+    """Per task name: the peak RSS of the tree, of the root process and of the vLLM processes
+    over the samples taken while it ran (its interval in the run log)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, start, end in stage_intervals(store):
+        inside = [x for x in samples if start <= x[0] <= end]
+        if not inside:
+            continue
+        rec = out.setdefault(name, {"tree_gib": 0.0, "root_gib": 0.0, "vllm_gib": 0.0})
+        for key, i in (("tree_gib", 1), ("root_gib", 2), ("vllm_gib", 3)):
+            rec[key] = round(max(rec[key], max(x[i] for x in inside) / GIB), 2)
+    return out
 
 
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \| \w+ +\| (.*)$")
@@ -191,6 +220,14 @@ _DONE = re.compile(r"Task run '(.+)-[0-9a-f]+' - Finished in state Completed")
 def stage_times(store: Path) -> dict[str, float]:
     """Seconds per task name (summed over iterations) from the run log(s) under ``store/logs``."""
     times: dict[str, float] = {}
+    for name, start, end in stage_intervals(store):
+        times[name] = times.get(name, 0.0) + end - start
+    return times
+
+
+def stage_intervals(store: Path) -> list[tuple[str, float, float]]:
+    """``(task name, start, end)`` (epoch seconds) of every completed task in the run log(s)."""
+    spans: list[tuple[str, float, float]] = []
     for path in sorted((store / "logs" / RUN_ID).glob("*.log")):
         prev = None
         for line in path.read_text(errors="replace").splitlines():
@@ -200,10 +237,10 @@ def stage_times(store: Path) -> dict[str, float]:
             t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
             done = _DONE.search(m.group(2))
             if done and prev is not None:
-                times[done.group(1)] = times.get(done.group(1), 0.0) + t - prev
+                spans.append((done.group(1), prev, t))
             if done or "Beginning" in m.group(2):
                 prev = t
-    return times
+    return spans
 
 
 def policy_sha256(store: Path, iteration: int) -> str | None:
@@ -213,6 +250,22 @@ def policy_sha256(store: Path, iteration: int) -> str | None:
         return None
     files = json.loads(manifest.read_text())["files"]
     return next((f["sha256"] for f in files if f["name"].endswith("model.safetensors")), None)
+
+
+SEED_STAGES = ("preprocess", "template_pack", "sft")
+
+
+def seed_stages(reference: Path, store: Path) -> list[str]:
+    """Hard-link the uninterrupted run's committed data and SFT stages into ``store`` (artifacts are
+    immutable; a stage whose inputs and params match is skipped by the rerun), so that the kill-resume
+    run spends its time on the RL iterations. Returns the stages linked."""
+    linked = []
+    for stage in SEED_STAGES:
+        src = reference / "runs" / RUN_ID / stage
+        if (src / "manifest.json").exists():
+            shutil.copytree(src, store / "runs" / RUN_ID / stage, copy_function=os.link)
+            linked.append(stage)
+    return linked
 
 
 def ask_server(store: Path, port: int) -> dict[str, Any]:
@@ -279,8 +332,15 @@ def _table(report: dict[str, Any]) -> None:
         print(f"\n{name}: rc {r['rc']}, wall {r['wall_s']:.0f} s, peak RSS {total:.2f} GiB (+ shm {shm:.2f})")
         for p in r["processes"]:
             print(f"  {p['role']:<28} pid {p['pid']:>7}  peak RSS {p['peak_rss_gib']:6.2f} GiB")
+        peaks = r.get("stage_peak", {})
         for stage, s in r.get("stage_s", {}).items():
-            print(f"  stage {stage:<22} {s:8.1f} s")
+            m = peaks.get(stage, {})
+            mem = (
+                f"  peak tree {m['tree_gib']:5.2f} GiB (root {m['root_gib']:5.2f}, vLLM {m['vllm_gib']:5.2f})"
+                if m
+                else ""
+            )
+            print(f"  stage {stage:<22} {s:8.1f} s{mem}")
     for key in ("serve", "kill_resume"):
         if key in report:
             print(f"\n{key}: {json.dumps(report[key], indent=1, default=str)}")
@@ -292,6 +352,12 @@ def main() -> None:
     ap.add_argument("--kill-resume", action="store_true", help="kill -9 in RL iteration 2 and resume")
     ap.add_argument("--root", type=Path, default=REPO / "runs" / "scale_pipeline")
     ap.add_argument("--reference", type=Path, help="store of the uninterrupted run (default: <root>/grpo)")
+    ap.add_argument(
+        "--seed-stages",
+        action="store_true",
+        help="take the committed preprocess, template_pack and SFT of the reference (GRPO) run: a stage "
+        "whose params and inputs match is skipped",
+    )
     ap.add_argument("--no-serve", action="store_true", help="skip verl-flow serve")
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("overrides", nargs="*", help="dotted config overrides")
@@ -308,6 +374,8 @@ def main() -> None:
     if not args.kill_resume:
         store = args.root / args.variant
         shutil.rmtree(store, ignore_errors=True)
+        if args.seed_stages:
+            report["stages_taken_from_the_grpo_run"] = seed_stages(args.root / "grpo", store)
         run = run_pipeline(store, overrides)
         run["stage_s"] = stage_times(store)
         report["runs"][args.variant] = run
@@ -316,6 +384,8 @@ def main() -> None:
     else:
         store = args.root / name
         shutil.rmtree(store, ignore_errors=True)
+        ref = args.reference or args.root / args.variant
+        seeded = seed_stages(ref, store) if args.seed_stages else []
         # iteration 2 (iter-0001) has its rollouts committed: its update is running when the kill lands
         marker = store / "runs" / RUN_ID / "iter-0001" / "reward" / "manifest.json"
         # export and eval read the checkpoint and change no weights: off, to save their time
@@ -324,15 +394,12 @@ def main() -> None:
         second = run_pipeline(store, lean)
         second["stage_s"] = stage_times(store)
         report["runs"] = {"killed": first, "resumed": second}
-        ref = args.reference or args.root / args.variant
-        last = int(
-            next(o for o in [*overrides, "trainer.total_iterations=3"] if "total_iterations" in o).split("=")[
-                1
-            ]
-        )
+        iters = [o for o in overrides if o.startswith("trainer.total_iterations=")]
+        last = int(iters[-1].split("=")[1]) if iters else 3
         mine, theirs = policy_sha256(store, last), policy_sha256(ref, last)
         report["kill_resume"] = {
             "killed_at": "iteration 2 (iter-0001), after its reward stage committed",
+            "stages_taken_from_the_uninterrupted_run": seeded,
             "killed": first["killed"],
             "policy_sha256_resumed": mine,
             "policy_sha256_uninterrupted": theirs,
