@@ -161,3 +161,61 @@ def report(records: list[dict[str, Any]], fit_sizes: tuple[str, ...]) -> None:
     flops_table(records)
     orchestration_table(records)
     fit_and_check(records, fit_sizes)
+
+
+def record_from_pipeline(run_dir: str, mlflow_db: str, rate_flops: float, label: str) -> dict[str, Any]:
+    """A record of the last iteration of a pipeline run in a local store (``run_dir`` = the store's
+    ``runs/<run id>``), for checking the cost model on a run it was not fitted on: its config
+    (``run.json``), the lengths of its rollouts, and the kernel seconds its tracking logged
+    (``timing_s/*`` in the MLflow database ``mlflow_db``). ``rate_flops``: a matmul rate measured near
+    that run (the run measures none)."""
+    import json
+    import sqlite3
+    from dataclasses import replace
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from verl_core.config import VerlFlowConfig
+    from verl_core.planning.cost import workload_of
+    from verl_core.planning.geometry import geometry_of
+
+    cfg = VerlFlowConfig.model_validate(json.loads((Path(run_dir) / "run.json").read_text())["config"])
+    last = cfg.trainer.total_iterations - 1
+    stage = Path(run_dir) / f"iter-{last:04d}" / "rollout"
+    manifest = json.loads((stage / "manifest.json").read_text())
+    path = next(f["path"] for f in manifest["files"] if f["name"] == "rollouts.parquet")
+    table = pq.read_table(stage / path, columns=["prompt_length", "response_length"])
+    p, r = (table.column(c).to_pylist() for c in ("prompt_length", "response_length"))
+    w = replace(workload_of(cfg, sum(p) / len(p), sum(r) / len(r)), max_new_tokens=max(r))
+    with sqlite3.connect(mlflow_db) as db:
+        rows = db.execute(
+            "select key, value from metrics where key like 'timing_s/%' and step = ?", (last,)
+        ).fetchall()
+    logged = {k.removeprefix("timing_s/"): v for k, v in rows}
+    phases = {("generation" if k == "rollout" else k): v for k, v in logged.items()}
+    g = geometry_of(cfg.model)
+    return {
+        "size": label, "algo": cfg.algorithm.adv_estimator, "geometry": asdict(g), "n_params": g.n_params,
+        "workload_model": asdict(w), "rate_flops": rate_flops,
+        "iterations": [{"phases": {k: v for k, v in phases.items() if k in PHASES}}],
+    }  # fmt: skip
+
+
+def check_external(
+    records: list[dict[str, Any]], external: dict[str, Any], fit_sizes: tuple[str, ...]
+) -> None:
+    """The cost model fitted on ``fit_sizes`` against ``external``'s kernel phases."""
+    fit = [r for r in records if r["size"] in fit_sizes]
+    cal = fit_calibration(
+        [(features(r)[p], s) for r in fit for p, s in measured(r).items() if p in features(r)]
+    )
+    pred = predict(features(external), cal)
+    meas = external["iterations"][-1]["phases"]
+    print(
+        f"\nPREDICTED {external['size']} ({external['algo']}, a pipeline run): phase | measured | predicted"
+    )
+    print("| phase | measured s | predicted s | ratio |\n|---|---|---|---|")
+    for p in PHASES:
+        if p in pred and meas.get(p, 0.0) > 1e-3:  # a skipped phase (old log-probs of one mini-batch)
+            print(f"| {p} | {_s(meas[p])} | {_s(pred[p])} | {pred[p] / meas[p]:.2f} |")
