@@ -87,9 +87,13 @@ def test_vllm_engine_holds_weights_kv_cache_and_maps_the_staged_sync() -> None:
     engine = next(p for p in plan_memory(cfg).processes if p.role == "vllm")
     names = {c.name: c.nbytes for c in engine.idle}
     assert names["vLLM KV cache"] == GIB // 2
-    # during the sync it maps the staged files too, counted once in the machine's total (/dev/shm)
+    # during the sync it maps a staged bucket file too (its pages counted once in the machine's
+    # total, as /dev/shm), and restores its layers' weights beside the packed ones: L·layer·c
+    g = geometry_of(cfg.model)
     assert engine.peak_phase == "weight sync"
-    assert engine.at("weight sync", pooled=True) == engine.at("idle")
+    restored = g.num_layers * g.layer_params * 4
+    assert engine.at("weight sync", pooled=True) == engine.at("idle") + restored
+    assert engine.at("weight sync") > engine.at("weight sync", pooled=True)
 
 
 def test_sharding_divides_the_model_state_by_the_ranks() -> None:
