@@ -3,7 +3,7 @@ one actor update micro-batch (forward + backward), at Qwen2.5-0.5B's geometry wi
 151,936 rows (from scratch, no download), CPU.
 
     flock /tmp/heavy.lock .venv/bin/python benchmarks/lm_head.py --ab --repeats 1   # before/after, ~10 min
-    .venv/bin/python benchmarks/lm_head.py --part head --sweep 1024,256,110         # the head alone
+    .venv/bin/python benchmarks/lm_head.py --part head --sweep 1024,441,110         # the head alone
     .venv/bin/python benchmarks/lm_head.py --shape quickstart --vocab 327           # the quickstart's
 
 ``--part head``: the chunked log-prob computation alone (:func:`verl_core.models.packed.chunked_log_probs`)

@@ -178,9 +178,9 @@ def _chunk_logprobs(
 # Below this many float32 logits in the whole call (N·V; 64 Mi elements = 256 MiB) backward keeps them
 # instead of recomputing each chunk (activation checkpointing would run the LM head twice).
 _KEEP_LOGITS_ELEMENTS = 64 * 2**20
-# The most float32 logits of one chunk (C·V; 16 Mi elements = 64 MiB): C = chunk_size up to a vocabulary
-# of 16,384; at 151,936, 110 tokens.
-_CHUNK_LOGITS_ELEMENTS = 16 * 2**20
+# The most float32 logits of one chunk (C·V; 64 Mi elements = 256 MiB): C = chunk_size up to a vocabulary
+# of 65,536; at 151,936, 441 tokens (smaller chunks cost time on CPU: each one streams the whole head).
+_CHUNK_LOGITS_ELEMENTS = 64 * 2**20
 
 
 def logits_chunk_tokens(chunk_size: int, vocab_size: int) -> int:

@@ -16,10 +16,10 @@ from verl_core.models.packed import chunked_log_probs, logits_chunk_tokens
 
 
 def test_chunk_tokens_by_hand() -> None:
-    budget = packed._CHUNK_LOGITS_ELEMENTS  # 16 Mi = 16,777,216 logits
-    # Qwen2.5's 151,936 rows: 110 × 151,936 = 16,712,960 ≤ 16,777,216 < 111 × 151,936 = 16,864,896
-    assert logits_chunk_tokens(1024, 151_936) == 110
-    # the quickstart's 327 rows: 16 Mi / 327 = 51,306 tokens, so chunk_size (1024) decides
+    budget = packed._CHUNK_LOGITS_ELEMENTS  # 64 Mi = 67,108,864 logits
+    # Qwen2.5's 151,936 rows: 441 × 151,936 = 67,003,776 ≤ 67,108,864 < 442 × 151,936 = 67,155,712
+    assert logits_chunk_tokens(1024, 151_936) == 441
+    # the quickstart's 327 rows: 64 Mi / 327 = 205,225 tokens, so chunk_size (1024) decides
     assert logits_chunk_tokens(1024, 327) == 1024
     assert logits_chunk_tokens(1024, budget // 1024) == 1024  # the largest vocabulary left as it was
     assert logits_chunk_tokens(1024, budget + 1) == 1  # never 0 tokens
