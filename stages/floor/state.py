@@ -478,12 +478,21 @@ def sync_rollout_weights(state: RLState) -> float:
 
 def release_cached_memory() -> None:
     """Free Python's garbage and return the CUDA caching allocator's unused blocks to the driver
-    (nothing on a process that never initialised CUDA)."""
+    (nothing on a process that never initialised CUDA), and glibc's freed heap to the OS: glibc keeps
+    freed blocks under its mmap threshold (which rises to 32 MiB as larger tensors are freed, so a
+    0.5B model's activations and gradients) resident until ``malloc_trim``; without it a CPU
+    trainer holds the update's high-water mark through weight sync and generation."""
+    import contextlib
+    import ctypes
     import gc
+    import sys
 
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def rest_engine(state: RLState) -> None:
