@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 GpuOpt = Annotated[
     str | None,
-    typer.Option("--gpu", help="GPU the config runs on where this machine has none (e.g. H100, H200, A100)"),
+    typer.Option(
+        "--gpu", help="Plan for a machine with this GPU (e.g. H100, H200, A100); its RAM: --ram-gib"
+    ),
 ]
 
 
@@ -130,7 +132,7 @@ def _print_memory(plan: MemoryPlan, floor: MemoryPlan, capacity: Capacity) -> No
     for pool in plan.pools:
         need, phase = plan.pool_need(pool)
         have = capacity.pools.get(pool)
-        source = capacity.source.get(pool, "unknown (--gpu / --gpu-memory-gib)")
+        source = capacity.source.get(pool, "unknown (--gpu / --gpu-memory-gib, --ram-gib)")
         least = gib(floor.pool_need(pool)[0])
         totals.add_row(pool, gib(need), phase, least, gib(have) if have is not None else "?", source)
     print_table(totals)

@@ -79,12 +79,13 @@ def gpu_memory(name: str | None) -> tuple[int, str] | None:
 def machine_capacity(
     *, ram_gib: float | None = None, gpu: str | None = None, gpu_memory_gib: float | None = None
 ) -> Capacity:
-    """This machine's :class:`Capacity`, each figure replaced by the one given."""
+    """This machine's :class:`Capacity`, each figure replaced by the one given. A GPU named (``gpu``) is
+    another machine's: its RAM is unknown (not checked) unless ``ram_gib`` says it."""
     pools: dict[str, int] = {}
     source: dict[str, str] = {}
     if ram_gib is not None:
         pools["cpu"], source["cpu"] = int(ram_gib * GIB), "given"
-    else:
+    elif gpu is None:
         pools["cpu"], source["cpu"] = host_ram_available(), "MemAvailable now"
     if gpu_memory_gib is not None:
         pools["cuda"], source["cuda"] = int(gpu_memory_gib * GIB), "given"
@@ -159,7 +160,7 @@ def _knobs(cfg: VerlFlowConfig) -> list[list[str]]:
     if not m.lora_rank:
         tries.append(["model.lora_rank=16"])
     if cfg.trainer.device == "cuda":
-        if not a.param_offload:
+        if not a.param_offload and cfg.world_size > 1:  # fsdp2 runs under torch.distributed only
             tries.append(["actor.strategy=fsdp2", "actor.param_offload=true"])
         tries += [[f"trainer.n_gpus_per_node={k}", "actor.strategy=fsdp2"] for k in (2, 4, 8)]
     return tries

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from verl_core.planning.geometry import Geometry, geometry_of
-from verl_core.planning.parts import Component, MemoryPlan, ProcessMemory
+from verl_core.planning.parts import Component, MemoryPlan, Parts, ProcessMemory
 
 __all__ = ["Component", "MemoryPlan", "ProcessMemory", "plan_memory"]
 
@@ -144,14 +144,14 @@ class _Trained:
     """What one trained model (actor, critic, SFT policy) holds: on its device, offloaded to the host,
     and added during an update (gradients, compute copies, step temporaries)."""
 
-    device: tuple[Component, ...]
-    host: tuple[Component, ...]
+    device: Parts
+    host: Parts
     grads: Component  # all gradients, from the first backward to the optimizer step
     head_grad: Component  # the LM head's, allocated first in a backward (the critic: none)
     step: Component  # the optimizer step's temporaries
-    extras: tuple[Component, ...]  # compute copies, gathered units: through forward and backward
+    extras: Parts  # compute copies, gathered units: through forward and backward
 
-    def update(self, saved: tuple[Component, ...], several: bool) -> tuple[Component, ...]:
+    def update(self, saved: Parts, several: bool) -> Parts:
         """What an update holds at its peak beside the resident state, ``saved`` being a micro-batch's
         activations: with ``several`` micro-batches per optimizer step the second runs forward beside
         the first's gradients (all of them); with one, gradients are freed after each step
@@ -267,10 +267,10 @@ def plan_memory(
     pool = "cuda" if run.gpu else "cpu"
     ranks = cfg.trainer.n_gpus_per_node
     name = "trainer" if run.world == 1 else f"trainer (each of {ranks} ranks)"
-    device, host, phases = _trainer(cfg, run)
+    device, host, phases, host_phases = _trainer(cfg, run)
     procs = [ProcessMemory(name, "trainer", pool, device, phases, ranks)]
     if run.gpu:
-        procs.append(ProcessMemory(f"{name}, host RAM", "trainer", "cpu", host, {}, ranks))
+        procs.append(ProcessMemory(f"{name}, host RAM", "trainer", "cpu", host, host_phases, ranks))
     ro = cfg.rollout
     if ro.name == "vllm" or (ro.name == "auto" and run.gpu):
         procs += _vllm(cfg, run, gpu_bytes)
@@ -293,10 +293,9 @@ def _policy(cfg: VerlFlowConfig, run: _Run, label: str) -> _Trained:
     return _trained(label, g, frozen, g.lora_params(m.lora_rank), g.matmul_params, run.b, run.c, at, 0)
 
 
-def _trainer(
-    cfg: VerlFlowConfig, run: _Run
-) -> tuple[tuple[Component, ...], tuple[Component, ...], dict[str, tuple[Component, ...]]]:
-    """The trainer process: ``(idle on its device, on the host, phases)``."""
+def _trainer(cfg: VerlFlowConfig, run: _Run) -> tuple[Parts, Parts, dict[str, Parts], dict[str, Parts]]:
+    """The trainer process: ``(idle on its device, idle on the host, phases, the host's phases)`` (on
+    CPU the device is the host: everything in the first and third)."""
     m, a, cr, ro, g = cfg.model, cfg.actor, cfg.critic, cfg.rollout, run.g
     base = _c("baseline (Python, torch, libraries)", TRAINER_BASELINE, "measured")
     dev0 = [_c("CUDA context", CUDA_CONTEXT, "per process")] if run.gpu else [base]
@@ -316,7 +315,7 @@ def _trainer(
         resident, host = [*resident, *critic.device], [*host, *critic.host]
     if ro.name == "hf" and (not ro.share_weights or cfg.trainer.rollout_ahead):
         resident.append(_c("HF engine's own copy", g.n_params * run.c, "P·c"))
-    phases: dict[str, tuple[Component, ...]] = {}
+    phases: dict[str, Parts] = {}
     if ro.name == "hf" or (ro.name == "auto" and not run.gpu):
         batch = min(ro.max_batch_size, run.rows)
         kv = batch * run.seq * g.kv_bytes_per_token * run.c
@@ -335,7 +334,7 @@ def _trainer(
     )
     micro, mini = a.ppo_micro_batch_size_per_gpu * run.seq, a.ppo_mini_batch_size * ro.n
     t = run.tokens(a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else micro, mini)
-    saved: tuple[Component, ...] = _forward_backward(g, t, run, m.gradient_checkpointing, "actor")
+    saved: Parts = _forward_backward(g, t, run, m.gradient_checkpointing, "actor")
     phases["actor update"] = (*resident, *actor.update(saved, run.several(t, mini)))
     if critic is not None:
         mini = cr.ppo_mini_batch_size * ro.n
@@ -347,14 +346,23 @@ def _trainer(
         phases["critic update"] = (*resident, *critic.update(saved, run.several(t, mini)))
     freed = max(_freed(parts) for name, parts in phases.items() if name.endswith("update"))
     held = () if run.gpu else (_c("heap kept from the update", CPU_HEAP_RETAINED * freed, "glibc"),)
-    state = sum(c.nbytes for c in resident if "moments" in c.name)
-    phases["checkpoint"] = (*resident, *held, _c("serialised trainer state", state, "the moments, in memory"))
+    host_phases: dict[str, Parts] = {}
+
+    def on_host(phase: str, device_side: Parts, *parts: Component) -> None:
+        """``parts`` live in the host's RAM: beside ``device_side`` in one pool on CPU, apart on a GPU."""
+        if run.gpu:
+            phases[phase], host_phases[phase] = device_side, (*host, *parts)
+        else:
+            phases[phase] = (*device_side, *parts)
+
+    moments = sum(c.nbytes for c in (*resident, *host) if "moments" in c.name)
+    state = _c("serialised trainer state", moments, "the moments, in memory")
+    gathered = (_c("moments gathered to the host", moments, "cpu_offload"),) if run.gpu else ()
+    on_host("checkpoint", (*resident, *held), *gathered, state)
     if ro.name == "vllm" or (ro.name == "auto" and run.gpu):
         bucket = min(ro.weight_sync_bucket_mb * MIB, _staged_bytes(run))
-        phases["weight sync"] = (
-            *resident,
-            *held,
-            _c("staging bucket", bucket, "rollout.weight_sync_bucket_mb"),
+        on_host(
+            "weight sync", (*resident, *held), _c("staging bucket", bucket, "rollout.weight_sync_bucket_mb")
         )
     if cfg.sft.enable:  # its own policy and optimizer, gone before RL starts
         sft, t = (
@@ -365,12 +373,14 @@ def _trainer(
         several = run.several(t, cfg.sft.batch_size)
         phases["sft"] = (*dev0, *sft.device, *sft.update(saved, several))
         kept = () if run.gpu else (_c("heap kept from the step", CPU_HEAP_RETAINED * _freed(saved), "glibc"),)
-        moments = _c("serialised trainer state", 2 * sft.grads.nbytes, "the moments, in memory")
-        phases["sft checkpoint"] = (*dev0, *sft.device, *kept, moments)
-    return tuple(resident), tuple(host), phases
+        sft_moments = 2 * sft.grads.nbytes
+        sft_state = _c("serialised trainer state", sft_moments, "the moments, in memory")
+        sft_gathered = (_c("moments gathered to the host", sft_moments, "cpu_offload"),) if run.gpu else ()
+        on_host("sft checkpoint", (*dev0, *sft.device, *kept), *sft_gathered, sft_state)
+    return tuple(resident), tuple(host), phases, host_phases
 
 
-def _freed(parts: tuple[Component, ...]) -> int:
+def _freed(parts: Parts) -> int:
     """An update's activations and logit chunks: what it frees (into the heap, on CPU)."""
     return sum(c.nbytes for c in parts if "activations" in c.name or "chunks" in c.name)
 
@@ -410,14 +420,12 @@ def _vllm(cfg: VerlFlowConfig, run: _Run, gpu_bytes: int | None) -> list[Process
     staged = _staged_bytes(run)
     # vLLM's CPU backend holds the output projection apart from a tied embedding: every name once
     weights = _c("vLLM weights", staged / tp, f"every state-dict tensor·c/{tp}")
-    sampler = _c(
-        "vLLM sampler logits", 2 * VLLM_MAX_NUM_SEQS * g.vocab_rows * 4, f"2·{VLLM_MAX_NUM_SEQS}·V·4"
-    )
+    sampler = _c("vLLM sampler logits", 2 * VLLM_MAX_NUM_SEQS * g.vocab_rows * 4, "2·max_num_seqs·V·4")
     base = _c("vLLM baseline (process, runtime)", VLLM_BASELINE, "measured")
     staging = _c("staged weights (/dev/shm)", staged, "every state-dict tensor·c")
     bucket = min(ro.weight_sync_bucket_mb * MIB, staged)  # it maps one bucket file at a time
     mapped = _c("staged bucket mapped", bucket, "one /dev/shm file while it reads it", shared=True)
-    before: dict[str, tuple[Component, ...]] = {"sft": (), "sft checkpoint": ()} if cfg.sft.enable else {}
+    before: dict[str, Parts] = {"sft": (), "sft checkpoint": ()} if cfg.sft.enable else {}
     out = [ProcessMemory("/dev/shm staging", "staging", "cpu", (), {**before, "weight sync": (staging,)})]
     if not run.gpu:
         kv_gib = ro.kv_cache_gib if ro.kv_cache_gib is not None else ro.cpu_kv_cache_gib
@@ -436,7 +444,7 @@ def _vllm(cfg: VerlFlowConfig, run: _Run, gpu_bytes: int | None) -> list[Process
     context = _c("CUDA context", CUDA_CONTEXT, "per process")
     if ro.kv_cache_gib is not None:
         kv = _c("vLLM KV cache", ro.kv_cache_gib * GIB / tp, "rollout.kv_cache_gib")
-        awake: tuple[Component, ...] = (context, weights, kv, sampler)
+        awake: Parts = (context, weights, kv, sampler)
     else:
         share = ro.gpu_memory_utilization * (gpu_bytes or 0)
         of = "GPU memory unknown" if gpu_bytes is None else f"{gpu_bytes / GIB:.0f} GiB"

@@ -20,6 +20,9 @@ class Component:
     shared: bool = False
 
 
+Parts = tuple[Component, ...]
+
+
 @dataclass(frozen=True)
 class ProcessMemory:
     """One process's use of one memory pool (``cpu``: the machine's RAM; ``cuda``: one GPU), per phase
@@ -29,8 +32,8 @@ class ProcessMemory:
     name: str
     role: str  # "trainer" | "vllm" | "staging"
     pool: str  # "cpu" | "cuda"
-    idle: tuple[Component, ...]
-    phases: Mapping[str, tuple[Component, ...]] = field(default_factory=dict)
+    idle: Parts
+    phases: Mapping[str, Parts] = field(default_factory=dict)
     count: int = 1
 
     def at(self, phase: str, *, pooled: bool = False) -> int:
@@ -48,7 +51,7 @@ class ProcessMemory:
     def peak_bytes(self) -> int:
         return self.at(self.peak_phase)
 
-    def components(self, phase: str | None = None) -> tuple[Component, ...]:
+    def components(self, phase: str | None = None) -> Parts:
         return self.phases.get(phase or self.peak_phase, self.idle)
 
 
