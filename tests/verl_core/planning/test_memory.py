@@ -165,3 +165,25 @@ def test_activation_formula_matches_the_tensors_a_packed_forward_saves() -> None
         packed_hidden_states(model.lm, ids, cu)
     predicted = activation_bytes(from_hf_config(model.lm.config), tokens, 4, checkpointed=False)
     assert abs(sum(saved.values()) / predicted - 1) < 0.10
+
+
+def test_on_a_gpu_vllm_takes_its_share_awake_and_the_checkpoint_lives_in_host_ram() -> None:
+    cfg = _cfg("trainer.device=cuda", "rollout.name=vllm", "rollout.gpu_memory_utilization=0.4")
+    plan = plan_memory(cfg, gpu_bytes=80 * GIB)
+    by_name = {p.name: p for p in plan.processes}
+    engine = by_name["vLLM engine (GPU)"]
+    # awake (generation, reload): 0.4 × 80 GiB = 32 GiB; asleep during the updates: its CUDA context
+    assert engine.at("generate") == int(0.4 * 80 * GIB)
+    assert engine.at("actor update") < GIB
+    # the checkpoint serialises the moments in the host's RAM (gathered there first), not on the GPU
+    on_gpu, on_host = by_name["trainer"].components("checkpoint"), by_name["trainer, host RAM"]
+    assert not any("serialised" in c.name for c in on_gpu)
+    moments = sum(c.nbytes for c in on_gpu if "moments" in c.name)
+    assert (
+        sum(
+            c.nbytes
+            for c in on_host.components("checkpoint")
+            if c.name != "baseline (Python, torch, libraries)"
+        )
+        == 2 * moments
+    )
