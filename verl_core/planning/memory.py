@@ -40,7 +40,8 @@ full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` q
   loading layout to reload (``L·layer·c`` more), and its LM head twice (the embedding's and a packed one).
 * checkpoint: the trainer state (moments) serialised in memory, ``2·P_t·b`` (+ the critic's).
 * on CPU, :data:`CPU_HEAP_RETAINED` of an update's freed activations and logits stays resident (glibc's
-  heap) under the checkpoint's and the weight sync's buffers.
+  heap) under the checkpoint's buffer, unless a weight sync trimmed it first (``malloc_trim`` before
+  every sync to an engine with its own weights: vLLM, an HF engine's own copy).
 * a per-process baseline: Python, torch, transformers, Prefect, MLflow, pyarrow resident (measured, see
   :data:`TRAINER_BASELINE`), vLLM's engine process and its runtime (:data:`VLLM_BASELINE`).
 
@@ -86,7 +87,8 @@ CHUNK_BUFFERS = 4
 # phases after it: glibc keeps freed heap pages (medium tensors come from its heap once its mmap
 # threshold has risen) and returns them only on malloc_trim. The checkpoint's and the weight sync's
 # buffers are single large allocations (mmap) that cannot reuse them, so they come on top. Measured:
-# 0.78 on the 135M PPO run (benchmarks/plan_vs_peaks.py), 0.4 on a 49M update alone; 0.75 here.
+# 0.78 on the 135M PPO run before the sync trimmed the heap (benchmarks/plan_vs_peaks.py), 0.4 on a 49M
+# update alone; 0.75 here.
 CPU_HEAP_RETAINED = 0.75
 
 
@@ -345,7 +347,9 @@ def _trainer(cfg: VerlFlowConfig, run: _Run) -> tuple[Parts, Parts, dict[str, Pa
         saved = (_c("critic activations", act, f"T={t:,} × (L·A + 3h)"),)
         phases["critic update"] = (*resident, *critic.update(saved, run.several(t, mini)))
     freed = max(_freed(parts) for name, parts in phases.items() if name.endswith("update"))
-    held = () if run.gpu else (_c("heap kept from the update", CPU_HEAP_RETAINED * freed, "glibc"),)
+    # a sync to an engine with its own weights trims the heap first (release_cached_memory)
+    trimmed = run.gpu or ro.name != "hf" or not ro.share_weights or cfg.trainer.rollout_ahead > 0
+    held = () if trimmed else (_c("heap kept from the update", CPU_HEAP_RETAINED * freed, "glibc"),)
     host_phases: dict[str, Parts] = {}
 
     def on_host(phase: str, device_side: Parts, *parts: Component) -> None:
