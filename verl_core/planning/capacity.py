@@ -159,6 +159,8 @@ def _knobs(cfg: VerlFlowConfig) -> list[list[str]]:
             tries.append(["rollout.share_weights=true"])
     if not m.lora_rank:
         tries.append(["model.lora_rank=16"])
+    if m.dtype == "float32":  # half the weights and moments (the preflight refuses it where AdamW
+        tries.append(["model.dtype=bfloat16"])  # steps would round away)
     if cfg.trainer.device == "cuda":
         if not a.param_offload and cfg.world_size > 1:  # fsdp2 runs under torch.distributed only
             tries.append(["actor.strategy=fsdp2", "actor.param_offload=true"])
