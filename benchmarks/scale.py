@@ -34,10 +34,11 @@ checkpoint task's body) and load (the policy, trainer state and critic read back
 Parquet writes (``StageWriter.write_table``); tokens/s; peak RSS of the trainer process and of the vLLM
 process tree (sampled with psutil every 0.2 s); bytes the iteration added to the store; each phase's
 FLOPs (:mod:`verl_core.planning.cost`) over its seconds against the matmul rate measured in the same
-child (fp32, ``--threads``). Orchestration (issue 37 item 6): the iteration's wall time
-(``flows.rl.run_iteration``) minus the kernels' seconds, split into Prefect (task call − stage body) and
-artifacts + bookkeeping (stage body − kernel, of which Parquet writes). ``--hf``: the HF engine
-generates the same prompts once after the run (not a pipeline iteration).
+child (fp32, ``--threads``; before the run, before each iteration and after it: the report takes the
+highest, the others caught a moment of the shared machine's load). Orchestration (issue 37 item 6):
+the iteration's wall time (``flows.rl.run_iteration``) minus the kernels' seconds, split into Prefect
+(task call − stage body) and artifacts + bookkeeping (stage body − kernel, of which Parquet writes).
+``--hf``: the HF engine generates the same prompts once after the run (not a pipeline iteration).
 
 JSON (``--out``, default ``/tmp/scale/scale.json``): one record per (size, algorithm), merged into an
 existing file. Figures: ``benchmarks/RESULTS.md``.
@@ -151,6 +152,7 @@ class Recorder:
         self.ckpt_save_s = 0.0
         self.ckpt_bytes = 0
         self.in_checkpoint = False
+        self.rates: list[float] = []  # matmul rates measured before each iteration
 
 
 def _wrap(owner: Any, name: str, after: Callable[[float, Any], None]) -> None:
@@ -187,6 +189,9 @@ def instrument(rec: Recorder, store_dir: Path) -> None:
     run_iteration = rl.run_iteration
 
     def timed_iteration(loop: Any, it: int) -> Any:
+        from verl_core.planning.cost import measure_cpu_matmul_rate
+
+        rec.rates.append(measure_cpu_matmul_rate(seconds=0.5))  # before each iteration, not timed in it
         rec.iteration = it
         t = time.perf_counter()
         out = run_iteration(loop, it)
@@ -318,6 +323,7 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
         "threads": args.threads,
         "rate_flops": (rate_before + rate_after) / 2,
         "rate_before_after": [rate_before, rate_after],
+        "rates_during": rec.rates,
         "load_before": os.getloadavg(),
         "setup_s": setup_s,
         "prefect_start_s": prefect_start,
