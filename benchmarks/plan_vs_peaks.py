@@ -131,10 +131,14 @@ def from_scale(path: Path) -> list[dict[str, object]]:
         peak = rec["peak_rss"]
         for role, measured in (("trainer", peak["trainer"]), ("vllm", peak["vllm_tree"])):
             p = by_role[role]
+            # the trainer's exact high-water mark also covers what the benchmark does after the run
+            # (its checkpoint read back, the HF engine's generation)
+            hwm = peak.get("trainer_ru_maxrss") if role == "trainer" else None
             rows.append({
                 "size": rec["size"], "algo": rec["algo"], "process": role,
                 "predicted_gib": p.peak_bytes / GIB, "phase": p.peak_phase,
                 "measured_gib": measured / GIB, "error": p.peak_bytes / measured - 1,
+                "ru_maxrss_gib": hwm / GIB if hwm else None,
                 "components_gib": {c.name: round(c.nbytes / GIB, 3) for c in p.components()},
             })  # fmt: skip
     return rows
