@@ -57,7 +57,8 @@ def test_phase_flops_count_each_model_and_pass() -> None:
     assert f["old_log_prob"]["fwd_flop"] == half  # the first mini-batch's π_old is its own forward
     assert f["update_actor"]["train_flop"] == 3 * full  # forward + backward
     assert f["update_critic"]["train_flop"] == 3 * 52_480
-    # logits: 20 tokens × 32 rows per pass, 3 passes in training
+    # logits: 20 tokens × 32 rows per pass, 3 passes in training; AdamW: 2 steps × every parameter
+    assert f["update_actor"]["opt_param"] == 2 * TINY.n_params
     assert f["ref"]["logit"] == 640
     assert f["update_actor"]["logit"] == 1_920
     # no reference, no critic: no such phases
@@ -102,8 +103,8 @@ def test_nnls_keeps_coefficients_non_negative() -> None:
 
 def test_fit_recovers_known_coefficients_from_synthetic_rows() -> None:
     truth = Calibration(**{f.name: 0.0 for f in fields(Calibration)})
-    truth = replace(truth, gen_flop=4.0, gen_step_layer=1e-3, gen_call=0.2, fwd_flop=2.0, train_flop=3.0,
-                    logit=1e-8, layer_pass=1e-3, sync_byte=1e-9, sync_call=0.5)  # fmt: skip
+    truth = replace(truth, gen_flop=4.0, gen_call=0.2, fwd_flop=2.0, fwd_call=0.1, train_flop=3.0,
+                    logit=1e-8, opt_param=1e-8, train_call=0.3, sync_byte=1e-9, sync_call=0.5)  # fmt: skip
     geometries = [
         TINY,
         Geometry("qwen2", 64, 4, 4, 2, 16, 128, 1000),
@@ -112,7 +113,9 @@ def test_fit_recovers_known_coefficients_from_synthetic_rows() -> None:
     rows = []
     for g in geometries:
         for s, p, r in ((2, 10.0, 5.0), (8, 30.0, 20.0), (4, 50.0, 7.0)):
-            w = _workload(samples=s, prompt_tokens=p, response_tokens=r, old_log_prob_samples=s // 2)
+            w = _workload(
+                samples=s, prompt_tokens=p, response_tokens=r, old_log_prob_samples=s // 2, actor_steps=s // 2
+            )
             f = phase_features(g, w, rate_flops=1e9)
             pred = predict(f, truth)
             rows += [
@@ -122,7 +125,7 @@ def test_fit_recovers_known_coefficients_from_synthetic_rows() -> None:
     for name, value in asdict(truth).items():
         if value:
             assert fitted[name] == pytest.approx(value, rel=1e-6), name
-    assert fitted["opt_param"] == pytest.approx(0.0, abs=1e-15)  # rows carry no optimizer feature
+    assert fitted["save_byte"] == 0.0  # no row carries a checkpoint feature
 
 
 @pytest.mark.parametrize("calibration", [CPU_CALIBRATION, GPU_CALIBRATION])
