@@ -23,11 +23,11 @@ TABLE_PHASES = (
 )  # fmt: skip
 FLOP_PHASES = {
     "generation": "gen_flop",
-    "old_log_prob": "fwd_flop",
-    "ref": "fwd_flop",
-    "values": "fwd_flop",
-    "update_actor": "train_flop",
-    "update_critic": "train_flop",
+    "old_log_prob": "matmul_flop",
+    "ref": "matmul_flop",
+    "values": "matmul_flop",
+    "update_actor": "matmul_flop",
+    "update_critic": "matmul_flop",
 }
 
 
@@ -138,18 +138,23 @@ def orchestration_table(records: list[dict[str, Any]]) -> None:
 
 
 def fit_and_check(records: list[dict[str, Any]], fit_sizes: tuple[str, ...]) -> Calibration | None:
+    """Fit on ``fit_sizes``, print predicted vs measured for every record. One rate for all: the highest
+    matmul rate measured in any record (the machine without the other helpers' load), so the load a
+    1-s measurement happened to catch does not move one size's FLOP features against another's."""
     fit = [r for r in records if r["size"] in fit_sizes]
     if not fit:
         return None
-    rows = [(features(r)[p], s) for r in fit for p, s in measured(r).items() if p in features(r)]
+    rate = max(best_rate(r) for r in records)
+    rows = [(features(r, rate)[p], s) for r in fit for p, s in measured(r).items() if p in features(r)]
     cal = fit_calibration(rows)
-    print(f"\nCost model fitted on {sorted({r['size'] for r in fit})} ({len(rows)} phase rows):")
+    print(f"\nCost model fitted on {sorted({r['size'] for r in fit})} ({len(rows)} phase rows), rate "
+          f"{rate / 1e9:.0f} GFLOP/s:")  # fmt: skip
     print("  " + ", ".join(f"{k}={v:.3g}" for k, v in asdict(cal).items()))
     for r in sorted(records, key=_key):
-        pred = predict(features(r), cal)
+        pred = predict(features(r, rate), cal)
         meas = measured(r)
         where = "fitted on" if r["size"] in fit_sizes else "PREDICTED"
-        print(f"\n{where} {r['size']} {r['algo']}: phase | measured s | predicted s | predicted/measured")
+        print(f"\n{where} {r['size']} {r['algo']}:\n")
         print("| phase | measured s | predicted s | ratio |\n|---|---|---|---|")
         for p in PHASES:
             if p in pred and p in meas:
@@ -212,16 +217,14 @@ def record_from_pipeline(run_dir: str, mlflow_db: str, rate_flops: float, label:
 def check_external(
     records: list[dict[str, Any]], external: dict[str, Any], fit_sizes: tuple[str, ...]
 ) -> None:
-    """The cost model fitted on ``fit_sizes`` against ``external``'s kernel phases."""
+    """The cost model fitted on ``fit_sizes`` (at the records' highest rate) against ``external``'s
+    kernel phases."""
     fit = [r for r in records if r["size"] in fit_sizes]
-    cal = fit_calibration(
-        [(features(r)[p], s) for r in fit for p, s in measured(r).items() if p in features(r)]
-    )
-    pred = predict(features(external), cal)
+    rate = max(best_rate(r) for r in records)
+    rows = [(features(r, rate)[p], s) for r in fit for p, s in measured(r).items() if p in features(r)]
+    pred = predict(features(external, rate), fit_calibration(rows))
     meas = external["iterations"][-1]["phases"]
-    print(
-        f"\nPREDICTED {external['size']} ({external['algo']}, a pipeline run): phase | measured | predicted"
-    )
+    print(f"\nPREDICTED {external['size']} ({external['algo']}, a pipeline run):\n")
     print("| phase | measured s | predicted s | ratio |\n|---|---|---|---|")
     for p in PHASES:
         if p in pred and meas.get(p, 0.0) > 1e-3:  # a skipped phase (old log-probs of one mini-batch)

@@ -16,7 +16,10 @@ FLOPs (``N`` = :attr:`Geometry.matmul_params`, ``L`` layers, ``d`` = ``H·d_h``,
 * the critic's ``N_c = N − V·h``: a scalar value head instead of the LM head.
 
 A FLOP feature is ``F / rate`` (seconds at the measured matmul rate), so its coefficient is
-``1 / efficiency``: 1.0 means the phase runs at the plain matmul's rate. The other features are the
+``1 / efficiency``: 1.0 means the phase runs at the plain matmul's rate. Forwards and forward + backward
+share one efficiency (the model FLOPs utilisation convention; the backward's extra cost over its FLOPs
+shows in the per-parameter optimizer term and the phase's fixed cost); generation has its own (decode
+at a small batch streams every weight per token: memory-bound on CPU). The other features are the
 costs matmuls do not explain: ``T·V`` log-softmax elements per pass (memory-bound), per trainable
 parameter per optimizer step (AdamW, clipping: memory traffic), per byte synced or checkpointed, per
 sample scored, per stage call and per token stored (orchestration: Prefect task runs, manifests, Parquet,
@@ -71,9 +74,8 @@ class Calibration:
 
     gen_flop: float  # generation FLOPs / rate
     gen_call: float  # per generate call (engine round trip, scheduling)
-    fwd_flop: float  # no-grad forwards (old / ref log-probs, values)
+    matmul_flop: float  # forwards (old / ref log-probs, values) and forward + backward: one efficiency
     fwd_call: float  # per no-grad forward phase (small kernels, Python)
-    train_flop: float  # forward + backward
     train_call: float  # per training phase
     logit: float  # per logit element (T·V) per pass
     opt_param: float  # per trainable parameter per optimizer step
@@ -93,7 +95,7 @@ class Calibration:
 # benchmarks/scale.py on the quickstart's, 34M and 135M geometries (fit_calibration): the defaults of
 # `verl-flow plan` on CPU.
 CPU_CALIBRATION = Calibration(
-    gen_flop=1.0, gen_call=0.0, fwd_flop=1.0, fwd_call=0.0, train_flop=1.0, train_call=0.0, logit=0.0,
+    gen_flop=1.0, gen_call=0.0, matmul_flop=1.0, fwd_call=0.0, train_call=0.0, logit=0.0,
     opt_param=0.0, sync_byte=0.0, sync_call=0.0, save_byte=0.0, load_byte=0.0,
     ckpt_call=0.0, reward_sample=0.0, reward_call=0.0, adv_token=0.0, stage_call=0.0, artifact_token=0.0,
 )  # fmt: skip
@@ -106,7 +108,7 @@ GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12
 # 10% for generation (decode at small batch is memory-bound), fixed costs of a few milliseconds, and
 # store / sync bandwidths of a fast local disk (2 GB/s) and PCIe (10 GB/s).
 GPU_CALIBRATION = Calibration(
-    gen_flop=10.0, gen_call=0.05, fwd_flop=2.5, fwd_call=0.01, train_flop=2.5, train_call=0.02,
+    gen_flop=10.0, gen_call=0.05, matmul_flop=2.5, fwd_call=0.01, train_call=0.02,
     logit=1e-11, opt_param=1e-10, sync_byte=1e-10, sync_call=0.1, save_byte=5e-10,
     load_byte=5e-10, ckpt_call=1.0, reward_sample=1e-4, reward_call=0.01, adv_token=1e-7,
     stage_call=0.1, artifact_token=1e-6,
@@ -214,21 +216,21 @@ def phase_features(g: Geometry, w: Workload, rate_flops: float) -> dict[str, dic
         "generation": {"gen_flop": f[w.samples], "gen_call": 1.0},
         "reward": {"reward_sample": w.samples, "reward_call": 1.0},
         "old_log_prob": {
-            "fwd_flop": f[w.old_log_prob_samples],
+            "matmul_flop": f[w.old_log_prob_samples],
             "logit": old_part * tokens * v,
             "fwd_call": 1.0 if old_part else 0.0,
         },
-        "ref": {"fwd_flop": f[w.samples], "logit": tokens * v, "fwd_call": 1.0},
-        "values": {"fwd_flop": critic_f, "fwd_call": 1.0},
+        "ref": {"matmul_flop": f[w.samples], "logit": tokens * v, "fwd_call": 1.0},
+        "values": {"matmul_flop": critic_f, "fwd_call": 1.0},
         "adv": {"adv_token": w.samples * w.response_tokens},
         "update_actor": {
-            "train_flop": train * f[w.samples],
+            "matmul_flop": train * f[w.samples],
             "logit": 3.0 * tokens * v,
             "opt_param": w.actor_steps * trainable_params(g, w),
             "train_call": 1.0,
         },
         "update_critic": {
-            "train_flop": 3.0 * critic_f,
+            "matmul_flop": 3.0 * critic_f,
             "opt_param": w.critic_steps * trainable_params(g, w, critic=True),
             "train_call": 1.0,
         },

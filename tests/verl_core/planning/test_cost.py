@@ -53,10 +53,10 @@ def test_phase_flops_count_each_model_and_pass() -> None:
     f = phase_features(TINY, w, rate_flops=1.0)  # rate 1: FLOP features are FLOPs
     full, half = 62_720, forward_flops(TINY, 1, 10)  # all samples; the one old-log-prob sample
     assert f["generation"]["gen_flop"] == full  # prefill + decode = one causal forward's matmuls
-    assert f["ref"]["fwd_flop"] == full
-    assert f["old_log_prob"]["fwd_flop"] == half  # the first mini-batch's π_old is its own forward
-    assert f["update_actor"]["train_flop"] == 3 * full  # forward + backward
-    assert f["update_critic"]["train_flop"] == 3 * 52_480
+    assert f["ref"]["matmul_flop"] == full
+    assert f["old_log_prob"]["matmul_flop"] == half  # the first mini-batch's π_old is its own forward
+    assert f["update_actor"]["matmul_flop"] == 3 * full  # forward + backward
+    assert f["update_critic"]["matmul_flop"] == 3 * 52_480
     # logits: 20 tokens × 32 rows per pass, 3 passes in training; AdamW: 2 steps × every parameter
     assert f["update_actor"]["opt_param"] == 2 * TINY.n_params
     assert f["ref"]["logit"] == 640
@@ -103,7 +103,7 @@ def test_nnls_keeps_coefficients_non_negative() -> None:
 
 def test_fit_recovers_known_coefficients_from_synthetic_rows() -> None:
     truth = Calibration(**{f.name: 0.0 for f in fields(Calibration)})
-    truth = replace(truth, gen_flop=4.0, gen_call=0.2, fwd_flop=2.0, fwd_call=0.1, train_flop=3.0,
+    truth = replace(truth, gen_flop=4.0, gen_call=0.2, matmul_flop=2.0, fwd_call=0.1,
                     logit=1e-8, opt_param=1e-8, train_call=0.3, sync_byte=1e-9, sync_call=0.5)  # fmt: skip
     geometries = [
         TINY,
