@@ -49,7 +49,9 @@ def best_rate(r: dict[str, Any]) -> float:
 
 
 def features(r: dict[str, Any], rate: float | None = None) -> dict[str, dict[str, float]]:
-    g, w = Geometry(**r["geometry"]), Workload(**r["workload_model"])
+    # records written before Workload had n / share_prompts: the benchmark's n, prompts shared (default)
+    shape = {"n": r.get("workload", {}).get("n", 1), "share_prompts": True, **r["workload_model"]}
+    g, w = Geometry(**r["geometry"]), Workload(**shape)
     return phase_features(g, w, best_rate(r) if rate is None else rate)
 
 

@@ -5,12 +5,14 @@ the workload) with *coefficients* (what the machine charges per unit, a :class:`
 
     seconds(phase) = Σ_k coefficient_k · feature_k(phase)
 
-FLOPs (``N`` = :attr:`Geometry.matmul_params`, ``L`` layers, ``d`` = ``H·d_h``, sequences of
-``P + R`` tokens, ``T`` = tokens of the pass):
+FLOPs (``N`` = :attr:`Geometry.matmul_params`, ``L`` layers, ``d`` = ``H·d_h``, ``S`` sequences of
+``ℓ = P + R`` tokens, ``n`` samples per prompt):
 
-* one causal forward over ``S`` sequences of length ``ℓ = P + R``: ``F = 2·N·S·ℓ + 2·L·d·S·ℓ²``
-  (projections and LM head; ``QKᵀ`` and ``AV`` halved by the causal mask; Kaplan et al. 2020 §2.1);
-* generation with a KV cache does the same matmuls as that forward (prefill + one token per step);
+* one causal forward: ``F = 2·(N − V·h)·T_b + 2·V·h·S·R + 2·L·d·S·ℓ²``: the decoder layers on the
+  ``T_b`` stored tokens (``S·ℓ``, or ``(S/n)·P + S·R`` when a prompt's samples store it once), the LM
+  head on the ``S·R`` response positions only (prompt logits are never computed), ``QKᵀ`` and ``AV``
+  halved by the causal mask (Kaplan et al. 2020 §2.1);
+* generation with a KV cache does the same matmuls (prefill once per prompt, one token per step);
 * forward + backward = ``3·F`` (``4·F`` with gradient checkpointing: the forward is recomputed);
   LoRA: ``2·F`` (the frozen weights get no weight gradient; the adapters' FLOPs are ≪ ``F``);
 * the critic's ``N_c = N − V·h``: a scalar value head instead of the LM head.
@@ -132,6 +134,8 @@ class Workload:
     gradient_checkpointing: bool = False
     dtype_bytes: int = 4
     max_new_tokens: int = 0  # decode steps (0: response_tokens)
+    n: int = 1  # samples per prompt
+    share_prompts: bool = False  # a prompt's samples store it once in the training forwards
 
 
 def workload_of(
@@ -170,14 +174,29 @@ def workload_of(
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         dtype_bytes=BYTES[cfg.model.dtype],
         max_new_tokens=d.max_response_length,
+        n=n,
+        share_prompts=cfg.model.share_prompts,
     )
 
 
-def forward_flops(g: Geometry, sequences: float, length: float, *, lm_head: bool = True) -> float:
-    """``2·N·S·ℓ + 2·L·d·S·ℓ²``: one causal forward over ``sequences`` of ``length`` tokens; without
-    ``lm_head`` (a critic) ``N − V·h``."""
-    n = g.matmul_params - (0 if lm_head else g.embedding_params)
-    return 2.0 * n * sequences * length + 2.0 * g.num_layers * g.attention_width * sequences * length**2
+def forward_flops(
+    g: Geometry, backbone_tokens: float, head_tokens: float, sequences: float, length: float
+) -> float:
+    """``2·(N − V·h)·T_b + 2·V·h·T_h + 2·L·d·S·ℓ²``: one causal forward whose decoder layers run on
+    ``backbone_tokens`` and whose LM head on ``head_tokens`` (0: a critic's scalar head), over
+    ``sequences`` of ``length`` tokens (the attention term)."""
+    backbone = g.matmul_params - g.embedding_params
+    attention = 2.0 * g.num_layers * g.attention_width * sequences * length**2
+    return 2.0 * backbone * backbone_tokens + 2.0 * g.embedding_params * head_tokens + attention
+
+
+def stored_tokens(w: Workload, samples: float) -> float:
+    """Tokens the decoder layers run on for ``samples`` sequences: ``S·(P + R)``, or ``(S/n)·P + S·R``
+    when the samples of one prompt store it once (``model.share_prompts``; vLLM's prefix cache the
+    same in generation)."""
+    if w.share_prompts:
+        return samples / w.n * w.prompt_tokens + samples * w.response_tokens
+    return samples * (w.prompt_tokens + w.response_tokens)
 
 
 def train_factor(w: Workload) -> float:
@@ -204,10 +223,14 @@ def checkpoint_bytes(g: Geometry, w: Workload) -> int:
 def phase_features(g: Geometry, w: Workload, rate_flops: float) -> dict[str, dict[str, float]]:
     """``{phase: {coefficient name: feature}}`` of one iteration (checkpoint phases: one checkpoint)."""
     ell = w.prompt_tokens + w.response_tokens
-    tokens = w.samples * ell
+    tokens = w.samples * ell  # stored in the iteration's tables
+    heads = w.samples * w.response_tokens  # the LM head runs on the response positions only
     v = g.vocab_rows
-    f = {s: forward_flops(g, s, ell) / rate_flops for s in {w.samples, w.old_log_prob_samples}}
-    critic_f = forward_flops(g, w.samples, ell, lm_head=False) / rate_flops
+    f = {
+        s: forward_flops(g, stored_tokens(w, s), s * w.response_tokens, s, ell) / rate_flops
+        for s in {w.samples, w.old_log_prob_samples}
+    }
+    critic_f = forward_flops(g, stored_tokens(w, w.samples), 0.0, w.samples, ell) / rate_flops
     train = train_factor(w)
     old_part = w.old_log_prob_samples / w.samples
     synced = (g.lora_params(w.lora_rank) if w.lora_rank else g.n_params) * w.dtype_bytes
@@ -217,15 +240,15 @@ def phase_features(g: Geometry, w: Workload, rate_flops: float) -> dict[str, dic
         "reward": {"reward_sample": w.samples, "reward_call": 1.0},
         "old_log_prob": {
             "matmul_flop": f[w.old_log_prob_samples],
-            "logit": old_part * tokens * v,
+            "logit": old_part * heads * v,
             "fwd_call": 1.0 if old_part else 0.0,
         },
-        "ref": {"matmul_flop": f[w.samples], "logit": tokens * v, "fwd_call": 1.0},
+        "ref": {"matmul_flop": f[w.samples], "logit": heads * v, "fwd_call": 1.0},
         "values": {"matmul_flop": critic_f, "fwd_call": 1.0},
         "adv": {"adv_token": w.samples * w.response_tokens},
         "update_actor": {
             "matmul_flop": train * f[w.samples],
-            "logit": 3.0 * tokens * v,
+            "logit": 3.0 * heads * v,
             "opt_param": w.actor_steps * trainable_params(g, w),
             "train_call": 1.0,
         },

@@ -21,6 +21,7 @@ from verl_core.planning.cost import (
     phase_features,
     predict,
     predict_seconds,
+    stored_tokens,
     train_factor,
     workload_of,
 )
@@ -35,32 +36,41 @@ TINY = Geometry("qwen2", 8, 2, 2, 1, 4, 16, 32)
 def _workload(**kw: object) -> Workload:
     base = Workload(
         samples=2, prompt_tokens=6.0, response_tokens=4.0, old_log_prob_samples=1, actor_steps=2,
-        critic_steps=2, micro_batches=1, has_ref=True,
+        critic_steps=2, micro_batches=1, has_ref=True, n=2, share_prompts=True,
     )  # fmt: skip
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
 def test_forward_flops_by_hand() -> None:
-    assert TINY.matmul_params == 1_408
-    # 2 sequences of 10 tokens: 2·N·S·ℓ = 2·1408·2·10 = 56,320; attention 2·L·d·S·ℓ² = 2·2·8·2·100 = 6,400
-    assert forward_flops(TINY, 2, 10) == 62_720
-    # the critic drops the LM head's 32·8 = 256 rows: 2·1152·20 = 46,080 (+ the same attention)
-    assert forward_flops(TINY, 2, 10, lm_head=False) == 52_480
+    assert TINY.matmul_params == 1_408  # decoder layers 1,152 + the LM head 32·8 = 256
+    # 2 sequences of 10 tokens, all through layers and head: 2·1152·20 = 46,080, 2·256·20 = 10,240;
+    # attention 2·L·d·S·ℓ² = 2·2·8·2·100 = 6,400
+    assert forward_flops(TINY, 20, 20, 2, 10) == 62_720
+    # a critic: no LM head
+    assert forward_flops(TINY, 20, 0, 2, 10) == 52_480
 
 
 def test_phase_flops_count_each_model_and_pass() -> None:
-    w = _workload()
+    w = _workload()  # 1 prompt of 6 tokens × 2 samples of 4 response tokens, the prompt stored once
     f = phase_features(TINY, w, rate_flops=1.0)  # rate 1: FLOP features are FLOPs
-    full, half = 62_720, forward_flops(TINY, 1, 10)  # all samples; the one old-log-prob sample
-    assert f["generation"]["gen_flop"] == full  # prefill + decode = one causal forward's matmuls
+    # layers on 6 + 2·4 = 14 tokens: 2·1152·14 = 32,256; head on 8 response tokens: 2·256·8 = 4,096;
+    # attention 6,400 → 42,752
+    full = 42_752
+    assert stored_tokens(w, 2) == 14
+    assert f["generation"]["gen_flop"] == full  # prefill once + decode = the same matmuls
     assert f["ref"]["matmul_flop"] == full
-    assert f["old_log_prob"]["matmul_flop"] == half  # the first mini-batch's π_old is its own forward
+    # the old log-prob sample (the other's π_old is its own first forward): layers on 0.5·6 + 4 = 7
+    # tokens, head on 4, attention of one sequence 3,200 → 16,128 + 2,048 + 3,200
+    assert f["old_log_prob"]["matmul_flop"] == 21_376
     assert f["update_actor"]["matmul_flop"] == 3 * full  # forward + backward
-    assert f["update_critic"]["matmul_flop"] == 3 * 52_480
-    # logits: 20 tokens × 32 rows per pass, 3 passes in training; AdamW: 2 steps × every parameter
+    assert f["update_critic"]["matmul_flop"] == 3 * (32_256 + 6_400)  # no LM head
+    # logits: 8 response positions × 32 rows per pass, 3 passes in training; AdamW: 2 steps × every
+    # parameter
+    assert f["ref"]["logit"] == 256
+    assert f["update_actor"]["logit"] == 768
     assert f["update_actor"]["opt_param"] == 2 * TINY.n_params
-    assert f["ref"]["logit"] == 640
-    assert f["update_actor"]["logit"] == 1_920
+    # without sharing every sample stores its prompt: 2·(6 + 4) = 20 tokens
+    assert stored_tokens(replace(w, share_prompts=False), 2) == 20
     # no reference, no critic: no such phases
     bare = phase_features(TINY, replace(w, has_ref=False, critic_steps=0), 1.0)
     assert {"ref", "values", "update_critic"}.isdisjoint(bare)
