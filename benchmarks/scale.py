@@ -291,6 +291,7 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     out = rl_loop(ctx, cfg, tp, None)
     flow_s = time.perf_counter() - t0
+    peak_flow = dict(sampler.peak)  # before this benchmark reads the checkpoint back
     rate_after = measure_cpu_matmul_rate()
     store = ctx.store()
 
@@ -331,6 +332,7 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
         "iterations": iterations,
         "checkpoint_save_s": rec.ckpt_save_s,
         **load,
+        "peak_rss_flow": peak_flow,
         "peak_rss": {
             **sampler.peak,
             "trainer_ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
