@@ -67,7 +67,7 @@ from verl_core.models.checkpoint import (
     state_bytes,
 )
 from verl_core.models.heads import load_value_model, value_model_from_policy
-from verl_core.models.loading import resolve_device
+from verl_core.models.loading import enable_gradient_checkpointing, resolve_device
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
 from verl_core.rollout import RolloutEngine
 from verl_core.rollout.placement import GroupMemberEngine
@@ -369,7 +369,8 @@ def _resume_iteration(store: ArtifactStore, run_id: str, mode: str) -> int | Non
 def _critic(
     cfg: VerlFlowConfig, store: ArtifactStore, ckpt: Manifest | None, lm: nn.Module, *, own: bool
 ) -> nn.Module:
-    """The checkpoint's critic; a new one when there is no checkpoint, or a fork's parent had none."""
+    """The checkpoint's critic; a new one when there is no checkpoint, or a fork's parent had none.
+    ``model.gradient_checkpointing`` recomputes its activations in backward as it does the policy's."""
     import tempfile
 
     files = files_under(store, ckpt, "critic") if ckpt is not None else {}
@@ -377,12 +378,16 @@ def _critic(
         raise ArtifactNotFoundError(f"checkpoint {ckpt.stage} of run {ckpt.run_id} has no critic")
     if files:
         with tempfile.TemporaryDirectory() as tmp:
-            return load_value_model(str(write_files(files, tmp)), dtype=cfg.model.dtype)
-    if cfg.critic.path:
-        return load_value_model(
+            critic = load_value_model(str(write_files(files, tmp)), dtype=cfg.model.dtype)
+    elif cfg.critic.path:
+        critic = load_value_model(
             cfg.critic.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code
         )
-    return value_model_from_policy(lm, seed=derive_seed("critic_head", cfg.trainer.seed))
+    else:
+        critic = value_model_from_policy(lm, seed=derive_seed("critic_head", cfg.trainer.seed))
+    if cfg.model.gradient_checkpointing:
+        enable_gradient_checkpointing(critic)
+    return critic
 
 
 @dataclass(frozen=True)

@@ -43,3 +43,19 @@ def test_lora_reference_is_the_policy_with_its_adapters_off(
         actor = response_log_probs(state.actor, batch)[0]
     torch.testing.assert_close(ref, base)  # the reference is still the base ...
     assert not torch.allclose(actor, base)  # ... while the policy moved
+
+
+def test_gradient_checkpointing_reaches_the_critic(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
+    # model.gradient_checkpointing recomputes the critic's activations too (a 0.5B critic's update
+    # holds L·A activations per token without it, the policy's backbone size)
+    cfg = with_overrides(TINY_RL, ["critic.enable=true", "model.gradient_checkpointing=true"])
+    init_state(ctx, cfg, tiny_rl[1], None)
+    state = get_state(ctx)
+    assert state.critic is not None and state.critic.model.is_gradient_checkpointing
+    assert state.lm.is_gradient_checkpointing
+
+
+def test_without_the_key_neither_model_recomputes(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
+    init_state(ctx, with_overrides(TINY_RL, ["critic.enable=true"]), tiny_rl[1], None)
+    state = get_state(ctx)
+    assert state.critic is not None and not state.critic.model.is_gradient_checkpointing

@@ -144,7 +144,9 @@ class ModelConfig(Section):
         "Attention backend of packed training/log-prob/score forwards when attn_implementation=sdpa "
         "(attn_implementation governs generation); auto: best that passes its self-check on the device",
     )
-    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory")
+    gradient_checkpointing: bool = _f(
+        False, "Recompute activations in backward to save memory (the policy's and the critic's)"
+    )
     use_liger: bool = _f(
         False,
         "Liger's fused RMSNorm/RoPE/SwiGLU kernels (qwen2, llama; CUDA; pip install 'verl-flow[liger]')",
