@@ -93,14 +93,19 @@ class Calibration:
     artifact_token: float  # per token stored in the iteration's Parquet tables
 
 
-# Fitted on this project's CPU machine (2 cores, Intel Xeon, fp32, torch 2 threads, 2026-11-28) by
-# benchmarks/scale.py on the quickstart's, 34M and 135M geometries (fit_calibration): the defaults of
-# `verl-flow plan` on CPU.
+# Fitted (fit_calibration) on this project's CPU machine (2 cores of an Intel Xeon VM, fp32, 2 torch
+# threads, shared with other jobs: load 1.5-10), 28 Nov 2026, by benchmarks/scale.py on the
+# quickstart's, 34M and 135M geometries, at the machine's best measured rate (172 GFLOP/s fp32): the
+# defaults of a CPU plan. Checked on 0.5B (never fitted on it): the actor update and the weight sync
+# are under-predicted ~3-6x there (per-parameter memory costs grow faster than the fit saw,
+# benchmarks/RESULTS.md).
 CPU_CALIBRATION = Calibration(
-    gen_flop=1.0, gen_call=0.0, matmul_flop=1.0, fwd_call=0.0, train_call=0.0, logit=0.0,
-    opt_param=0.0, sync_byte=0.0, sync_call=0.0, save_byte=0.0, load_byte=0.0,
-    ckpt_call=0.0, reward_sample=0.0, reward_call=0.0, adv_token=0.0, stage_call=0.0, artifact_token=0.0,
+    gen_flop=5.26, gen_call=0.417, matmul_flop=1.58, fwd_call=0.0472, train_call=0.835, logit=0.0,
+    opt_param=3.82e-10, sync_byte=1.37e-9, sync_call=1.08, save_byte=4.68e-9, load_byte=3.72e-9,
+    ckpt_call=0.317, reward_sample=4.77e-5, reward_call=0.0, adv_token=4.62e-6, stage_call=0.0577,
+    artifact_token=0.0,
 )  # fmt: skip
+CPU_RATE_FLOPS = 172e9  # the rate CPU_CALIBRATION was fitted at (measure_cpu_matmul_rate on that machine)
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s, matched on the
 # device name.
