@@ -1,9 +1,11 @@
 """One RL iteration at four model sizes: seconds, FLOP/s, memory and bytes of every phase, and the cost
 model's prediction of the largest from the three smaller.
 
-    flock /tmp/heavy.lock .venv/bin/python benchmarks/scale.py --sizes qs,34m,135m        # ~10 min
-    flock /tmp/heavy.lock .venv/bin/python benchmarks/scale.py --sizes 0.5b                # ~15 min
-    .venv/bin/python benchmarks/scale.py --report          # table + fit on qs/34m/135m, predict 0.5b
+    .venv/bin/python benchmarks/scale.py --sizes qs,34m,135m --hf     # ~20 min; waits for the lock
+    .venv/bin/python benchmarks/scale.py --sizes 0.5b --algos grpo --hf   # ~8 min, ~20 GiB resident
+    .venv/bin/python benchmarks/scale.py --report     # tables + the fit on qs/34m/135m, checked on 0.5b
+
+(0.5B PPO with a critic needs two 0.5B models with AdamW moments beside vLLM: more than 23 GiB.)
 
 Sizes (``--sizes``), each built from scratch (``model.init=scratch``) with a tokenizer trained on the
 run's text and padded to a real model's vocabulary (``model.vocab_pad_to``), tied embeddings:
