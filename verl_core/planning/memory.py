@@ -341,12 +341,9 @@ def _trainer(cfg: VerlFlowConfig, run: _Run) -> tuple[Parts, Parts, dict[str, Pa
     if critic is not None:
         mini = cr.ppo_mini_batch_size * ro.n
         t = run.tokens(cr.ppo_max_token_len_per_gpu, mini)
-        act = activation_bytes(
-            g, t, DTYPE_BYTES[cr.mixed_precision.param_dtype or m.dtype],
-            checkpointed=m.gradient_checkpointing,
-        )  # fmt: skip
-        shape = "(L·h + A + 3h)" if m.gradient_checkpointing else "(L·A + 3h)"
-        saved = (_c("critic activations", act, f"T={t:,} × {shape}"),)
+        c_bytes = DTYPE_BYTES[cr.mixed_precision.param_dtype or m.dtype]
+        act = activation_bytes(g, t, c_bytes, checkpointed=m.gradient_checkpointing)
+        saved = (_c("critic activations", act, f"T={t:,}, checkpointed: {m.gradient_checkpointing}"),)
         phases["critic update"] = (*resident, *critic.update(saved, run.several(t, mini)))
     freed = max(_freed(parts) for name, parts in phases.items() if name.endswith("update"))
     # a sync to an engine with its own weights trims the heap first (release_cached_memory)
