@@ -51,12 +51,19 @@ GIB = 2**30
 # Per variant: the overrides on top of the config, with the reason for each knob.
 VARIANTS: dict[str, list[str]] = {
     "grpo": [],
-    # PPO: a GAE critic (a second 0.5B model with its own AdamW moments) instead of group baselines;
-    # the KL loss (and with it the reference model) off, as verl's PPO example keeps KL in the reward
+    # PPO: a GAE critic (a second 0.5B model) instead of group baselines, the KL loss (and with it the
+    # reference) off as in verl's PPO example. In full fine-tuning the two models' AdamW moments and
+    # their serialised copies at a checkpoint need ~25 GiB (verl-flow plan refuses it here); a LoRA
+    # r=16 actor fits, the critic staying a full model (SFT off: it would train the adapter alone)
     "ppo_critic": [
         "algorithm.adv_estimator=gae",
         "critic.enable=true",
         "actor.use_kl_loss=false",
+        "model.lora_rank=16",
+        "model.lora_alpha=32",
+        "actor.lr=1e-4",
+        "critic.lr=1e-4",
+        "sft.enable=false",
         "trainer.total_iterations=2",
     ],
     # LoRA r=16 on all linear layers: the reference is the base with adapters off (no second copy)
