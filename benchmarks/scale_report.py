@@ -141,7 +141,7 @@ def orchestration_table(records: list[dict[str, Any]]) -> None:
 
 def fit_and_check(records: list[dict[str, Any]], fit_sizes: tuple[str, ...]) -> Calibration | None:
     """Fit on ``fit_sizes``, print predicted vs measured for every record. One rate for all: the highest
-    matmul rate measured in any record (the machine without the other helpers' load), so the load a
+    matmul rate measured in any record (the machine without other jobs' load), so the load a
     1-s measurement happened to catch does not move one size's FLOP features against another's."""
     fit = [r for r in records if r["size"] in fit_sizes]
     if not fit:
