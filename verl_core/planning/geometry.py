@@ -17,12 +17,13 @@ head (a tied head is one matmul over the embedding's weights), not the embedding
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from verl_core.config.model import ModelConfig
 from verl_core.errors import ConfigError
+from verl_core.models.loading import ScratchSpec, scratch_config
 
 _QKV_BIAS = {"qwen2": True, "llama": False}
 
@@ -120,19 +121,10 @@ def geometry_of(model: ModelConfig) -> Geometry:
     ``config.json`` of a local ``model.path`` (a hub id is read through transformers' cache).
 
     Raises :class:`ConfigError` naming ``model.path`` when a pretrained config cannot be read."""
-    if model.init == "scratch":
-        rows = getattr(model, "vocab_pad_to", None) or model.vocab_size
-        return Geometry(
-            architecture=model.architecture,
-            hidden_size=model.hidden_size,
-            num_layers=model.num_hidden_layers,
-            num_heads=model.num_attention_heads,
-            num_kv_heads=model.num_key_value_heads,
-            head_dim=model.hidden_size // model.num_attention_heads,
-            intermediate_size=model.intermediate_size,
-            vocab_rows=rows,
-            qkv_bias=_QKV_BIAS[model.architecture],
-        )
+    if model.init == "scratch":  # the HF config the policy builder makes, at the largest vocabulary
+        spec = ScratchSpec(**{f.name: getattr(model, f.name) for f in fields(ScratchSpec)})
+        rows = max(model.vocab_size, model.vocab_pad_to or 0)
+        return from_hf_config(scratch_config(spec, rows, eos_token_id=0, pad_token_id=0))
     path = Path(str(model.path))
     if (path / "config.json").is_file():
         return from_hf_config(json.loads((path / "config.json").read_text()))
