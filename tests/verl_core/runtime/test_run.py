@@ -14,11 +14,12 @@ QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 
 def test_config_hash_of_a_run_without_parent_is_unchanged() -> None:
     # an unset parent section adds nothing to the hash: the quickstart's hash is the one of its keys
-    # without a parent (pinned when issue 29 removed data.pack_token_budget, data.pack_algorithm and
-    # rollout.decode, commit 6c60675; before that, ec9f7cc3... from commit 882181a on)
+    # without a parent (pinned when issue 37 added model.vocab_pad_to and trainer.refuse_unfit,
+    # commits 1e6afe9 and c1c5808; ace9d800... from 6c60675 on, when issue 29 removed
+    # data.pack_token_budget, data.pack_algorithm and rollout.decode; ec9f7cc3... from 882181a on)
     cfg = load_config(QUICKSTART)
-    assert cfg.config_hash() == "ace9d800ca935d140e6974f8fcbd160d39b368694d8505f0a1f5d556400bf720"
-    fork = with_overrides(cfg, ["parent.run_id=quickstart-ace9d800", "parent.iteration=10"])
+    assert cfg.config_hash() == "88b02b8fad9ac39d41c1874ccdf9dd2c1855eaeaf9d76df9c1cf7e6a1ef5a66a"
+    fork = with_overrides(cfg, ["parent.run_id=quickstart-88b02b8f", "parent.iteration=10"])
     assert fork.config_hash() != cfg.config_hash()
 
 
