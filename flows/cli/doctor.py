@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from verl_core.runtime.doctor import Check, problems
+from verl_core.runtime.doctor import Check, known_bad_checks, problems
 
 _STYLE = {"ok": "green", "warn": "yellow", "error": "bold red"}
 
@@ -47,7 +47,7 @@ def doctor(
     except ConfigError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    checks = doctor_checks(cfg, timeout_s=timeout)
+    checks = doctor_checks(cfg, timeout_s=timeout) + known_bad_checks()
     print_checks(checks, title=f"verl-flow doctor{f' --config {config}' if config else ''}")
     errors = problems(checks)
     for c in errors:

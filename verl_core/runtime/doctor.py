@@ -135,6 +135,51 @@ CROSS_PINS: tuple[PinSource, ...] = (
 # repack trap on CPU is worked around in verl_core.models.loading.
 
 
+class KnownBad(NamedTuple):
+    """Two installed distributions that each allow the other's version but fail together at run time."""
+
+    dist: str
+    spec: str  # the affected versions of ``dist``
+    other: str
+    other_spec: str  # the versions of ``other`` that break it
+    what: str  # what fails
+    fix: str
+
+
+KNOWN_BAD: tuple[KnownBad, ...] = (
+    # Prefect's scheduler inserts scheduled flow runs with an ORM bulk INSERT over a model with hybrid
+    # properties; SQLAlchemy 2.1 needs a bulk_dml function on such hybrids
+    # (https://github.com/sqlalchemy/sqlalchemy/issues/12496), which Prefect 3.8.8 (and its main branch
+    # of 2026-08) does not define: "Can't evaluate bulk DML statement" every loop, no scheduled run.
+    KnownBad(
+        "prefect",
+        ">=3",
+        "sqlalchemy",
+        ">=2.1",
+        "Prefect's scheduler fails every loop: schedules create no flow runs",
+        "pip install 'sqlalchemy<2.1' (constraints.txt pins it)",
+    ),
+)
+
+
+def known_bad_checks(pairs: Iterable[KnownBad] = KNOWN_BAD) -> list[Check]:
+    """One row per pair of :data:`KNOWN_BAD` whose first distribution is installed: an error when the
+    installed versions are the known-bad combination."""
+    out = []
+    for bad in pairs:
+        version, other = installed_version(bad.dist), installed_version(bad.other)
+        if version is None:
+            continue
+        name, expected = f"{bad.dist} + {bad.other}", f"{bad.other} not {bad.other_spec}"
+        found = f"{bad.dist} {version}, {bad.other} {other or 'not installed'}"
+        broken = other is not None and _satisfies(version, Requirement(f"{bad.dist}{bad.spec}"))
+        if broken and _satisfies(other or "", Requirement(f"{bad.other}{bad.other_spec}")):
+            out.append(Check(name, "error", f"{found}: {bad.what}", expected, bad.fix))
+        else:
+            out.append(Check(name, "ok", found, expected))
+    return out
+
+
 # ------------------------------------------------------------------------------------ package checks
 def _parse(lines: Iterable[str]) -> list[Requirement]:
     out = []
