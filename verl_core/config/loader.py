@@ -9,7 +9,6 @@ before any work starts; a config that runs but probably does not do what its aut
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import logging
@@ -23,6 +22,7 @@ from typing import Any, Union
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from verl_core.config import verl_names
 from verl_core.config.preflight import advice
 from verl_core.config.schema import VerlFlowConfig
 from verl_core.errors import ConfigError
@@ -54,7 +54,19 @@ def config_dump(cfg: VerlFlowConfig) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> VerlFlowConfig:
-    """Read YAML at ``path`` (None: the defaults), apply ``key.sub=value`` overrides, validate."""
+    """Read YAML at ``path`` (None: the defaults), apply ``key.sub=value`` overrides, validate.
+    Keys in verl's form are translated (:mod:`.verl_names`), each translation logged in one line."""
+    cfg, notes = load_config_notes(path, overrides)
+    for line in notes:
+        log.info(line)
+    return cfg
+
+
+def load_config_notes(
+    path: str | Path | None = None, overrides: Iterable[str] = ()
+) -> tuple[VerlFlowConfig, list[str]]:
+    """:func:`load_config` and its notes: one line per verl key translated (``verl key X → Y``), and
+    which of trainer.total_iterations / trainer.total_epochs ends the run when both are given."""
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -71,12 +83,14 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
                 f"{path}: expected a mapping of sections at the top, got {type(loaded).__name__}"
             )
         raw = loaded
-    for item in overrides:
-        apply_override(raw, item)
+    named = set(_leaf_paths(raw))
+    pairs = _verl_leaves(raw) + [_split(item) for item in overrides]
+    notes, applied = _apply_pairs(raw, pairs)
+    notes += _run_length(named | applied, raw)
     cfg = validate_config(raw)
     for line in advice(cfg):
         log.warning(line)
-    return cfg
+    return cfg, notes
 
 
 def validate_config(raw: Mapping[str, Any]) -> VerlFlowConfig:
@@ -88,20 +102,17 @@ def validate_config(raw: Mapping[str, Any]) -> VerlFlowConfig:
 
 
 def with_overrides(cfg: VerlFlowConfig, overrides: Iterable[str]) -> VerlFlowConfig:
-    """``cfg`` with dotted overrides applied and validated again."""
+    """``cfg`` with dotted overrides (ours or verl's names) applied and validated again."""
     raw = cfg.model_dump(mode="json")
-    for item in overrides:
-        apply_override(raw, item)
+    for line in _apply_pairs(raw, [_split(item) for item in overrides])[0]:
+        log.info(line)
     return validate_config(raw)
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
     """Set ``a.b.c=value`` into the nested dict ``raw``; the value is parsed as YAML scalar/list,
     except for fields typed as strings, which keep the text as given."""
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ConfigError(f"override {item!r}: expected key.path=value")
+    key, text = _split(item)
     parts = key.split(".")
     node = raw
     for i, part in enumerate(parts[:-1]):
@@ -112,6 +123,124 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
             raise ConfigError(f"override {item!r}: {'.'.join(parts[: i + 1])} is not a section")
         node = child
     node[parts[-1]] = _parse_value(text, _field_annotation(parts))
+
+
+def _split(item: str) -> tuple[str, str]:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {item!r}: expected key.path=value")
+    return key, text
+
+
+# --------------------------------------------------------------------------------------------------
+# verl's names (verl_core.config.verl_names) and the run's length
+
+
+def is_our_key(key: str) -> bool:
+    """Whether the dotted ``key`` is a field (or section) of the schema."""
+    return _field_annotation(key.split(".")) is not None
+
+
+def _apply_pairs(raw: dict[str, Any], pairs: list[tuple[str, str]]) -> tuple[list[str], set[str]]:
+    """Apply ``(key, text)`` pairs, verl's names translated; a dropped or unknown key is an error (all
+    of them at once, one per line). Returns the translation lines and our keys set."""
+    settings, made, unknown = verl_names.translate(pairs, is_our_key)
+    errors = [t.line().replace("verl key ", "", 1) for t in made if t.dropped]
+    for key in unknown:  # a path through a field that is no section: the override's own error
+        parts = key.split(".")
+        if any(is_our_key(".".join(parts[:i])) for i in range(1, len(parts))):
+            apply_override(raw, f"{key}={dict(pairs)[key]}")
+    errors += [unknown_key_message(key) for key in unknown]
+    if errors:
+        raise ConfigError("\n".join(errors))
+    for key, text in settings:
+        apply_override(raw, f"{key}={text}")
+    return [t.line() for t in made], {key for key, _ in settings}
+
+
+def _leaf_paths(node: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k, v in node.items():
+        path = f"{prefix}{k}"
+        out += _leaf_paths(v, path + ".") if isinstance(v, dict) else [path]
+    return out
+
+
+def _verl_leaves(raw: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """Remove from ``raw`` the leaves that are not our keys (verl's names, or unknown) and return them
+    as ``(dotted key, value text)``, to be translated as overrides are."""
+    out: list[tuple[str, str]] = []
+    for k in list(raw):
+        path, v = f"{prefix}{k}", raw[k]
+        if is_our_key(path):
+            if isinstance(v, dict) and _section_model(_field_annotation(path.split("."))) is not None:
+                out += _verl_leaves(v, path + ".")
+            continue
+        del raw[k]
+        out += _flat(v, path)
+    return out
+
+
+def _flat(value: Any, path: str) -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        return [pair for k, v in value.items() for pair in _flat(v, f"{path}.{k}")]
+    return [(path, value if isinstance(value, str) else json.dumps(value))]
+
+
+def _run_length(named: set[str], raw: Mapping[str, Any]) -> list[str]:
+    """trainer.total_epochs alone is refused: verl-flow's run length is trainer.total_iterations (a
+    default of 20), which epochs only cap; both given: one line says how they combine."""
+    if "trainer.total_epochs" not in named:
+        return []
+    trainer = raw.get("trainer", {})
+    if "trainer.total_iterations" not in named:
+        raise ConfigError(
+            f"trainer.total_epochs={trainer.get('total_epochs')} alone does not set the run's length here: "
+            "set trainer.total_iterations too (verl's length is total_epochs x the batches per epoch, "
+            "rows // data.train_batch_size; verl-flow from-verl computes it from the training files)"
+        )
+    return [
+        f"trainer.total_iterations={trainer.get('total_iterations')} and trainer.total_epochs="
+        f"{trainer.get('total_epochs')} are both given: the run stops at whichever comes first (as verl "
+        "with total_training_steps)"
+    ]
+
+
+def _what_becomes(verl_key: str) -> str:
+    why = verl_names.DROPPED.get(verl_key) or verl_names.DROPPED.get(verl_key + ".")
+    if why:
+        return f"verl-flow has no such key: {why}"
+    if verl_key in verl_names.RENAMED:
+        return f"here it is {verl_names.RENAMED[verl_key]}"
+    return "verl-flow translates it, see verl-flow config show"
+
+
+def unknown_key_message(key: str) -> str:
+    """``unknown key 'PATH'`` at the first level the schema does not have, with a suggestion that
+    never crosses a known confusion (:func:`.verl_names.suggest`): our key at that level, else a verl
+    key of the translation table; without one, the valid keys there."""
+    parts = key.split(".")
+    model: type[BaseModel] | None = VerlFlowConfig
+    depth = 0
+    while depth < len(parts) and model is not None and parts[depth] in model.model_fields:
+        model = _section_model(model.model_fields[parts[depth]].annotation)
+        depth += 1
+    here = parts[: depth + 1]
+    verl_only = depth == 0 and any(k.startswith(parts[0] + ".") for k in verl_names.known_verl_keys())
+    path = key if verl_only else ".".join(here)
+    names = list(model.model_fields) if model is not None else []
+    ours = [".".join([*here[:-1], n]) for n in names]
+    close = verl_names.suggest(path, ours)
+    if close is not None:
+        return f"unknown key '{path}' (did you mean '{close}'?)"
+    known = verl_names.known_verl_keys()
+    close = next(filter(None, (verl_names.suggest(f, known) for f in verl_names.verl_forms(key))), None)
+    if close is not None:
+        return f"unknown key '{path}' (did you mean verl's '{close}'? {_what_becomes(close)})"
+    valid = f"; valid keys here: {', '.join(names)}" if names and not verl_only else ""
+    where = "; not in verl-flow's table of verl names (docs/coming_from_verl.md)" if verl_only else ""
+    return f"unknown key '{path}'{where}{valid}"
 
 
 def _parse_value(text: str, annotation: Any) -> Any:
@@ -159,27 +288,13 @@ def _field_annotation(parts: list[str]) -> Any:
     return annotation
 
 
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    model: type[BaseModel] | None = VerlFlowConfig
-    for part in loc:
-        if model is None or part not in model.model_fields:
-            return None
-        model = _section_model(model.model_fields[part].annotation)
-    return model
-
-
 def _describe(err: Mapping[str, Any]) -> str:
     """One line for one pydantic error: field path, value given, what was expected."""
     loc = tuple(err["loc"])
     path = ".".join(str(p) for p in loc)
     kind = err["type"]
     if kind == "extra_forbidden":
-        parent = _model_at(loc[:-1])
-        names = list(parent.model_fields) if parent else []
-        close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
-        hint = f" (did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?)" if close else ""
-        valid = f"; valid keys here: {', '.join(names)}" if names and not close else ""
-        return f"unknown key '{path}'{hint}{valid}"
+        return unknown_key_message(path)
     if kind == "value_error" and (not path or isinstance(err.get("input"), dict)):
         # model-level cross checks already name their field
         return str(err["msg"]).removeprefix("Value error, ")
