@@ -2,7 +2,8 @@
 
 One module per command group (:mod:`flows.cli.run`: run, replay, rescore, config show;
 :mod:`flows.cli.runs`: runs list/show; :mod:`flows.cli.policy`: export, eval; :mod:`flows.cli.serve`;
-:mod:`flows.cli.spmd`: spmd-command, spmd-follow; :mod:`flows.cli.doctor`; :mod:`flows.cli.plan`);
+:mod:`flows.cli.spmd`: spmd-command, spmd-follow; :mod:`flows.cli.doctor`; :mod:`flows.cli.plan`;
+:mod:`flows.cli.from_verl`);
 this module builds the app from them. Heavy modules (Prefect, torch, MLflow) are imported only by
 the commands that need them. Errors that are the user's to fix (bad config, missing artifact) print
 one line and exit 2 (config) or 1 (anything else), without a traceback. A failed ``run`` prints one
@@ -15,6 +16,7 @@ from __future__ import annotations
 import typer
 
 from flows.cli.doctor import doctor
+from flows.cli.from_verl import from_verl_cmd
 from flows.cli.plan import plan_cmd
 from flows.cli.policy import eval_cmd, export_cmd
 from flows.cli.run import config_app, replay_cmd, rescore_cmd, run
@@ -41,6 +43,7 @@ app.command("eval")(eval_cmd)
 app.command("rescore")(rescore_cmd)
 app.command("replay")(replay_cmd)
 app.command("serve")(serve_cmd)
+app.command("from-verl")(from_verl_cmd)  # a verl launch script as a config
 
 
 def main() -> None:

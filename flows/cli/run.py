@@ -73,6 +73,12 @@ def run(
     unfit = check_fits(cfg)  # a run that cannot fit in this machine's memory: one line, before any work
     if unfit is not None:
         fail(unfit, 1)
+    from stages.floor.environment import check_scorers
+
+    try:  # a custom reward function that cannot be imported, called or score: one line, before any work
+        check_scorers(cfg)
+    except ConfigError as e:
+        fail(e, 2)
 
     def pipeline() -> PipelineResult:
         from flows.pipeline import rlhf_pipeline
@@ -131,8 +137,15 @@ def _print_result(result: PipelineResult) -> None:
 
 @config_app.command("show")
 def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
-    """Print the resolved config (YAML) and its hash."""
-    cfg = load(config, overrides)
+    """Print the resolved config (YAML) and its hash; keys given in verl's form, one comment line each
+    (verl key X → Y)."""
+    from verl_core.config.loader import load_config_notes
+
+    try:
+        cfg, notes = load_config_notes(config, overrides or [])
+    except ConfigError as e:
+        fail(e, 2, one_line=False)
+    sys.stdout.writelines(f"# {line}\n" for line in notes)
     sys.stdout.write(to_yaml(cfg))
     sys.stdout.write(f"# config_hash: {cfg.config_hash()}\n")
 
@@ -181,17 +194,23 @@ def rescore_cmd(
     set_quiet_env()
     from flows.rescore import rescore_flow
     from launcher.prefect_api import check_api
+    from launcher.run_log import RunLog, log_path
 
     try:
         check_api()
-        result = rescore_flow(
-            run_id=run_id, overrides=overrides or [], iterations=iterations, name=name,
-            store_url=store or StoreConfig().url,
-        )  # fmt: skip
-    except ConfigError as e:
-        fail(e, 2)
     except VerlFlowError as e:
         fail(e, 1)
+    store_url = store or StoreConfig().url
+    # Prefect's failure lines and tracebacks to the log file; a failure prints one line (as `run`)
+    log = RunLog(log_path(VerlFlowConfig.model_validate({"store": {"url": store_url}}), run_id), False)
+    try:
+        result = rescore_flow(
+            run_id=run_id, overrides=overrides or [], iterations=iterations, name=name, store_url=store_url,
+        )  # fmt: skip
+    except Exception as e:
+        fail(log.failure_line(e), 2 if isinstance(e, ConfigError) else 1)
+    finally:
+        log.close()
     _print_rescore(result)
 
 
