@@ -26,7 +26,7 @@ from stages.floor.logging import progress, stage_logger
 from stages.floor.spmd import commit_once, committed
 from verl_core.config import ActorConfig, ModelConfig, SFTConfig, TrainerConfig
 from verl_core.errors import DataError
-from verl_core.models.checkpoint import load_state_bytes, state_bytes
+from verl_core.models.checkpoint import load_state, save_state, seed_rngs
 from verl_core.models.loading import count_parameters, resolve_device
 from verl_core.models.packed import PackedCausalLM
 from verl_core.runtime.run import RunContext
@@ -72,7 +72,7 @@ def sft_warmup(
         raise DataError(f"{store.file_uri(tp, 'sft_tokens/train.parquet')}: no SFT rows to train on")
 
     # 3. Model and engine, from the last checkpoint of this very stage input if any
-    torch.manual_seed(trainer.seed)
+    seed_rngs(trainer.seed)
     device = resolve_device(trainer.device)
     lm = build_policy(model, tokenizer, seed=trainer.seed)
     spec, requested = _loop_spec(sft, trainer, len(train[0]))
@@ -199,9 +199,8 @@ def _engine(
 
 
 def _trainer_state(store: ArtifactStore, ckpt: Manifest) -> dict[str, Any]:
-    return load_state_bytes(
-        store.read_bytes(ckpt, "trainer_state.pt"), store.file_uri(ckpt, "trainer_state.pt")
-    )
+    with store.local_file(ckpt, "trainer_state.pt") as path:  # memory-mapped, not read whole
+        return load_state(path, store.file_uri(ckpt, "trainer_state.pt"))
 
 
 def _save_checkpoint(
@@ -216,7 +215,8 @@ def _save_checkpoint(
     """Commit checkpoint ``c`` as the stage ``sft-ckpt`` (the main rank)."""
     ckpt = store.open_stage(run_id, CKPT_STAGE, params={"sft_key": sft_key, "step": c.step})
     write_policy(ckpt, "policy", lm, tokenizer, model, state_dict=c.weights)
-    ckpt.write_bytes("trainer_state.pt", state_bytes(c.trainer_state))
+    with ckpt.staged_file("trainer_state.pt") as path:  # streamed, never one bytes object
+        save_state(c.trainer_state, path)
     ckpt.commit(summary={"sft_key": sft_key, "step": c.step})
 
 

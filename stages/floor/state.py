@@ -60,11 +60,12 @@ from verl_core.config import VerlFlowConfig, canonical_json
 from verl_core.errors import ArtifactNotFoundError, ConfigError
 from verl_core.files import write_files
 from verl_core.models.checkpoint import (
-    load_state_bytes,
-    model_files,
+    load_state,
     rng_state,
+    save_state,
+    saved_model,
+    seed_rngs,
     set_rng_state,
-    state_bytes,
 )
 from verl_core.models.heads import load_value_model, value_model_from_policy
 from verl_core.models.loading import enable_gradient_checkpointing, resolve_device
@@ -138,7 +139,7 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
     store = ctx.store()
     tokenizer = load_tokenizer(store, template_pack_uri)
     device = resolve_device(cfg.trainer.device)
-    torch.manual_seed(cfg.trainer.seed)
+    seed_rngs(cfg.trainer.seed)
     resume = _resume_iteration(store, ctx.run_id, cfg.trainer.resume_mode)
     own = store.committed(ctx.run_id, ckpt_stage(resume)) if resume is not None else None
     fork = fork_start(store, cfg.parent, own) if cfg.parent is not None else None  # stages.floor.parent
@@ -207,9 +208,8 @@ def init_state(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft
         version = 0
         cursor = 0
         if ckpt is not None:
-            state = load_state_bytes(
-                store.read_bytes(ckpt, "trainer_state.pt"), store.file_uri(ckpt, "trainer_state.pt")
-            )
+            with store.local_file(ckpt, "trainer_state.pt") as path:  # memory-mapped, not read whole
+                state = load_state(path, store.file_uri(ckpt, "trainer_state.pt"))
             actor_engine.load_state_dict(state["actor"])
             if critic_engine is not None and state["critic"]:  # a fork may add a critic
                 critic_engine.load_state_dict(state["critic"])
@@ -310,9 +310,11 @@ def save_checkpoint(ctx: RunContext, cfg: VerlFlowConfig, iteration: int) -> str
         stage = store.open_stage(ctx.run_id, where, params={"iteration": iteration}, force=True)
         write_policy(stage, "policy", state.lm, state.tokenizer, cfg.model, state_dict=policy)
         if state.critic is not None:
-            for name, data in model_files(state.critic.model, state_dict=critic).items():
-                stage.write_bytes(f"critic/{name}", data)
-        stage.write_bytes("trainer_state.pt", state_bytes(trainer_state))
+            with saved_model(state.critic.model, state_dict=critic) as files:  # 2 GB at 0.5B: streamed
+                for name, path in files.items():
+                    stage.write_bytes(f"critic/{name}", path)
+        with stage.staged_file("trainer_state.pt") as path:  # GBs of moments: streamed, never one bytes
+            save_state(trainer_state, path)
         for m in state.pending:  # updates whose weights this checkpoint makes durable
             stage.write_bytes(f"{PENDING}/{m.stage}.json", m.to_bytes())
         pending = [m.stage for m in state.pending]

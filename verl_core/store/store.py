@@ -27,7 +27,8 @@ import os
 import posixpath
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from verl_core.errors import ArtifactCorruptError, ArtifactError, ArtifactNotFoundError, StoreFullError
+from verl_core.store.local import Content, new_file, replace_atomic, sha256_of, size_of
 from verl_core.store.manifest import FileEntry, Manifest, Producer
 from verl_core.store.schemas import check_schema, conform
 from verl_core.version import code_version
@@ -125,29 +127,23 @@ class ArtifactStore:
         return self.uri(posixpath.join(self.run_dir(run_id), stage, MANIFEST))
 
     # -------------------------------------------------------------------------------- raw I/O
-    def put_atomic(self, path: str, data: bytes) -> None:
-        """Write ``data`` so that readers see either nothing/the old bytes or all of the new ones:
-        write-then-rename locally, one PUT on object stores."""
+    def put_atomic(self, path: str, data: Content) -> None:
+        """Write ``data`` (bytes or a local file, never read whole) so that readers see nothing/the old
+        bytes or all of the new ones: :func:`replace_atomic` locally, one PUT on object stores (a large
+        file in a multipart upload, visible only once complete, each part retried like any request)."""
         if self._local:
-            parent = posixpath.dirname(path)
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
             try:
-                os.makedirs(parent, exist_ok=True)
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
+                replace_atomic(path, data)
             except OSError as e:
                 if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                if os.path.exists(tmp):
-                    os.remove(tmp)  # the partial copy would only hold space the rerun needs
                 where = posixpath.relpath(path, self.root)
                 raise StoreFullError(
-                    f"store {self.url}: no space left on the device writing {where} ({len(data)} bytes); "
+                    f"store {self.url}: no space left on the device writing {where} ({size_of(data)} bytes); "
                     "what was committed before is intact: free space and rerun to resume"
                 ) from None
+        elif isinstance(data, Path):
+            self.fs.put_file(str(data), path)
         else:
             self.fs.pipe_file(path, data)
 
@@ -231,12 +227,37 @@ class ArtifactStore:
         entry = manifest.file(name)
         path = self._file_path(manifest, entry)
         data = self.cat(path)
-        if len(data) != entry.size or sha256_bytes(data) != entry.sha256:
+        self._check_content(path, entry, len(data), lambda: sha256_bytes(data))
+        return data
+
+    @contextmanager
+    def local_file(self, manifest: Manifest, name: str) -> Iterator[Path]:
+        """A local file holding ``name`` of a committed manifest, checked like :meth:`read_bytes`
+        but never read whole into memory (multi-GB trainer state): the store's own file on a local
+        store, a download to a temporary file (removed on exit) elsewhere."""
+        entry = manifest.file(name)
+        path = self._file_path(manifest, entry)
+        tmp = None if self._local else new_file(None)
+        try:
+            try:
+                if tmp is not None:
+                    self.fs.get_file(path, str(tmp))
+                local = tmp or Path(path)
+                size = local.stat().st_size
+            except FileNotFoundError:
+                raise ArtifactNotFoundError(f"{self.uri(path)} does not exist") from None
+            self._check_content(path, entry, size, lambda: sha256_of(local))
+            yield local
+        finally:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+
+    def _check_content(self, path: str, entry: FileEntry, size: int, sha256: Any) -> None:
+        if size != entry.size or sha256() != entry.sha256:
             raise ArtifactCorruptError(
                 f"{self.uri(path)}: content does not match its manifest "
-                f"(size {len(data)} vs {entry.size}, sha256 mismatch) — the artifact was changed after commit"
+                f"(size {size} vs {entry.size}, sha256 mismatch) — the artifact was changed after commit"
             )
-        return data
 
     def file_uri(self, manifest: Manifest, name: str) -> str:
         return self.uri(self._file_path(manifest, manifest.file(name)))
@@ -353,13 +374,27 @@ class StageWriter:
         pq.write_table(table, buf, compression="zstd")
         return self._put(name, buf.getvalue(), kind=kind, rows=table.num_rows, schema=str(table.schema))
 
-    def write_bytes(self, name: str, data: bytes) -> FileEntry:
-        """Write an opaque file (JSON report, weights, tokenizer file) under the attempt prefix."""
+    def write_bytes(self, name: str, data: Content) -> FileEntry:
+        """Write an opaque file (JSON report, weights, tokenizer file) under the attempt prefix: bytes,
+        or a local file's content, streamed (never read whole: GBs of weights)."""
         self._check_open(name)
         return self._put(name, data, kind=None, rows=None, schema=None)
 
     def write_json(self, name: str, obj: Any) -> FileEntry:
         return self.write_bytes(name, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+
+    @contextmanager
+    def staged_file(self, name: str) -> Iterator[Path]:
+        """A local path to write the opaque file ``name`` to; on exit it is put under the attempt
+        prefix like :meth:`write_bytes`, its content never one bytes object (multi-GB trainer state).
+        On a local store the path is in the attempt's folder, so the file is linked into place."""
+        self._check_open(name)
+        tmp = new_file(posixpath.join(self._stage_dir(), self.attempt) if self.store._local else None)
+        try:
+            yield tmp
+            self._put(name, tmp, kind=None, rows=None, schema=None)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def _check_open(self, name: str) -> None:
         if self.done:
@@ -369,22 +404,13 @@ class StageWriter:
             raise ArtifactError(f"{self.stage}: artifact {name!r} written twice in one attempt")
 
     def _put(
-        self, name: str, data: bytes, kind: str | None, rows: int | None, schema: str | None
+        self, name: str, data: Content, kind: str | None, rows: int | None, schema: str | None
     ) -> FileEntry:
         rel = posixpath.join(self.attempt, name)
-        path = posixpath.join(self._stage_dir(), rel)
-        if self.store._local:
-            self.store.put_atomic(path, data)
-        else:
-            self.store.fs.pipe_file(path, data)
+        self.store.put_atomic(posixpath.join(self._stage_dir(), rel), data)
+        size, sha256 = size_of(data), sha256_of(data)
         entry = FileEntry(
-            name=name,
-            path=rel,
-            kind=kind,
-            rows=rows,
-            size=len(data),
-            sha256=sha256_bytes(data),
-            arrow_schema=schema,
+            name=name, path=rel, kind=kind, rows=rows, size=size, sha256=sha256, arrow_schema=schema
         )
         self._files.append(entry)
         return entry
