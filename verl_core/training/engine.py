@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from verl_core.errors import VerlFlowError
 from verl_core.runtime.watchdog import beat
+from verl_core.training.adamw import GradScratchAdamW
 from verl_core.training.distributed import full_optimizer_state, load_full_optimizer_state
 
 T = TypeVar("T")
@@ -145,7 +146,9 @@ class TrainEngine:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise VerlFlowError("the model has no trainable parameters")
-        self.optimizer = torch.optim.AdamW(
+        # torch's AdamW, bit for bit, its ``denom`` computed in the gradients this engine drops after
+        # each step (no fresh pages per step: verl_core.training.adamw)
+        self.optimizer: torch.optim.AdamW = GradScratchAdamW(
             param_groups(self.model, spec.weight_decay), lr=spec.lr, betas=ADAM_BETAS, foreach=False
         )
         self.scheduler = lr_schedule(self.optimizer, spec)
