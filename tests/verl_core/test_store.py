@@ -6,6 +6,7 @@ Runs against memory://, a local directory and a real S3-compatible HTTP endpoint
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import signal
@@ -311,3 +312,81 @@ def test_other_write_errors_are_not_called_a_full_disk(
     with pytest.raises(OSError) as e:
         store.put_atomic(store.path("runs", "r", "f.bin"), b"x")
     assert e.value.errno == errno.EIO and not isinstance(e.value, StoreFullError)
+
+
+def test_streamed_files_commit_and_read_back_checked(store_url: str, tmp_path: Path) -> None:
+    # trainer state and weights go in as local files, never one bytes object: staged_file gives the
+    # path to write, write_bytes takes a path too; the manifest holds the content's size and sha256
+    store = ArtifactStore(store_url)
+    stage = store.open_stage("run-a", "ckpt/iter-0001")
+    state, weights = os.urandom(300_000), os.urandom(1000)
+    with stage.staged_file("trainer_state.pt") as path:
+        path.write_bytes(state)
+    (tmp_path / "model.safetensors").write_bytes(weights)
+    stage.write_bytes("critic/model.safetensors", tmp_path / "model.safetensors")
+    assert not path.exists()  # the staged file is in the store now, its staging name gone
+    manifest = store.read_manifest(stage.commit())
+
+    entry = manifest.file("trainer_state.pt")
+    assert (entry.size, entry.sha256) == (len(state), hashlib.sha256(state).hexdigest())
+    assert store.read_bytes(manifest, "critic/model.safetensors") == weights
+    with store.local_file(manifest, "trainer_state.pt") as local:
+        assert local.read_bytes() == state
+    assert store.files_present(manifest)
+    if store._local:  # the store's own file, read in place; nothing but the committed files in the attempt
+        assert local.exists()
+        attempt = Path(store.path("runs", "run-a", "ckpt/iter-0001", manifest.attempt))
+        assert sorted(str(p.relative_to(attempt)) for p in attempt.rglob("*") if p.is_file()) == [
+            "critic/model.safetensors",
+            "trainer_state.pt",
+        ]
+    else:  # a temporary download, removed on exit
+        assert not local.exists()
+
+
+def test_a_streamed_file_is_checked_against_its_manifest(tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path))
+    stage = store.open_stage("r", "ckpt")
+    with stage.staged_file("trainer_state.pt") as path:
+        path.write_bytes(b"x" * 100)
+    manifest = store.read_manifest(stage.commit())
+    on_disk = Path(store.path("runs", "r", "ckpt", manifest.file("trainer_state.pt").path))
+    on_disk.write_bytes(b"y" * 100)  # same size, other content
+    with (
+        pytest.raises(ArtifactCorruptError, match="content does not match its manifest"),
+        store.local_file(manifest, "trainer_state.pt"),
+    ):
+        pass
+    on_disk.unlink()
+    with pytest.raises(ArtifactNotFoundError), store.local_file(manifest, "trainer_state.pt"):
+        pass
+
+
+def test_a_failed_staged_write_records_nothing(store_url: str) -> None:
+    store = ArtifactStore(store_url)
+    stage = store.open_stage("r", "ckpt")
+    with pytest.raises(RuntimeError, match="serialiser died"), stage.staged_file("trainer_state.pt") as path:
+        path.write_bytes(b"half")
+        raise RuntimeError("serialiser died")
+    assert not path.exists()
+    manifest = store.read_manifest(stage.commit())
+    assert manifest.files == []
+
+
+def test_a_full_disk_writing_a_streamed_file_is_one_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore(str(tmp_path / "store"))
+    stage = store.open_stage("r", "ckpt")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with (
+        pytest.raises(StoreFullError, match=r"writing runs/r/ckpt/attempt-.*/trainer_state\.pt \(10 bytes\)"),
+        stage.staged_file("trainer_state.pt") as path,
+    ):
+        path.write_bytes(b"x" * 10)
+    attempt = Path(store.path("runs", "r", "ckpt", stage.attempt))
+    assert list(attempt.iterdir()) == []  # neither the staged file nor the linked copy is left
