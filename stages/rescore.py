@@ -42,6 +42,7 @@ from stages.floor.builders import build_scorers, score_batch
 from stages.floor.locations import rescore_report_stage, rescore_stage
 from stages.floor.logging import stage_logger
 from stages.floor.rescore import ComparisonRow, RescorePlan, RescoreReport, RescoreTarget, reward_params
+from stages.floor.retry import retry_unless_deterministic
 from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.errors import DataError
 from verl_core.reward import WeightedScorer, batch_from_columns, rewards_table
@@ -56,7 +57,7 @@ MARKDOWN_SAMPLES = 10  # disagreements shown in report.md (all of them are in di
 _ROLLOUT_COLUMNS = ["data_source", "prompt_text", "response_text", "ground_truth", "is_baseline"]
 
 
-@task(name="rescore")
+@task(name="rescore", retry_condition_fn=retry_unless_deterministic)
 def rescore(
     ctx: RunContext, cfg: RewardConfig, sandbox: SandboxConfig, plan: RescorePlan, max_response_length: int
 ) -> list[str]:

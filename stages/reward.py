@@ -9,7 +9,8 @@ Reads ``rollouts.parquet`` (kind "rollouts") of the rollout stage and writes, in
 
 and logs verl-style metrics at step i (``critic/score/*``, ``reward/accuracy``, ``reward/no_answer_frac``,
 ``reward/errors``, ``response_length/*``, ``timing_s/reward``: the seconds the scoring took, also the
-manifest summary's ``seconds``).
+manifest summary's ``seconds``), but not ``critic/score/mean`` and ``response_length/mean``
+(``UPDATE_LOGS``), which the update logs at that step for the batch it trains on.
 
 Dynamic sampling (``algorithm.filter_groups``): generation batch K is scored in
 ``iter-XXXX/reward/gen-K``, which also writes ``group_filter.parquet`` (kind "group_filter": the
@@ -31,6 +32,7 @@ from prefect import task
 from stages.floor.builders import run_scorers, score_batch
 from stages.floor.locations import generation_stage, iteration_stage
 from stages.floor.logging import stage_logger
+from stages.floor.retry import retry_unless_deterministic
 from verl_core.algorithms.dynamic_sampling import FILTER_METRICS, filter_groups
 from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.errors import DataError
@@ -40,9 +42,12 @@ from verl_core.runtime.run import RunContext
 ROLLOUTS_FILE = "rollouts.parquet"
 REWARDS_FILE = "rewards.parquet"
 FILTER_FILE = "group_filter.parquet"
+# logged at the same step by the update (verl_core.training.ppo_metrics.batch_metrics), of the batch it
+# trains on (dynamic sampling: the kept groups); the stage's summary keeps its own values
+UPDATE_LOGS = frozenset({"critic/score/mean", "response_length/mean"})
 
 
-@task(name="reward")
+@task(name="reward", retry_condition_fn=retry_unless_deterministic)
 def reward(
     ctx: RunContext,
     cfg: RewardConfig,
@@ -108,8 +113,9 @@ def reward(
         summary["filter"] = kept[1]
     uri = stage.commit(summary=summary)
 
-    # 5. Metrics
-    ctx.tracker().log_metrics({**metrics, "timing_s/reward": seconds}, step=iteration)
+    # 5. Metrics (not those the update logs for the batch it trains on: each metric once per step)
+    logged = {k: v for k, v in metrics.items() if k not in UPDATE_LOGS}
+    ctx.tracker().log_metrics({**logged, "timing_s/reward": seconds}, step=iteration)
     log.info(
         "reward: iteration %d, %d rows, score mean %.4f, %d errors zeroed",
         iteration, batch.size, metrics["critic/score/mean"], report["errors"],

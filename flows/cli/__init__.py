@@ -30,6 +30,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts are plain text: "A:B:" stays "A:B:", not an emoji
 )
 app.add_typer(config_app, name="config")
 app.add_typer(runs_app, name="runs")

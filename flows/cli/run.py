@@ -5,7 +5,7 @@ config a run would use). The full log of a run goes to a file; a failure prints 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -175,8 +175,9 @@ def rescore_cmd(
     """Score every stored rollout of RUN_ID (training, validation, eval) again with the reward settings
     changed by OVERRIDES into rescore/NAME/..., and compare with the stored rewards (report: Parquet,
     markdown, a plot; an MLflow child run of the run). Idempotent: a rerun skips what was committed."""
+    from stages.floor.environment import check_scorers
     from stages.floor.locations import check_rescore_name
-    from stages.floor.rescore import check_rescore_overrides, parse_iterations
+    from stages.floor.rescore import check_rescore_overrides, parse_iterations, rescore_settings
 
     try:  # what can be checked before the flow starts, in one line
         check_rescore_overrides(overrides or [])
@@ -184,7 +185,9 @@ def rescore_cmd(
             parse_iterations(iterations)
         if name is not None:
             check_rescore_name(name)
-        open_store(store).read_run_record(run_id)  # a run that is not there: one line, before the flow starts
+        # a run that is not there, a reward function that cannot score: one line, before the flow starts
+        record = open_store(store).read_run_record(run_id)
+        check_scorers(rescore_settings(_recorded_config(record.config), overrides or []))
     except ConfigError as e:
         fail(e, 2)
     except VerlFlowError as e:
@@ -212,6 +215,13 @@ def rescore_cmd(
     finally:
         log.close()
     _print_rescore(result)
+
+
+def _recorded_config(raw: dict[str, Any]) -> VerlFlowConfig:
+    """A run's recorded config, validated as the rescore flow takes it (executed locally)."""
+    from verl_core.config import validate_config
+
+    return validate_config({**raw, "execution": {**raw.get("execution", {}), "mode": "local"}})
 
 
 def _print_rescore(result: RescoreResult) -> None:

@@ -3,6 +3,10 @@ check (:func:`check_environment`) the GPU stage flows run before any work (with 
 code, the ``code`` scorer or a tool such as ``python``, is refused at the start of SFT / the RL loop
 when bubblewrap cannot run on that machine, not when the first reward is scored).
 
+A custom reward function (``reward.function``) is checked by :func:`scorer_checks` (doctor) and
+:func:`check_scorers` (``verl-flow run`` before any work, and :func:`check_environment`): imported,
+its signature fitted, one synthetic row scored (:mod:`verl_core.reward.probe`).
+
 The config is unpacked here into plain values (:class:`Needs`); the checks themselves are the plain
 functions of :mod:`verl_core.runtime.doctor` and :mod:`verl_core.runtime.reachability`.
 """
@@ -13,6 +17,7 @@ from typing import NamedTuple
 
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import ConfigError
+from verl_core.reward.probe import PROBE_DATA_SOURCE, probe_reward_function
 from verl_core.rollout.vllm_process import vllm_environment_checks
 from verl_core.runtime.doctor import (
     Check,
@@ -124,10 +129,41 @@ def code_execution(cfg: VerlFlowConfig) -> str | None:
     return None
 
 
+def scorer_checks(cfg: VerlFlowConfig) -> list[Check]:
+    """With the ``function`` scorer: ``reward.function`` imported, its signature fitting
+    ``reward.function_mode`` and one synthetic row scored (an error when that cannot work on any row,
+    a warning when it failed on the made-up row only; :mod:`verl_core.reward.probe`)."""
+    r = cfg.reward
+    if r.function is None or not any(s.name == "function" for s in r.scorers):
+        return []
+    name = "reward.function"
+    try:
+        warning = probe_reward_function(
+            r.function,
+            r.function_mode,
+            timeout_s=r.timeout_s,
+            data_source=cfg.data.data_source or PROBE_DATA_SOURCE,
+        )
+    except ConfigError as e:
+        return [Check(name, "error", str(e).removeprefix(f"{name}: "))]
+    if warning is not None:
+        return [Check(name, "warn", warning.removeprefix(f"{name}: "))]
+    return [Check(name, "ok", f"{r.function}: imported, called in its form, scored a synthetic row")]
+
+
+def check_scorers(cfg: VerlFlowConfig) -> None:
+    """Raise a :class:`~verl_core.errors.ConfigError` (one line) when :func:`scorer_checks` finds an error."""
+    errors = problems(scorer_checks(cfg))
+    if errors:
+        raise ConfigError("\n".join(c.line() for c in errors))
+
+
 def check_environment(cfg: VerlFlowConfig) -> None:
     """Fail fast (a :class:`~verl_core.errors.ConfigError`, one line per problem) when this process's
-    packages or torch build cannot run ``cfg``: metadata reads only, no network; and, only when the
-    config runs code, whether bubblewrap runs here (one probe per process, a few ms)."""
+    packages or torch build cannot run ``cfg``: metadata reads only, no network; only when the config
+    runs code, whether bubblewrap runs here (one probe per process, a few ms); and with a custom reward
+    function, :func:`check_scorers` (one call in a forked child)."""
+    check_scorers(cfg)
     needs = config_needs(cfg)
     require(needs.packages, cuda_needed_by=needs.cuda)
     engine = problems(vllm_engine_checks(cfg))
@@ -176,6 +212,7 @@ def doctor_checks(cfg: VerlFlowConfig | None, *, timeout_s: float = 5.0) -> list
     if cfg is not None and code:
         checks += sandbox_checks(code, allow_weak=cfg.sandbox.allow_weak_sandbox)
     if cfg is not None:
+        checks += scorer_checks(cfg)
         checks.append(store_check(cfg.store.url, timeout_s=timeout_s))
         checks.append(
             tracking_check(cfg.tracking.uri, cfg.store.url, enabled=cfg.tracking.enabled, timeout_s=timeout_s)

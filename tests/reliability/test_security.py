@@ -28,7 +28,7 @@ from stages.floor.builders import build_policy
 from tests.reliability.codescan import scan_source, scan_tree
 from tests.reliability.conftest import CANARIES, REPO, Pipeline, S3Run
 from verl_core.config import ModelConfig, RewardConfig
-from verl_core.errors import ConfigError, DataError
+from verl_core.errors import DataError
 from verl_core.models.loading import ModelLoadError
 from verl_core.reward import batch_from_columns, load_reward_function
 from verl_core.reward.rules import RuleOptions
@@ -110,9 +110,8 @@ def test_reward_functions_load_only_from_the_configured_import_path(
     ran = tmp_path / "code-ran"
     evil = tmp_path / "evil_reward.py"
     evil.write_text(f"open({str(ran)!r}, 'w').write('pwned')\ndef f(*a, **k):\n    return 1.0\n")
-    # a file path is not an import path
-    with pytest.raises(ConfigError, match=r"reward\.function: cannot import module"):
-        load_reward_function(f"{evil}:f")
+    # validating a config that names the file runs nothing (loading it is what the user asked for)
+    assert RewardConfig(scorers=["function"], function=f"{evil}:f").function == f"{evil}:f"
     assert not ran.exists()
     # a data_source naming a module is an unknown data source for the rule scorer, nothing imported
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -82,12 +82,14 @@ def test_stage_scores_writes_reports_and_skips_on_rerun(run: tuple[RunContext, s
 
     [(metrics, step)] = spy.logged
     assert step == 0
-    assert metrics["critic/score/mean"] == pytest.approx(0.25)  # (1 + 0 - 1 + 1) / 4
+    summary = m.summary["metrics"]  # the batch means the update logs: in the stage's summary, not logged
+    assert "critic/score/mean" not in metrics and "response_length/mean" not in metrics
+    assert summary["critic/score/mean"] == pytest.approx(0.25)  # (1 + 0 - 1 + 1) / 4
     assert (metrics["critic/score/max"], metrics["critic/score/min"]) == (1.0, -1.0)
     assert metrics["reward/accuracy"] == 0.5  # 2 of 4
     assert metrics["reward/no_answer_frac"] == 0.25  # row (1, 0)
     assert metrics["reward/errors"] == 0.0
-    assert metrics["response_length/mean"] == 11.0  # (10 + 12 + 16 + 6) / 4
+    assert summary["response_length/mean"] == 11.0  # (10 + 12 + 16 + 6) / 4
     assert metrics["response_length/max"] == 16.0
     assert metrics["response_length/clip_ratio"] == 0.25  # one finish_reason "length"
     report = json.loads(store.read_bytes(m, "report.json"))
@@ -176,3 +178,19 @@ def test_code_scorer_through_the_stage(tmp_path: Path, monkeypatch: pytest.Monke
     assert len(spy.logged) == 1
     reward.fn(ctx, cfg, rollout_uri, 0, 16, sandbox=SandboxConfig(timeout_s=3.0))
     assert ctx.store().read_manifest(uri).attempt != attempt and len(spy.logged) == 2
+
+
+def test_each_metric_is_logged_once_per_step(run: tuple[RunContext, str, Spy]) -> None:
+    """The update logs its batch's figures at the same step (verl_core.training.ppo_metrics.batch_metrics):
+    the reward stage logs none of them (before: critic/score/mean and response_length/mean twice)."""
+    import torch
+
+    from verl_core.training.ppo_metrics import batch_metrics
+
+    ctx, rollout_uri, spy = run
+    reward.fn(ctx, RewardConfig(), rollout_uri, 0, 16, sandbox=SandboxConfig())
+    [(logged, _)] = spy.logged
+    s, r = 2, 3  # any batch: only the names matter
+    zeros = torch.zeros(s, r)
+    update = batch_metrics(torch.ones(s), zeros, zeros, zeros, zeros, torch.ones(s, r), torch.tensor([0, 0]))
+    assert set(logged) & set(update) == set()

@@ -15,11 +15,14 @@ Example::
 The reward model part (``verl_core.reward.model``) imports torch/transformers only when called.
 """
 
+from verl_core.reward.call_forms import CallForm, call_form
 from verl_core.reward.functions import (
     FUNCTION_MODES,
+    ErrorKind,
     FunctionInputs,
     FunctionMode,
     FunctionScores,
+    is_deterministic,
     load_reward_function,
     run_reward_function,
 )
@@ -54,6 +57,7 @@ from verl_core.reward.scoring import (
     OnError,
     RewardError,
     RewardResult,
+    ScorerCodeError,
     WeightedScorer,
     batch_from_columns,
     metrics_of_rows,
@@ -67,7 +71,9 @@ __all__ = [
     "FUNCTION_MODES",
     "OVERLONG",
     "RULE_SCORERS",
+    "CallForm",
     "CodeScorer",
+    "ErrorKind",
     "FunctionInputs",
     "FunctionMode",
     "FunctionScorer",
@@ -86,14 +92,17 @@ __all__ = [
     "RuleScoreFn",
     "RuleScorer",
     "Scorer",
+    "ScorerCodeError",
     "ScorerOutput",
     "WeightedScorer",
     "arithmetic_score",
     "batch_from_columns",
     "boxed_math_score",
+    "call_form",
     "extract_gsm8k",
     "get_rule_scorer",
     "gsm8k_score",
+    "is_deterministic",
     "last_boxed",
     "load_reward_function",
     "load_reward_scorer",

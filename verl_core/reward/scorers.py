@@ -3,16 +3,17 @@
 * :class:`RuleScorer` - the data_source rules of :mod:`verl_core.reward.rules`; batches of at least
   ``parallel_min_samples`` are split into chunks scored by a pool of ``num_workers`` forked processes
   (the rules are pure module-level functions), smaller ones are scored in-process.
-* :class:`FunctionScorer` - a custom ``module:function`` run with a timeout
-  (:mod:`verl_core.reward.functions`).
+* :class:`FunctionScorer` - a custom ``module:function`` (or ``file.py:function``) run with a timeout
+  in the form its signature asks for (:mod:`verl_core.reward.functions`).
 * ``ModelScorer`` - a sequence-classification reward model (:mod:`verl_core.reward.model`).
 * ``RemoteScorer`` / ``JudgeScorer`` - an HTTP batch-scoring endpoint / an LLM judge on an
   OpenAI-compatible endpoint (:mod:`verl_core.reward.remote`).
 * :class:`CodeScorer` - the response's code run against the row's tests in the sandbox
   (:mod:`verl_core.reward.code`), ``num_workers`` sandboxes at once.
 
-A scorer never raises for one bad sample: it returns the sample's error in ``errors`` and lets
-:func:`verl_core.reward.scoring.score_rollouts` apply ``on_error``. A sample that failed on its own
+A scorer never raises for one bad sample: it returns the sample's error in ``errors`` (and, where it
+knows, the error's kind in ``kinds``) and lets :func:`verl_core.reward.scoring.score_rollouts` apply
+``on_error``. A sample that failed on its own
 (its code crashed or timed out) is not an error of the scorer: it is scored as it did and counted in
 the scorer's ``metrics`` (``reward/code/failures``).
 """
@@ -23,12 +24,14 @@ import math
 import multiprocessing as mp
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from verl_core.errors import DataError
 from verl_core.registry import UnknownNameError
+from verl_core.reward.call_forms import CallForm, FunctionMode, call_form
 from verl_core.reward.code import CodeScore, code_score, parse_tests, run_tests
-from verl_core.reward.functions import FunctionInputs, FunctionMode, run_reward_function
+from verl_core.reward.functions import ErrorKind, FunctionInputs, run_reward_function
 from verl_core.reward.rules import RuleOptions, get_rule_scorer
 from verl_core.runtime.sandbox import SandboxSpec
 
@@ -61,13 +64,15 @@ class ScorerOutput(NamedTuple):
     """One scorer's verdict on a batch: ``scores (B,)`` (unweighted; 0.0 where ``errors[i]`` is set),
     ``errors (B,)`` None or what went wrong; rule scorers also give ``extracted (B,)`` (None: no answer)
     and ``correct (B,)``; ``metrics``: the scorer's own counts (e.g. HTTP retries, the code scorer's
-    ``failures``), reported as ``reward/{scorer name}/{key}``."""
+    ``failures``), reported as ``reward/{scorer name}/{key}``; ``kinds (B,)``: each error's kind
+    (:data:`verl_core.reward.functions.ErrorKind`; None: not known, treated as transient)."""
 
     scores: list[float]
     errors: list[str | None]
     extracted: list[str | None] | None = None
     correct: list[bool] | None = None
     metrics: dict[str, float] | None = None
+    kinds: list[ErrorKind | None] | None = None
 
 
 class Scorer(Protocol):
@@ -154,19 +159,33 @@ class RuleScorer(NamedTuple):
 # Custom functions
 
 
-class FunctionScorer(NamedTuple):
-    """A custom reward function (loaded with ``load_reward_function``) in ``mode`` with a timeout."""
+@dataclass(frozen=True)
+class FunctionScorer:
+    """A custom reward function (loaded with ``load_reward_function``) in ``mode`` with a timeout. Its
+    signature is inspected once, here (``form``; a ConfigError when it fits no form of ``mode``).
+
+    ``metrics``: ``extra/{key}``, the batch mean of each numeric extra key of dict returns (over the
+    samples that returned it)."""
 
     fn: Callable[..., Any]
     mode: FunctionMode
     timeout_s: float
+    form: CallForm = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "form", call_form(self.fn, self.mode))
 
     def __call__(self, batch: RewardBatch) -> ScorerOutput:
         inputs = FunctionInputs(
             list(batch.response_text), list(batch.ground_truth), list(batch.data_source), batch.extra_info
         )
-        out = run_reward_function(self.fn, inputs, mode=self.mode, timeout_s=self.timeout_s)
-        return ScorerOutput(out.scores, out.errors)
+        out = run_reward_function(self.fn, inputs, mode=self.mode, timeout_s=self.timeout_s, form=self.form)
+        sums: dict[str, list[float]] = {}
+        for extras in out.extras:
+            for k, v in extras.items():
+                sums.setdefault(k, []).append(v)
+        metrics = {f"extra/{k}": sum(v) / len(v) for k, v in sums.items()}
+        return ScorerOutput(out.scores, out.errors, metrics=metrics or None, kinds=out.kinds)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ stage wraps it with the artifact store.
 
 Errors (``on_error``): a scorer that failed on a sample (raised, timed out) either fails the whole
 call with :class:`RewardError` naming the row (group_id / sample_index), the data_source and the
-error (``"fail"``), or contributes 0 for that sample (``"zero"``), counted in ``reward/errors``.
+error (``"fail"``; :class:`ScorerCodeError` when the scorer says the error happens again on the same
+input, :func:`verl_core.reward.functions.is_deterministic`: a retry cannot help), or contributes 0 for
+that sample (``"zero"``), counted in ``reward/errors``.
 
 Accuracy (``correct``) comes from the first ``rule`` scorer (give it weight 0 to measure accuracy
 without rewarding it); without one, a sample is correct when its score is ≥ ``correct_threshold``,
@@ -25,6 +27,7 @@ from typing import Any, Literal, NamedTuple
 import pyarrow as pa
 
 from verl_core.errors import DataError, VerlFlowError
+from verl_core.reward.functions import is_deterministic
 from verl_core.reward.scorers import RewardBatch, Scorer, ScorerOutput
 from verl_core.runtime.watchdog import beat
 
@@ -43,6 +46,11 @@ _EXTRA_INFO_COLUMNS = (
 
 class RewardError(VerlFlowError):
     """A scorer failed on a sample under ``on_error="fail"``; the message names the row."""
+
+
+class ScorerCodeError(RewardError):
+    """A :class:`RewardError` that the same scoring raises again (the scorer's code failed on the row
+    deterministically, e.g. a custom function's ``TypeError``): not worth a retry."""
 
 
 class WeightedScorer(NamedTuple):
@@ -125,7 +133,8 @@ def score_rollouts(
             error = out.errors[i]
             if error is not None:
                 if on_error == "fail":
-                    raise RewardError(
+                    deterministic = out.kinds is not None and is_deterministic(out.kinds[i])
+                    raise (ScorerCodeError if deterministic else RewardError)(
                         f"reward scorer {ws.name!r} failed on row {batch.row_name(i)} "
                         f"(data_source {batch.data_source[i]!r}): {error}"
                     )
