@@ -29,11 +29,18 @@ import yaml
 from rich.table import Table
 from rich.text import Text
 
-from verl_core.config.loader import apply_override, is_our_key, load_config_notes, unknown_key_message
+from verl_core.config.loader import (
+    apply_override,
+    is_our_key,
+    load_config_notes,
+    unknown_key_message,
+    validate_config,
+)
 from verl_core.config.verl_names import Translation, translate
 from verl_core.errors import ConfigError
 
-# verl's defaults (its ppo_trainer.yaml) where ours differ and the difference changes the run
+# verl's defaults (its ppo_trainer.yaml) where ours differ and the difference changes the run (the
+# machine's size, trainer.n_gpus_per_node, is not: it is where the converted config runs)
 VERL_DEFAULTS: dict[str, str] = {
     "algorithm.adv_estimator": "gae",
     "actor_rollout_ref.rollout.n": "1",
@@ -45,7 +52,6 @@ VERL_DEFAULTS: dict[str, str] = {
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "16384",
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "16384",
     "critic.ppo_max_token_len_per_gpu": "32768",
-    "trainer.n_gpus_per_node": "8",
     "trainer.save_freq": "-1",
     "trainer.test_freq": "-1",
     "trainer.total_epochs": "30",
@@ -98,8 +104,11 @@ def parse_launch(text: str, environ: dict[str, str] | None = None) -> Launch:
             out.skipped.append(f"{_short(line)}: not verl's trainer command")
             continue
         if has_command:
-            start = next(i for i, t in enumerate(tokens) if _MODULE.search(t)) + 1
-            tokens = tokens[start:]
+            start = next(i for i, t in enumerate(tokens) if _MODULE.search(t))
+            launcher = [t for t in tokens[:start] if t != "-m" and not re.search(r"python[\d.]*$", t)]
+            if launcher:
+                out.skipped.append(f"{' '.join(launcher)}: words before the trainer module (not config)")
+            tokens = tokens[start + 1 :]
         for token in tokens:
             _take(token, out)
     return out
@@ -181,7 +190,24 @@ def convert(launch: Launch) -> Converted:
     raw: dict[str, Any] = {}
     for key, value in settings:
         apply_override(raw, f"{key}={value}")
-    return Converted(raw, rows, launch.skipped)
+    return Converted(_typed(raw), rows, launch.skipped)
+
+
+def _typed(raw: dict[str, Any]) -> dict[str, Any]:
+    """The settings' scalars with the schema's types (``lr: 1e-6`` is a string to YAML, a float here),
+    when they validate; as given otherwise (the command then prints what does not)."""
+    try:
+        resolved = validate_config(raw).model_dump(mode="json")
+    except ConfigError:
+        return raw
+
+    def pick(node: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
+        return {
+            k: pick(v, full[k]) if isinstance(v, dict) else v if isinstance(v, list) else full[k]
+            for k, v in node.items()
+        }
+
+    return pick(raw, resolved)
 
 
 def _alias_given(verl_key: str, given: dict[str, str]) -> bool:
