@@ -209,7 +209,6 @@ BUILT_IN: dict[str, tuple[object, str]] = {
     f"{_REF}fsdp_config.optimizer_offload": (False, "the reference has no optimizer"),
     "reward_model.reward_manager": ("naive", "scores are summed over reward.scorers"),
     "trainer.balance_batch": (True, "micro-batches are balanced by token count"),
-    "trainer.device": ("cuda", "set trainer.device (auto, cpu, cuda)"),
     "data.return_raw_input_ids": (False, "prompts are tokenized by the policy's tokenizer"),
 }
 
