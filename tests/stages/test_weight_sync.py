@@ -185,3 +185,57 @@ def test_sync_from_an_fsdp2_sharded_policy_gives_the_engine_owner_the_full_weigh
     want = {"keys_equal": True, "max_diff": 0.0, "tokens_equal": True, "version": 1, "devices": ["cpu"]}
     assert owner == want
     assert json.loads((tmp_path / "rank1.json").read_text()) == {"kept": 0}  # an engine-less rank keeps none
+
+
+class _MeshShard(torch.Tensor):
+    """Stands for an FSDP2 ``DTensor`` shard living on ``on`` of a mesh on ``mesh``: ``full_tensor``
+    (the all-gather) refuses a shard that is not on the mesh's device, as NCCL refuses CPU tensors;
+    every ``to`` and gather is recorded in ``log``."""
+
+    on: str
+    mesh: str
+    log: list[tuple[str, str]]
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, on: str, mesh: str, log: list[tuple[str, str]]) -> _MeshShard:
+        shard = torch.Tensor._make_subclass(cls, data)
+        shard.on, shard.mesh, shard.log = on, mesh, log
+        return shard
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch.device(self.on)
+
+    @property
+    def device_mesh(self) -> object:
+        import types
+
+        return types.SimpleNamespace(device_type=self.mesh)
+
+    def to(self, device: object, *args: object, **kwargs: object) -> _MeshShard:  # type: ignore[override]
+        self.log.append(("to", str(device)))
+        return _MeshShard(self.as_subclass(torch.Tensor), str(device), self.mesh, self.log)
+
+    def full_tensor(self) -> torch.Tensor:
+        self.log.append(("full_tensor", self.on))
+        if self.on != self.mesh:
+            raise RuntimeError(f"all-gather of a {self.on} tensor on a {self.mesh} process group")
+        return self.as_subclass(torch.Tensor).clone()
+
+
+def test_an_offloaded_shard_is_gathered_on_its_mesh_s_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    # fsdp2 with param_offload keeps the shards on the CPU while the mesh (NCCL) is on CUDA: the gather
+    # moves each shard to the mesh's device first (torch's own full state dict does the same), then the
+    # full tensor comes back to the CPU for the engine
+    import torch.distributed.checkpoint.state_dict as dcp_state_dict
+    import torch.distributed.tensor as dtensor
+
+    log: list[tuple[str, str]] = []
+    shard = _MeshShard(torch.arange(4.0), "cpu", "cuda", log)
+    monkeypatch.setattr(dtensor, "DTensor", _MeshShard)
+    monkeypatch.setattr(dcp_state_dict, "get_model_state_dict", lambda lm, options: {"w": shard})
+    monkeypatch.setattr(state_module, "distributed", lambda: True)
+    weights = state_module.policy_weights(nn.Linear(1, 1))
+    assert log == [("to", "cuda"), ("full_tensor", "cuda")]
+    assert type(weights["w"]) is torch.Tensor and weights["w"].device.type == "cpu"
+    assert torch.equal(weights["w"], torch.arange(4.0))
