@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from verl_core.config import VerlFlowConfig, validate_config
 from verl_core.runtime.run import RunContext, wandb_fields
-from verl_core.runtime.tracking import RUN_ID_TAG, default_tracking_uri
+from verl_core.runtime.tracking import RUN_ID_TAG, default_tracking_uri, experiment_name
 from verl_core.store import ArtifactStore
 
 
@@ -21,7 +21,7 @@ def attach_run(store_url: str, run_id: str) -> tuple[RunContext, VerlFlowConfig]
     tracking_uri = mlflow_run_id = None
     if cfg.tracking.enabled and "mlflow" in cfg.tracking.backends:
         tracking_uri = cfg.tracking.uri or default_tracking_uri(store.url)
-        mlflow_run_id = find_mlflow_run(tracking_uri, cfg.trainer.project_name, run_id)
+        mlflow_run_id = find_mlflow_run(tracking_uri, experiment_name(cfg.trainer.project_name), run_id)
     ctx = RunContext(
         run_id=run_id,
         store_url=store.url,

@@ -11,7 +11,10 @@ from verl_core.config.base import NonNegFloat, NonNegInt, PositiveFloat, Positiv
 
 
 class TrainerConfig(Section):
-    project_name: str = _f("verl-flow", "Project: the MLflow experiment name")
+    project_name: str = _f(
+        "verl-flow",
+        "Project: the MLflow experiment name (left at this default: $MLFLOW_EXPERIMENT_NAME if set)",
+    )
     experiment_name: str = _f("quickstart", "Experiment: prefix of generated run ids, MLflow run name")
     total_iterations: PositiveInt = _f(20, "RL iterations (rollout, reward, update)")
     total_epochs: PositiveInt = _f(100, "Upper bound on passes over the prompt set")
@@ -80,7 +83,10 @@ class TrackingConfig(Section):
         "Where tracking.enabled logs, all at once; wandb needs pip install 'verl-flow[wandb]', its API key, "
         "mode and directory come from WANDB_API_KEY, WANDB_MODE, WANDB_DIR only",
     )
-    uri: str | None = _f(None, "MLflow tracking URI (None: sqlite mlflow.db beside a local store)")
+    uri: str | None = _f(
+        None,
+        "MLflow tracking URI (None: $MLFLOW_TRACKING_URI if set, else sqlite mlflow.db beside a local store)",
+    )
     wandb_project: str | None = _f(None, "W&B project (None: trainer.project_name)")
     wandb_entity: str | None = _f(None, "W&B entity, a user or team (None: the API key's default)")
     log_samples: NonNegInt = _f(

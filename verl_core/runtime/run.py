@@ -21,6 +21,7 @@ from verl_core.runtime.tracking import (
     NullTracker,
     Tracker,
     default_tracking_uri,
+    experiment_name,
 )
 from verl_core.runtime.wandb_tracking import WandbTracker, require_wandb, wandb_run_id
 from verl_core.store import ArtifactStore
@@ -128,7 +129,7 @@ def _start(cfg: VerlFlowConfig, store: ArtifactStore, run_id: str) -> RunContext
         tracking_uri = cfg.tracking.uri or default_tracking_uri(store.url)
         tracker = MlflowTracker.start(
             tracking_uri,
-            experiment=cfg.trainer.project_name,
+            experiment=experiment_name(cfg.trainer.project_name),
             run_id=run_id,
             params=flatten_config(cfg),
             store_url=store.url,

@@ -1,10 +1,13 @@
 """Tracking: one MLflow run (and with ``tracking.backends`` [..., "wandb"] one W&B run, see
 :mod:`verl_core.runtime.wandb_tracking`) per verl-flow run, resumed when the run is rerun.
 
-Default backend: a SQLite database ``mlflow.db`` at the root of a local artifact store (one database
-for every run under that root, so ``mlflow ui`` compares them), artifacts beside it in
-``mlartifacts/``. Any ``tracking.uri`` (an ``mlflow server``) works instead. Params are the
-flattened config with secrets redacted; metrics are logged in batches with their step.
+Where: ``tracking.uri`` (an ``mlflow server``, any MLflow URI); unset, ``$MLFLOW_TRACKING_URI`` as
+MLflow and verl read it; neither, a SQLite database ``mlflow.db`` at the root of a local artifact
+store (one database for every run under that root, so ``mlflow ui`` compares them), artifacts beside
+it in ``mlartifacts/`` (:func:`default_tracking_uri`). The MLflow experiment is
+``trainer.project_name``; left at its default, ``$MLFLOW_EXPERIMENT_NAME`` when set
+(:func:`experiment_name`). Params are the flattened config with secrets redacted; metrics are logged
+in batches with their step.
 
 Uses ``MlflowClient`` directly (no global active run), so stages can attach to the run by id.
 Several backends at once: :class:`FanOutTracker`.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -71,14 +75,32 @@ class NullTracker:
         pass
 
 
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+EXPERIMENT_NAME_ENV = "MLFLOW_EXPERIMENT_NAME"
+
+
 def default_tracking_uri(store_url: str, *, create: bool = True) -> str:
-    """``sqlite:///<store root>/mlflow.db`` for a local store; for a remote store (which cannot hold a
-    SQLite file) ``sqlite:///<cwd>/mlflow.db``. ``create`` makes the directory."""
+    """The tracking URI when ``tracking.uri`` is unset: ``$MLFLOW_TRACKING_URI`` when set (non-empty);
+    else ``sqlite:///<store root>/mlflow.db`` for a local store, for a remote store (which cannot hold
+    a SQLite file) ``sqlite:///<cwd>/mlflow.db``. ``create`` makes the directory of the SQLite file."""
+    from_env = os.environ.get(TRACKING_URI_ENV, "").strip()
+    if from_env:
+        return from_env
     url = normalize_url(store_url)
     root = Path(url[len("file://") :]) if url.startswith("file://") else Path.cwd()
     if create:
         root.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def experiment_name(project_name: str) -> str:
+    """The MLflow experiment of a run whose ``trainer.project_name`` is ``project_name``: that name, or
+    ``$MLFLOW_EXPERIMENT_NAME`` (when set, non-empty) if the project name is the schema's default."""
+    from verl_core.config import TrainerConfig
+
+    from_env = os.environ.get(EXPERIMENT_NAME_ENV, "").strip()
+    default = TrainerConfig.model_fields["project_name"].default
+    return from_env if from_env and project_name == default else project_name
 
 
 def _artifact_root(tracking_uri: str, store_url: str) -> str | None:
