@@ -115,8 +115,11 @@ def rng_state() -> dict[str, Any]:
 def seed_rngs(seed: int) -> None:
     """Seed torch's and Python's global RNGs. Python's is seeded too although verl-flow draws from
     its own ``random.Random`` instances: unseeded, it starts from ``os.urandom``, so the state that
-    :func:`rng_state` saves (for a user's reward function or library that uses it) differed between
-    two identical runs, and so did their ``trainer_state.pt`` bytes."""
+    :func:`rng_state` saves differed between two identical runs from the first checkpoint on, and so
+    did their ``trainer_state.pt`` bytes. Seeded, they agree until a library draws from it at
+    wall-clock-dependent moments (Prefect's service loops jitter their intervals with
+    ``random.uniform``, ``prefect.utilities.math``): later checkpoints may hold another position in
+    the same stream."""
     import random
 
     torch.manual_seed(seed)
