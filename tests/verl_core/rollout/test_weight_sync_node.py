@@ -55,18 +55,16 @@ def test_shm_filling_up_mid_sync_moves_the_sync_to_disk_once_said(
     shm: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # another writer filled /dev/shm after its free space was read: the bucket write fails with ENOSPC
-    import safetensors.torch
-
-    real = safetensors.torch.save_file
+    real = weight_sync.write_safetensors
     written: list[Path] = []
 
-    def save_file(tensors: dict[str, torch.Tensor], filename: str, *args: Any, **kwargs: Any) -> None:
+    def save_file(tensors: Any, filename: str, *args: Any, **kwargs: Any) -> None:
         if Path(filename).is_relative_to(shm):
             raise OSError(errno.ENOSPC, "No space left on device", filename)
         written.append(Path(filename))
         real(tensors, filename, *args, **kwargs)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    monkeypatch.setattr(weight_sync, "write_safetensors", save_file)
     with (
         caplog.at_level(logging.WARNING, logger=weight_sync.__name__),
         staged_weights(weights(1), 64 * MiB) as directory,
@@ -79,12 +77,10 @@ def test_shm_filling_up_mid_sync_moves_the_sync_to_disk_once_said(
 
 
 def test_another_os_error_is_raised(shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import safetensors.torch
-
     def save_file(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    monkeypatch.setattr(weight_sync, "write_safetensors", save_file)
     with pytest.raises(PermissionError), staged_weights(weights(1), 64 * MiB):
         pass
 
