@@ -36,7 +36,7 @@ from verl_core.config.loader import (
     unknown_key_message,
     validate_config,
 )
-from verl_core.config.verl_names import Translation, translate
+from verl_core.config.verl_translate import Translation, translate
 from verl_core.errors import ConfigError
 
 # verl's defaults (its ppo_trainer.yaml) where ours differ and the difference changes the run (the

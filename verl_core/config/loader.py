@@ -22,7 +22,7 @@ from typing import Any, Union
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from verl_core.config import verl_names
+from verl_core.config import verl_names, verl_translate
 from verl_core.config.preflight import advice
 from verl_core.config.schema import VerlFlowConfig
 from verl_core.errors import ConfigError
@@ -145,7 +145,7 @@ def is_our_key(key: str) -> bool:
 def _apply_pairs(raw: dict[str, Any], pairs: list[tuple[str, str]]) -> tuple[list[str], set[str]]:
     """Apply ``(key, text)`` pairs, verl's names translated; a dropped or unknown key is an error (all
     of them at once, one per line). Returns the translation lines and our keys set."""
-    settings, made, unknown = verl_names.translate(pairs, is_our_key)
+    settings, made, unknown = verl_translate.translate(pairs, is_our_key)
     errors = [t.line().replace("verl key ", "", 1) for t in made if t.dropped]
     for key in unknown:  # a path through a field that is no section: the override's own error
         parts = key.split(".")
@@ -218,7 +218,7 @@ def _what_becomes(verl_key: str) -> str:
 
 def unknown_key_message(key: str) -> str:
     """``unknown key 'PATH'`` at the first level the schema does not have, with a suggestion that
-    never crosses a known confusion (:func:`.verl_names.suggest`): our key at that level, else a verl
+    never crosses a known confusion (:func:`.verl_translate.suggest`): our key at that level, else a verl
     key of the translation table; without one, the valid keys there."""
     parts = key.split(".")
     model: type[BaseModel] | None = VerlFlowConfig
@@ -227,15 +227,17 @@ def unknown_key_message(key: str) -> str:
         model = _section_model(model.model_fields[parts[depth]].annotation)
         depth += 1
     here = parts[: depth + 1]
-    verl_only = depth == 0 and any(k.startswith(parts[0] + ".") for k in verl_names.known_verl_keys())
+    verl_only = depth == 0 and any(k.startswith(parts[0] + ".") for k in verl_translate.known_verl_keys())
     path = key if verl_only else ".".join(here)
     names = list(model.model_fields) if model is not None else []
     ours = [".".join([*here[:-1], n]) for n in names]
-    close = verl_names.suggest(path, ours)
+    close = verl_translate.suggest(path, ours)
     if close is not None:
         return f"unknown key '{path}' (did you mean '{close}'?)"
-    known = verl_names.known_verl_keys()
-    close = next(filter(None, (verl_names.suggest(f, known) for f in verl_names.verl_forms(key))), None)
+    known = verl_translate.known_verl_keys()
+    close = next(
+        filter(None, (verl_translate.suggest(f, known) for f in verl_translate.verl_forms(key))), None
+    )
     if close is not None:
         return f"unknown key '{path}' (did you mean verl's '{close}'? {_what_becomes(close)})"
     valid = f"; valid keys here: {', '.join(names)}" if names and not verl_only else ""

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from flows.cli import app
 from verl_core.config import load_config, with_overrides
 from verl_core.config.loader import is_our_key, load_config_notes
-from verl_core.config.verl_names import BUILT_IN, CONVERTED, DROPPED, RENAMED, confused, suggest
+from verl_core.config.verl_names import BUILT_IN, CONVERTED, DROPPED, RENAMED
+from verl_core.config.verl_translate import confused, suggest
 from verl_core.errors import ConfigError
 
 
