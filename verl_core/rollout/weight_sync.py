@@ -132,7 +132,7 @@ def write_safetensors(
         for _, t in tensors:
             out = dtype if dtype is not None and t.is_floating_point() else t.dtype
             flat = t.detach().to("cpu", dtype=out).contiguous().reshape(-1)  # no copy when it is so
-            f.write(memoryview(flat.view(torch.uint8).numpy()))
+            f.write(flat.view(torch.uint8).numpy().data)  # a memoryview of the tensor: no copy
 
 
 def stage_weights(
