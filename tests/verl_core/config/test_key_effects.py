@@ -20,6 +20,7 @@ from stages.floor.builders import (
     build_scorers,
     mixed_precision,
     optim_spec,
+    planned_iterations,
     ppo_spec,
     quant_spec,
 )
@@ -189,6 +190,15 @@ def test_reward_judge_base_url_is_an_http_url_without_a_trailing_slash() -> None
 
 # --------------------------------------------------------------------------------------------------
 # trainer, store, tracking, export, eval
+
+
+def test_trainer_total_epochs_caps_the_planned_iterations() -> None:
+    cfg = load_config(
+        None, ["trainer.total_iterations=50", "trainer.total_epochs=2", "data.train_batch_size=8"]
+    )
+    # 2 passes over 20 prompts at 8 per iteration: ceil(2 × 20 / 8) = 5 iterations, under the 50 asked
+    assert planned_iterations(cfg, 20) == 5
+    assert planned_iterations(with_overrides(cfg, ["trainer.total_epochs=100"]), 20) == 50
 
 
 def test_trainer_project_name_and_tracking_wandb_entity() -> None:

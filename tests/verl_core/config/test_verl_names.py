@@ -178,3 +178,16 @@ def test_config_show_prints_one_line_per_translation() -> None:
     assert result.exit_code == 0, result.output
     lines = [x for x in result.stdout.splitlines() if x.startswith("# verl key")]
     assert lines == ["# verl key critic.optim.lr → critic.lr=2e-5"]  # actor.lr is ours: no line
+
+
+def test_no_verl_key_is_accepted_silently() -> None:
+    # a verl key that sets nothing (built in, or read with another key) is accepted only with a line
+    # that says so; with any other value it is refused
+    for key, (value, _) in BUILT_IN.items():
+        text = value if isinstance(value, str) else str(value).lower()
+        _, notes = load_config_notes(None, [f"{key}={text}"])
+        assert notes == [f"verl key {key} → nothing to set (built in: {BUILT_IN[key][1]})"], key
+    _, notes = load_config_notes(None, ["custom_reward_function.name=my_fn"])
+    assert notes == [
+        "verl key custom_reward_function.name → nothing to set (read with custom_reward_function.path)"
+    ]
