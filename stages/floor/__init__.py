@@ -17,6 +17,7 @@ besides the stage tasks themselves.
                 stage flows run at start, and ``verl-flow doctor``'s checks
     rescore     ``verl-flow rescore``: which settings may change, the plan (name, reward config hash,
                 stages to score again), its lease, its report read back
+    retry       which task failures Prefect retries (not config errors nor deterministic scorer errors)
 
 Rule: a floor module imports verl_core and other floor modules, never a stage file.
 """

@@ -83,6 +83,7 @@ def test_scan_sees_the_stage_files() -> None:
         "logging",
         "environment",
         "rescore",
+        "retry",
         "parent",
         "spmd",
         "heldout",
