@@ -185,7 +185,7 @@ def convert(launch: Launch) -> Converted:
     for key, value, why in IMPLIED:
         settings.insert(0, (key, value))
         rows.append(Row("", "", f"{key}={value} ({why})"))
-    settings, length_row = _run_length(settings, {**dict(pairs), **given})
+    settings, length_row = _run_length(settings)
     rows.append(length_row)
     raw: dict[str, Any] = {}
     for key, value in settings:
@@ -227,7 +227,7 @@ def _row(key: str, value: str, t: Translation | None, unknown: bool, origin: str
     return Row(key, value, became + (f" ({t.note})" if t.note else "") + origin)
 
 
-def _run_length(settings: list[tuple[str, str]], given: dict[str, str]) -> tuple[list[tuple[str, str]], Row]:
+def _run_length(settings: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], Row]:
     """verl's iterations: total_training_steps when given, else epochs × ⌊rows / train_batch_size⌋."""
     ours = dict(settings)
     epochs = ours.get("trainer.total_epochs", "30")
