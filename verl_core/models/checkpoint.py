@@ -83,7 +83,9 @@ def load_state_bytes(data: bytes, where: str) -> dict[str, Any]:
 
 def load_state(path: Path, where: str) -> dict[str, Any]:
     """Inverse of :func:`save_state`, memory-mapped: a tensor's pages are read from the file when
-    first touched (copied on write), so no second copy of the file is ever in memory."""
+    first touched (copied on write), so no second copy of the file is ever in memory. The mapping
+    holds the file's disk space until the tensors are freed, also once the file is deleted (a pruned
+    checkpoint, a removed download)."""
     return _checked_load(lambda: torch.load(path, weights_only=True, map_location="cpu", mmap=True), where)
 
 
