@@ -67,7 +67,7 @@ IMPLIED: tuple[tuple[str, str, str], ...] = (
 
 _MODULE = re.compile(r"verl\.trainer\.main_ppo\b")
 _VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
-_ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
+_ASSIGN = re.compile(r"^[A-Za-z_]\w*=")
 
 
 @dataclass
@@ -91,14 +91,14 @@ def parse_launch(text: str, environ: dict[str, str] | None = None) -> Launch:
         if "$(" in line or "`" in line:
             out.skipped.append(f"{_short(line)}: command substitution is not run")
             line = re.sub(r"\$\([^)]*\)|`[^`]*`", "", line)
-        assign = _ASSIGN.match(line)
-        if assign and " " not in assign.group(2).strip().strip("'\""):
-            env[assign.group(1)] = _expand(_unquote(assign.group(2)), env, out)
-            continue
         try:
             tokens = shlex.split(_expand(line, env, out), comments=True)
         except ValueError as e:
             out.skipped.append(f"{_short(line)}: not parsed ({e})")
+            continue
+        words = tokens[1:] if tokens[:1] == ["export"] else tokens
+        if words and all(_ASSIGN.match(w) for w in words):  # NAME=value ...: the script's variables
+            env.update(w.split("=", 1) for w in words)
             continue
         if has_command and not _MODULE.search(line):
             out.skipped.append(f"{_short(line)}: not verl's trainer command")
@@ -137,11 +137,6 @@ def _expand(text: str, env: dict[str, str], out: Launch) -> str:
         return m.group(0)
 
     return _VAR.sub(sub, text.replace("$@", "\0")).replace("\0", "$@")
-
-
-def _unquote(text: str) -> str:
-    text = text.strip()
-    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
 
 
 def _short(line: str) -> str:

@@ -38,12 +38,13 @@ def _verl_parquet(path: Path, rows: int, split: str) -> None:
 
 def test_script_is_read_with_continuations_variables_and_skips() -> None:
     text = (
-        "set -x\nexport ROOT=/d\nN=${STEPS:-4}\n"
+        'set -x\nexport ROOT=/d\nN=${STEPS:-4}\nENGINE="hf"  # or vllm\n'
         "CUDA_VISIBLE_DEVICES=0 python3 -m verl.trainer.main_ppo \\\n"
         "    data.train_files=$ROOT/train.parquet \\\n"
         "    trainer.total_training_steps=$N \\\n"
         "    trainer.experiment_name='exp one' \\\n"
         "    +actor_rollout_ref.actor.optim.lr=1e-6 \\\n"
+        "    actor_rollout_ref.rollout.name=$ENGINE \\\n"
         "    data.val_files=$MISSING/x.parquet $@\n"
     )
     launch = parse_launch(text, environ={})
@@ -52,6 +53,7 @@ def test_script_is_read_with_continuations_variables_and_skips() -> None:
         ("trainer.total_training_steps", "4"),  # ${STEPS:-4}: the default
         ("trainer.experiment_name", "exp one"),  # shell quoting removed
         ("actor_rollout_ref.actor.optim.lr", "1e-6"),  # Hydra's + (append) dropped
+        ("actor_rollout_ref.rollout.name", "hf"),  # an assignment with a comment after it
         ("data.val_files", "$MISSING/x.parquet"),  # unset: kept as written, and said
     ]
     said = " | ".join(launch.skipped)

@@ -198,7 +198,7 @@ def _run_length(named: set[str], raw: Mapping[str, Any]) -> list[str]:
         raise ConfigError(
             f"trainer.total_epochs={trainer.get('total_epochs')} alone does not set the run's length here: "
             "set trainer.total_iterations too (verl's length is total_epochs x the batches per epoch, "
-            "rows // data.train_batch_size; verl-flow from-verl computes it from the training files)"
+            "rows // data.train_batch_size; verl-flow from-verl computes it when it can read the train files)"
         )
     return [
         f"trainer.total_iterations={trainer.get('total_iterations')} and trainer.total_epochs="
