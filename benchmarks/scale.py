@@ -95,6 +95,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lock", default="/tmp/heavy.lock", help="lock held around all the children ('': none)")
     p.add_argument("--out", default="/tmp/scale/scale.json", help="JSON file the records merge into")
     p.add_argument("--workdir", default="/tmp/scale/runs", help="stores of the runs (deleted after)")
+    p.add_argument(
+        "--tag", default="", help="workload label: records keyed by (size, algorithm, tag); '': the table's"
+    )
     p.add_argument("--report", action="store_true", help="print the table and the fit from --out only")
     p.add_argument("--child", nargs=2, metavar=("SIZE", "ALGO"), help=argparse.SUPPRESS)
     return p.parse_args()
@@ -155,6 +158,10 @@ class Recorder:
         self.ckpt_bytes = 0
         self.in_checkpoint = False
         self.rates: list[float] = []  # matmul rates measured before each iteration
+        self.bandwidths: list[float] = []  # copy bandwidths measured before each iteration
+        # per iteration, [seconds, fresh pages] of the training steps' parts (actor and critic summed)
+        self.train: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+        self.sync_parts: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
 
 def _wrap(owner: Any, name: str, after: Callable[[float, Any], None]) -> None:
@@ -169,14 +176,49 @@ def _wrap(owner: Any, name: str, after: Callable[[float, Any], None]) -> None:
     setattr(owner, name, wrapper)
 
 
+def _wrap_split(rec: Recorder, owner: Any, name: str, part: str, table: str = "train") -> None:
+    """``owner.name`` timed into ``rec.train`` (seconds and minor page faults: pages first touched)
+    or ``rec.sync_parts`` (seconds) under ``part``, for the current iteration."""
+    fn = getattr(owner, name)
+
+    def wrapper(*a: Any, **k: Any) -> Any:
+        t, f = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        try:
+            return fn(*a, **k)
+        finally:
+            if table == "train":
+                cell = rec.train[rec.iteration][part]
+                cell[0] += time.perf_counter() - t
+                cell[1] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f
+            else:
+                rec.sync_parts[rec.iteration][part] += time.perf_counter() - t
+
+    setattr(owner, name, wrapper)
+
+
 def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def instrument(rec: Recorder, store_dir: Path) -> None:
+    import torch
+
     import flows.rl as rl
     import stages.ppo_update as upd
+    from stages.floor import state
+    from verl_core.rollout import weight_sync
+    from verl_core.rollout.vllm_process import VLLMProcessEngine
     from verl_core.store.store import StageWriter
+    from verl_core.training import adamw, engine
+
+    # the training steps split (TrainEngine.step's parts), the weight sync split (trainer / engine)
+    _wrap_split(rec, torch.Tensor, "backward", "backward")
+    _wrap_split(rec, engine.SingleStrategy, "clip_grad_norm", "clip")
+    _wrap_split(rec, adamw.GradScratchAdamW, "step", "optimizer")
+    _wrap_split(rec, state, "policy_weights", "state_dict", "sync")
+    _wrap_split(rec, state, "release_cached_memory", "heap_trim", "sync")
+    _wrap_split(rec, weight_sync, "stage_weights", "stage", "sync")
+    _wrap_split(rec, VLLMProcessEngine, "load_staged_weights", "engine_load", "sync")
 
     def add_body(stage: str) -> Callable[[float, Any], None]:
         return lambda s, _: rec.body[rec.iteration].__setitem__(stage, rec.body[rec.iteration][stage] + s)
@@ -191,9 +233,10 @@ def instrument(rec: Recorder, store_dir: Path) -> None:
     run_iteration = rl.run_iteration
 
     def timed_iteration(loop: Any, it: int) -> Any:
-        from verl_core.planning.cost import measure_cpu_matmul_rate
+        from verl_core.planning.cost import measure_cpu_copy_bandwidth, measure_cpu_matmul_rate
 
         rec.rates.append(measure_cpu_matmul_rate(seconds=0.5))  # before each iteration, not timed in it
+        rec.bandwidths.append(measure_cpu_copy_bandwidth())
         rec.iteration = it
         t = time.perf_counter()
         out = run_iteration(loop, it)
@@ -263,11 +306,11 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     from flows.rl import rl_loop
     from stages.floor.locations import iteration_stage
     from verl_core.config import load_config
-    from verl_core.planning.cost import measure_cpu_matmul_rate, workload_of
+    from verl_core.planning.cost import measure_cpu_copy_bandwidth, measure_cpu_matmul_rate, workload_of
     from verl_core.planning.geometry import geometry_of
     from verl_core.runtime.run import start_run
 
-    root = Path(args.workdir) / f"{size}-{algo}"
+    root = Path(args.workdir) / f"{size}-{algo}{args.tag}"
     subprocess.run(["rm", "-rf", str(root)], check=True)
     root.mkdir(parents=True)
     cfg = load_config(str(REPO / "configs" / "quickstart.yaml"), overrides(size, algo, args, root))
@@ -275,6 +318,7 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     _, tp, _ = build_inputs(cfg)
     setup_s = time.perf_counter() - t0
     rate_before = measure_cpu_matmul_rate()
+    bandwidth_before = measure_cpu_copy_bandwidth()
     rec = Recorder()
     store_dir = root / "store"
     instrument(rec, store_dir)
@@ -295,6 +339,7 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     flow_s = time.perf_counter() - t0
     peak_flow = dict(sampler.peak)  # before this benchmark reads the checkpoint back
     rate_after = measure_cpu_matmul_rate()
+    bandwidth_after = measure_cpu_copy_bandwidth()
     store = ctx.store()
 
     iterations = []
@@ -327,6 +372,8 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
         "rate_flops": (rate_before + rate_after) / 2,
         "rate_before_after": [rate_before, rate_after],
         "rates_during": rec.rates,
+        "bandwidths": [bandwidth_before, *rec.bandwidths, bandwidth_after],
+        "tag": args.tag,
         "load_before": os.getloadavg(),
         "setup_s": setup_s,
         "prefect_start_s": prefect_start,
@@ -358,6 +405,7 @@ def _iteration_record(
         "weight_sync": rec.sync_s[it],
         "engine_sleep": rec.sleep_s[it],
     }
+    page = os.sysconf("SC_PAGE_SIZE")
     kernel = sum(phases.values())
     body = dict(rec.body[it])
     wall = rec.wall[it]
@@ -367,6 +415,8 @@ def _iteration_record(
     return {
         "iteration": it,
         "phases": phases,
+        "train_split": {k: {"s": v[0], "fresh_bytes": v[1] * page} for k, v in rec.train[it].items()},
+        "sync_split": dict(rec.sync_parts[it]),
         "parquet_s": rec.parquet_s[it],
         "parquet_bytes": rec.parquet_bytes[it],
         "store_bytes_added": rec.store_bytes[it] - previous,
@@ -455,10 +505,10 @@ def run_one(size: str, algo: str, args: argparse.Namespace) -> None:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result = Path(f.name)
     cmd = [sys.executable, __file__, "--child", size, algo, "--out", str(result), "--workdir", args.workdir]
-    cmd += [f"--{k}={getattr(args, k)}" for k in ("prompts", "n", "response", "iterations", "threads")]
+    cmd += [f"--{k}={getattr(args, k)}" for k in ("prompts", "n", "response", "iterations", "threads", "tag")]
     cmd += ["--hf"] if args.hf else []
     load = os.getloadavg()
-    print(f"[{size} {algo}] start, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
+    print(f"[{size} {algo} {args.tag}] start, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
     t0 = time.perf_counter()
     code = subprocess.call(cmd)
     if code != 0:
@@ -468,10 +518,11 @@ def run_one(size: str, algo: str, args: argparse.Namespace) -> None:
     record["child_s"] = time.perf_counter() - t0
     record["load_at_start"] = load
     records = json.loads(out.read_text()) if out.exists() else []
-    records = [r for r in records if (r["size"], r["algo"]) != (size, algo)] + [record]
+    key = (size, algo, args.tag)
+    records = [r for r in records if (r["size"], r["algo"], r.get("tag", "")) != key] + [record]
     out.write_text(json.dumps(records, indent=1))
     print(f"[{size} {algo}] done in {record['child_s']:.0f} s → {out}", flush=True)
-    subprocess.run(["rm", "-rf", str(Path(args.workdir) / f"{size}-{algo}")], check=False)
+    subprocess.run(["rm", "-rf", str(Path(args.workdir) / f"{size}-{algo}{args.tag}")], check=False)
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from verl_core.planning.cost import (
+    CPU_BANDWIDTH,
     PHASES,
     Calibration,
     Workload,
@@ -48,11 +49,20 @@ def best_rate(r: dict[str, Any]) -> float:
     return max([r["rate_flops"], *r.get("rate_before_after", []), *r.get("rates_during", [])])
 
 
-def features(r: dict[str, Any], rate: float | None = None) -> dict[str, dict[str, float]]:
+def best_bandwidth(r: dict[str, Any]) -> float:
+    """The run's copy bandwidth, the highest of its measurements (as :func:`best_rate`); records
+    written before the benchmark measured one: the calibration machine's."""
+    return max(r.get("bandwidths", []), default=CPU_BANDWIDTH)
+
+
+def features(
+    r: dict[str, Any], rate: float | None = None, bandwidth: float | None = None
+) -> dict[str, dict[str, float]]:
     # records written before Workload had n / share_prompts: the benchmark's n, prompts shared (default)
     shape = {"n": r.get("workload", {}).get("n", 1), "share_prompts": True, **r["workload_model"]}
     g, w = Geometry(**r["geometry"]), Workload(**shape)
-    return phase_features(g, w, best_rate(r) if rate is None else rate)
+    rate = best_rate(r) if rate is None else rate
+    return phase_features(g, w, rate, best_bandwidth(r) if bandwidth is None else bandwidth)
 
 
 def _s(x: float | None) -> str:
@@ -61,8 +71,13 @@ def _s(x: float | None) -> str:
     return f"{x:.3f}" if x < 1 else f"{x:.2f}" if x < 10 else f"{x:.1f}"
 
 
-def _key(r: dict[str, Any]) -> tuple[int, str]:
-    return (r["n_params"], r["algo"])
+def _key(r: dict[str, Any]) -> tuple[int, str, str]:
+    return (r["n_params"], r["algo"], r.get("tag", ""))
+
+
+def _label(r: dict[str, Any]) -> str:
+    """The record's algorithm, with its workload tag when it has one."""
+    return r["algo"] + (f" {r['tag']}" if r.get("tag") else "")
 
 
 def seconds_table(records: list[dict[str, Any]]) -> None:
@@ -75,7 +90,7 @@ def seconds_table(records: list[dict[str, Any]]) -> None:
         last = r["iterations"][-1]
         ph = last["phases"]
         row = [
-            r["size"], r["algo"], f"{r['n_params'] / 1e6:.1f}M", _s(ph["generation"]),
+            r["size"], _label(r), f"{r['n_params'] / 1e6:.1f}M", _s(ph["generation"]),
             _s(r.get("hf_generation_s")), f"{last['generated_tokens'] / ph['generation']:.0f}",
             *(_s(ph.get(p)) for p in TABLE_PHASES[1:]),
             _s(last["parquet_s"]), _s(r["checkpoint_save_s"]), _s(r["checkpoint_load_s"]), _s(last["wall_s"]),
@@ -93,7 +108,7 @@ def memory_table(records: list[dict[str, Any]]) -> None:
     for r in sorted(records, key=_key):
         last, rss = r["iterations"][-1], r["peak_rss"]
         row = [
-            r["size"], r["algo"], f"{max(rss['trainer'], rss['trainer_ru_maxrss']) / GIB:.2f} GiB",
+            r["size"], _label(r), f"{max(rss['trainer'], rss['trainer_ru_maxrss']) / GIB:.2f} GiB",
             f"{rss['vllm_tree'] / GIB:.2f} GiB", f"{last['store_bytes_added'] / 1e6:.2f} MB",
             f"{last['parquet_bytes'] / 1e3:.0f} kB", f"{r['checkpoint_bytes'] / 1e9:.3f} GB",
             f"{best_rate(r) / 1e9:.0f} GFLOP/s",
@@ -120,7 +135,7 @@ def flops_table(records: list[dict[str, Any]]) -> None:
                 continue
             achieved = flops[p][k] / ph[p]
             cells.append(f"{achieved / 1e9:.1f} ({100 * achieved / best_rate(r):.0f}%)")
-        print("| " + " | ".join([r["size"], r["algo"], *cells]) + " |")
+        print("| " + " | ".join([r["size"], _label(r), *cells]) + " |")
 
 
 def orchestration_table(records: list[dict[str, Any]]) -> None:
@@ -132,7 +147,7 @@ def orchestration_table(records: list[dict[str, Any]]) -> None:
     for r in sorted(records, key=_key):
         it = r["iterations"][-1]
         row = [
-            r["size"], r["algo"], _s(it["wall_s"]), _s(it["kernel_s"]), _s(it["orchestration_s"]),
+            r["size"], _label(r), _s(it["wall_s"]), _s(it["kernel_s"]), _s(it["orchestration_s"]),
             f"{100 * it['orchestration_s'] / it['wall_s']:.1f}%", _s(it["prefect_s"]), _s(it["artifacts_s"]),
             _s(it["parquet_s"]),
         ]  # fmt: skip
@@ -147,16 +162,17 @@ def fit_and_check(records: list[dict[str, Any]], fit_sizes: tuple[str, ...]) -> 
     if not fit:
         return None
     rate = max(best_rate(r) for r in records)
-    rows = [(features(r, rate)[p], s) for r in fit for p, s in measured(r).items() if p in features(r)]
+    bw = max(best_bandwidth(r) for r in records)
+    rows = [(features(r, rate, bw)[p], s) for r in fit for p, s in measured(r).items() if p in features(r)]
     cal = fit_calibration(rows)
     print(f"\nCost model fitted on {sorted({r['size'] for r in fit})} ({len(rows)} phase rows), rate "
-          f"{rate / 1e9:.0f} GFLOP/s:")  # fmt: skip
+          f"{rate / 1e9:.0f} GFLOP/s, bandwidth {bw / 1e9:.1f} GB/s:")  # fmt: skip
     print("  " + ", ".join(f"{k}={v:.3g}" for k, v in asdict(cal).items()))
     for r in sorted(records, key=_key):
-        pred = predict(features(r, rate), cal)
+        pred = predict(features(r, rate, bw), cal)
         meas = measured(r)
         where = "fitted on" if r["size"] in fit_sizes else "PREDICTED"
-        print(f"\n{where} {r['size']} {r['algo']}:\n")
+        print(f"\n{where} {r['size']} {_label(r)}:\n")
         print("| phase | measured s | predicted s | ratio |\n|---|---|---|---|")
         for p in PHASES:
             if p in pred and p in meas:
@@ -223,8 +239,9 @@ def check_external(
     kernel phases."""
     fit = [r for r in records if r["size"] in fit_sizes]
     rate = max(best_rate(r) for r in records)
-    rows = [(features(r, rate)[p], s) for r in fit for p, s in measured(r).items() if p in features(r)]
-    pred = predict(features(external, rate), fit_calibration(rows))
+    bw = max(best_bandwidth(r) for r in records)
+    rows = [(features(r, rate, bw)[p], s) for r in fit for p, s in measured(r).items() if p in features(r)]
+    pred = predict(features(external, rate, bw), fit_calibration(rows))
     meas = external["iterations"][-1]["phases"]
     print(f"\nPREDICTED {external['size']} ({external['algo']}, a pipeline run):\n")
     print("| phase | measured s | predicted s | ratio |\n|---|---|---|---|")

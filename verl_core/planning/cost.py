@@ -17,6 +17,24 @@ FLOPs (``N`` = :attr:`Geometry.matmul_params`, ``L`` layers, ``d`` = ``H·d_h``,
   LoRA: ``2·F`` (the frozen weights get no weight gradient; the adapters' FLOPs are ≪ ``F``);
 * the critic's ``N_c = N − V·h``: a scalar value head instead of the LM head.
 
+Memory traffic (``b`` bytes per weight, ``N_t`` trainable parameters, ``B`` the measured copy
+bandwidth, bytes read + written per second, :func:`measure_cpu_copy_bandwidth`): a feature is bytes
+over ``B``, so its coefficient counts passes over that memory at the plain copy's speed:
+
+* ``weight_pass``: ``N·b / B`` per pass over the weights: 1 per forward phase, ``3·M`` per update of
+  ``M`` micro-batches (forward read, backward read + gradient write; ``2·M`` under LoRA). At a few
+  hundred tokens a micro-batch the matmuls of a 0.5B model are near memory-bound on CPU, and the
+  tied ``V·h`` embedding's dense gradient is written whatever the batch;
+* ``opt_param``: ``steps·N_t·b / B``: AdamW and clipping stream the weights, gradients and two moments
+  several times per step (torch's single-tensor AdamW: ~80 bytes per fp32 parameter);
+* ``sync_byte``: the staged bytes (every state-dict tensor, a tied head twice) over ``B``.
+
+Checkpoint bytes are priced per byte (``save_byte``, ``load_byte``: the disk, not memory).
+
+Workloads of one shape cannot tell per-parameter from per-FLOP costs apart (both grow with the size
+alone), so the fit takes records of more than one shape (``benchmarks/scale.py --tag``: the same sizes
+with twice the prompts: twice the tokens, the same parameters and steps).
+
 A FLOP feature is ``F / rate`` (seconds at the measured matmul rate), so its coefficient is
 ``1 / efficiency``: 1.0 means the phase runs at the plain matmul's rate. Forwards and forward + backward
 share one efficiency (the model FLOPs utilisation convention; the backward's extra cost over its FLOPs
@@ -80,8 +98,9 @@ class Calibration:
     fwd_call: float  # per no-grad forward phase (small kernels, Python)
     train_call: float  # per training phase
     logit: float  # per logit element (T·V) per pass
-    opt_param: float  # per trainable parameter per optimizer step
-    sync_byte: float  # weight sync, per byte of synced weights
+    weight_pass: float  # passes over the weights (N·b / bandwidth) per forward phase / micro-batch
+    opt_param: float  # passes over the trainable weights (N_t·b / bandwidth) per optimizer step
+    sync_byte: float  # weight sync: passes over the staged bytes (bytes / bandwidth)
     sync_call: float
     save_byte: float  # checkpoint, per byte written
     load_byte: float  # per byte read back
@@ -101,11 +120,12 @@ class Calibration:
 # benchmarks/RESULTS.md).
 CPU_CALIBRATION = Calibration(
     gen_flop=5.26, gen_call=0.417, matmul_flop=1.58, fwd_call=0.0472, train_call=0.835, logit=0.0,
-    opt_param=3.82e-10, sync_byte=1.37e-9, sync_call=1.08, save_byte=4.68e-9, load_byte=3.72e-9,
+    weight_pass=0.0, opt_param=0.92, sync_byte=13.2, sync_call=1.08, save_byte=4.68e-9, load_byte=3.72e-9,
     ckpt_call=0.317, reward_sample=4.77e-5, reward_call=0.0, adv_token=4.62e-6, stage_call=0.0577,
     artifact_token=0.0,
 )  # fmt: skip
 CPU_RATE_FLOPS = 172e9  # the rate CPU_CALIBRATION was fitted at (measure_cpu_matmul_rate on that machine)
+CPU_BANDWIDTH = 9.6e9  # bytes/s, measure_cpu_copy_bandwidth on that machine: the default bandwidth
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s, matched on the
 # device name.
@@ -116,7 +136,7 @@ GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12
 # store / sync bandwidths of a fast local disk (2 GB/s) and PCIe (10 GB/s).
 GPU_CALIBRATION = Calibration(
     gen_flop=10.0, gen_call=0.05, matmul_flop=2.5, fwd_call=0.01, train_call=0.02,
-    logit=1e-11, opt_param=1e-10, sync_byte=1e-10, sync_call=0.1, save_byte=5e-10,
+    logit=1e-11, weight_pass=0.0, opt_param=0.1, sync_byte=0.1, sync_call=0.1, save_byte=5e-10,
     load_byte=5e-10, ckpt_call=1.0, reward_sample=1e-4, reward_call=0.01, adv_token=1e-7,
     stage_call=0.1, artifact_token=1e-6,
 )  # fmt: skip
@@ -225,8 +245,19 @@ def checkpoint_bytes(g: Geometry, w: Workload) -> int:
     return policy + critic
 
 
-def phase_features(g: Geometry, w: Workload, rate_flops: float) -> dict[str, dict[str, float]]:
-    """``{phase: {coefficient name: feature}}`` of one iteration (checkpoint phases: one checkpoint)."""
+def synced_bytes(g: Geometry, w: Workload) -> int:
+    """Bytes a weight sync stages: the adapters under LoRA, else every state-dict tensor (a tied LM
+    head under its own name too) at ``w.dtype_bytes``."""
+    if w.lora_rank:
+        return g.lora_params(w.lora_rank) * w.dtype_bytes
+    return (g.n_params + (g.embedding_params if g.tied_embeddings else 0)) * w.dtype_bytes
+
+
+def phase_features(
+    g: Geometry, w: Workload, rate_flops: float, bandwidth: float = CPU_BANDWIDTH
+) -> dict[str, dict[str, float]]:
+    """``{phase: {coefficient name: feature}}`` of one iteration (checkpoint phases: one checkpoint);
+    FLOP features in seconds at ``rate_flops``, memory ones at ``bandwidth`` (bytes/s)."""
     ell = w.prompt_tokens + w.response_tokens
     tokens = w.samples * ell  # stored in the iteration's tables
     heads = w.samples * w.response_tokens  # the LM head runs on the response positions only
@@ -238,7 +269,9 @@ def phase_features(g: Geometry, w: Workload, rate_flops: float) -> dict[str, dic
     critic_f = forward_flops(g, stored_tokens(w, w.samples), 0.0, w.samples, ell) / rate_flops
     train = train_factor(w)
     old_part = w.old_log_prob_samples / w.samples
-    synced = (g.lora_params(w.lora_rank) if w.lora_rank else g.n_params) * w.dtype_bytes
+    weights = g.n_params * w.dtype_bytes / bandwidth  # one pass over the weights
+    critic_weights = trainable_params(g, w, critic=True) * w.dtype_bytes / bandwidth
+    train_passes = (2.0 if w.lora_rank else 3.0) * w.micro_batches
     ckpt = float(checkpoint_bytes(g, w))
     out: dict[str, dict[str, float]] = {
         "generation": {"gen_flop": f[w.samples], "gen_call": 1.0},
@@ -246,23 +279,26 @@ def phase_features(g: Geometry, w: Workload, rate_flops: float) -> dict[str, dic
         "old_log_prob": {
             "matmul_flop": f[w.old_log_prob_samples],
             "logit": old_part * heads * v,
+            "weight_pass": weights if old_part else 0.0,
             "fwd_call": 1.0 if old_part else 0.0,
         },
-        "ref": {"matmul_flop": f[w.samples], "logit": heads * v, "fwd_call": 1.0},
-        "values": {"matmul_flop": critic_f, "fwd_call": 1.0},
+        "ref": {"matmul_flop": f[w.samples], "logit": heads * v, "weight_pass": weights, "fwd_call": 1.0},
+        "values": {"matmul_flop": critic_f, "weight_pass": critic_weights, "fwd_call": 1.0},
         "adv": {"adv_token": w.samples * w.response_tokens},
         "update_actor": {
             "matmul_flop": train * f[w.samples],
             "logit": 3.0 * heads * v,
-            "opt_param": w.actor_steps * trainable_params(g, w),
+            "weight_pass": train_passes * weights,
+            "opt_param": w.actor_steps * trainable_params(g, w) * w.dtype_bytes / bandwidth,
             "train_call": 1.0,
         },
         "update_critic": {
             "matmul_flop": 3.0 * critic_f,
-            "opt_param": w.critic_steps * trainable_params(g, w, critic=True),
+            "weight_pass": 3.0 * w.micro_batches * critic_weights,
+            "opt_param": w.critic_steps * critic_weights,
             "train_call": 1.0,
         },
-        "weight_sync": {"sync_byte": synced, "sync_call": 1.0},
+        "weight_sync": {"sync_byte": synced_bytes(g, w) / bandwidth, "sync_call": 1.0},
         "orchestration": {"stage_call": 3.0, "artifact_token": tokens},
         "checkpoint_save": {"save_byte": ckpt, "ckpt_call": 1.0},
         "checkpoint_load": {"load_byte": ckpt, "ckpt_call": 1.0},
@@ -287,12 +323,13 @@ def predict_seconds(
     rate_flops: float,
     calibration: Calibration,
     workload: Workload | None = None,
+    bandwidth: float = CPU_BANDWIDTH,
 ) -> dict[str, float]:
     """Seconds per phase of one iteration of ``cfg`` (the checkpoint phases: per checkpoint), plus
     ``iteration``: the per-iteration phases summed and one save per ``trainer.save_freq`` iterations.
     ``workload`` None: :func:`workload_of` ``cfg`` at its maximum lengths."""
     w = workload or workload_of(cfg)
-    out = predict(phase_features(geometry, w, rate_flops), calibration)
+    out = predict(phase_features(geometry, w, rate_flops, bandwidth), calibration)
     per_iteration = sum(s for p, s in out.items() if not p.startswith("checkpoint"))
     every = cfg.trainer.save_freq or cfg.trainer.total_iterations
     out["iteration"] = per_iteration + out["checkpoint_save"] / max(every, 1)
@@ -352,6 +389,20 @@ def measure_cpu_matmul_rate(n: int = 1024, seconds: float = 1.0) -> float:
         torch.matmul(a, b)
         reps += 1
     return 2.0 * n**3 * reps / elapsed
+
+
+def measure_cpu_copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes read + written per second by ``b.copy_(a)`` of two ``nbytes`` fp32 tensors on the CPU
+    with torch's current threads (the best of ``repeats``, after a warm-up that touches every page):
+    the denominator of the memory features."""
+    a, b = torch.ones(nbytes // 4), torch.zeros(nbytes // 4)
+    b.copy_(a)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * nbytes / best
 
 
 def gpu_peak_flops(device_name: str) -> float | None:

@@ -16,12 +16,14 @@ from verl_core.planning.cost import (
     fit_calibration,
     forward_flops,
     gpu_peak_flops,
+    measure_cpu_copy_bandwidth,
     measure_cpu_matmul_rate,
     nnls,
     phase_features,
     predict,
     predict_seconds,
     stored_tokens,
+    synced_bytes,
     train_factor,
     workload_of,
 )
@@ -52,7 +54,7 @@ def test_forward_flops_by_hand() -> None:
 
 def test_phase_flops_count_each_model_and_pass() -> None:
     w = _workload()  # 1 prompt of 6 tokens × 2 samples of 4 response tokens, the prompt stored once
-    f = phase_features(TINY, w, rate_flops=1.0)  # rate 1: FLOP features are FLOPs
+    f = phase_features(TINY, w, rate_flops=1.0, bandwidth=1.0)  # FLOP features are FLOPs, bytes bytes
     # layers on 6 + 2·4 = 14 tokens: 2·1152·14 = 32,256; head on 8 response tokens: 2·256·8 = 4,096;
     # attention 6,400 → 42,752
     full = 42_752
@@ -65,10 +67,24 @@ def test_phase_flops_count_each_model_and_pass() -> None:
     assert f["update_actor"]["matmul_flop"] == 3 * full  # forward + backward
     assert f["update_critic"]["matmul_flop"] == 3 * (32_256 + 6_400)  # no LM head
     # logits: 8 response positions × 32 rows per pass, 3 passes in training; AdamW: 2 steps × every
-    # parameter
+    # parameter's 4 bytes (fp32)
     assert f["ref"]["logit"] == 256
     assert f["update_actor"]["logit"] == 768
-    assert f["update_actor"]["opt_param"] == 2 * TINY.n_params
+    assert f["update_actor"]["opt_param"] == 2 * 4 * TINY.n_params
+    # weight passes: per layer 576 matrix weights + q/k/v biases 8 + 4 + 4 + two norms 2·8 = 608;
+    # N = 2·608 + the embedding 256 + the final norm 8 = 1,480 parameters, 5,920 bytes; once per
+    # forward phase, 3 per training micro-batch (forward read, backward read, gradient write)
+    assert TINY.n_params == 1_480
+    assert f["ref"]["weight_pass"] == f["old_log_prob"]["weight_pass"] == 5_920
+    assert f["update_actor"]["weight_pass"] == 3 * 5_920
+    # the critic: no LM head rows, a value head of h + 1 = 9 (the tied embedding stays for the input)
+    assert f["update_critic"]["opt_param"] == 2 * 4 * (1_480 + 9)
+    # the sync stages every state-dict tensor, the tied head under its own name too: (1,480 + 256)·4
+    assert f["weight_sync"]["sync_byte"] == synced_bytes(TINY, w) == 6_944
+    # a bandwidth twice as high halves every memory feature and no FLOP feature
+    fast = phase_features(TINY, w, rate_flops=1.0, bandwidth=2.0)
+    assert fast["update_actor"]["opt_param"] == f["update_actor"]["opt_param"] / 2
+    assert fast["update_actor"]["matmul_flop"] == f["update_actor"]["matmul_flop"]
     # without sharing every sample stores its prompt: 2·(6 + 4) = 20 tokens
     assert stored_tokens(replace(w, share_prompts=False), 2) == 20
     # no reference, no critic: no such phases
@@ -81,9 +97,11 @@ def test_train_factor_counts_recompute_and_lora() -> None:
     assert train_factor(_workload(gradient_checkpointing=True)) == 4.0  # the forward again in backward
     assert train_factor(_workload(lora_rank=8)) == 2.0  # no weight gradients of the frozen base
     # LoRA syncs and optimizes only the adapters
-    f = phase_features(TINY, _workload(lora_rank=2), 1.0)
+    f = phase_features(TINY, _workload(lora_rank=2), 1.0, bandwidth=1.0)
     assert f["weight_sync"]["sync_byte"] == 4 * TINY.lora_params(2)
-    assert f["update_actor"]["opt_param"] == 2 * TINY.lora_params(2)
+    assert f["update_actor"]["opt_param"] == 2 * 4 * TINY.lora_params(2)
+    # the frozen base is read twice per micro-batch (forward, backward), no weight gradient written
+    assert f["update_actor"]["weight_pass"] == 2 * 4 * TINY.n_params
 
 
 def test_workload_of_follows_the_config() -> None:
@@ -112,9 +130,12 @@ def test_nnls_keeps_coefficients_non_negative() -> None:
 
 
 def test_fit_recovers_known_coefficients_from_synthetic_rows() -> None:
+    # per-FLOP, per-weight-pass and per-optimizer-parameter terms apart: the workloads differ in tokens
+    # at fixed steps and in steps at fixed tokens, so no feature is a multiple of another across rows
     truth = Calibration(**{f.name: 0.0 for f in fields(Calibration)})
-    truth = replace(truth, gen_flop=4.0, gen_call=0.2, matmul_flop=2.0, fwd_call=0.1,
-                    logit=1e-8, opt_param=1e-8, train_call=0.3, sync_byte=1e-9, sync_call=0.5)  # fmt: skip
+    truth = replace(truth, gen_flop=4.0, gen_call=0.2, matmul_flop=2.0, fwd_call=0.1, logit=1e-8,
+                    weight_pass=3.0, opt_param=20.0, train_call=0.3, sync_byte=10.0,
+                    sync_call=0.5)  # fmt: skip
     geometries = [
         TINY,
         Geometry("qwen2", 64, 4, 4, 2, 16, 128, 1000),
@@ -126,7 +147,7 @@ def test_fit_recovers_known_coefficients_from_synthetic_rows() -> None:
             w = _workload(
                 samples=s, prompt_tokens=p, response_tokens=r, old_log_prob_samples=s // 2, actor_steps=s // 2
             )
-            f = phase_features(g, w, rate_flops=1e9)
+            f = phase_features(g, w, rate_flops=1e9, bandwidth=1e10)
             pred = predict(f, truth)
             rows += [
                 (f[k], pred[k]) for k in ("generation", "ref", "old_log_prob", "update_actor", "weight_sync")
@@ -156,3 +177,4 @@ def test_rates() -> None:
     assert gpu_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
     assert gpu_peak_flops("a CPU") is None
     assert measure_cpu_matmul_rate(n=64, seconds=0.01) > 0
+    assert measure_cpu_copy_bandwidth(nbytes=1 << 20, repeats=2) > 0
