@@ -47,7 +47,6 @@ RENAMED: dict[str, str] = {
     f"{_ACTOR}fsdp_config.mixed_precision.buffer_dtype": "actor.mixed_precision.buffer_dtype",
     f"{_ROLLOUT}tensor_model_parallel_size": "rollout.tensor_parallel_size",
     f"{_ROLLOUT}enforce_eager": "rollout.vllm_enforce_eager",
-    f"{_ROLLOUT}val_kwargs.temperature": "rollout.val_temperature",
     f"{_ROLLOUT}val_kwargs.n": "rollout.val_n",
     f"{_ROLLOUT}multi_turn.max_assistant_turns": "rollout.multi_turn.max_turns",
     f"{_MODEL}enable_gradient_checkpointing": "model.gradient_checkpointing",
@@ -139,7 +138,6 @@ DROPPED: dict[str, str] = {
     f"{_ROLLOUT}response_length": "set data.max_response_length",
     f"{_ROLLOUT}val_kwargs.top_p": "validation samples at rollout.val_temperature with the rollout's top_p",
     f"{_ROLLOUT}val_kwargs.top_k": "validation samples at rollout.val_temperature with the rollout's top_k",
-    f"{_ROLLOUT}val_kwargs.do_sample": "set rollout.val_temperature (0: greedy)",
     f"{_ROLLOUT}multi_turn.tool_config_path": "list tool names in rollout.multi_turn.tools",
     f"{_ROLLOUT}calculate_log_probs": "set actor.use_rollout_logprobs to train on the engine's log-probs",
     f"{_ROLLOUT}agent.": "multi-turn rollouts are rollout.multi_turn (no agent loop classes)",
@@ -153,7 +151,6 @@ DROPPED: dict[str, str] = {
     "data.tokenizer": "the tokenizer is the model's (model.path)",
     "data.reward_fn_key": "scorers read data_source",
     "data.val_batch_size": "validation runs the whole held-out set in engine batches",
-    "data.return_raw_chat": "prompts are kept as chat messages",
     "data.dataloader_num_workers": "no counterpart: prompts are read from the prepared Parquet artifact",
     "data.filter_overlong_prompts_workers": "no counterpart: prompts are cleaned in one pass",
     "data.custom_cls.": "set data.source (gsm8k, arithmetic, jsonl, parquet, hf) and the *_key fields",
@@ -209,6 +206,7 @@ BUILT_IN: dict[str, tuple[object, str]] = {
     "reward_model.reward_manager": ("naive", "scores are summed over reward.scorers"),
     "trainer.balance_batch": (True, "micro-batches are balanced by token count"),
     "data.return_raw_input_ids": (False, "prompts are tokenized by the policy's tokenizer"),
+    "data.return_raw_chat": (True, "prompts are kept as chat messages"),
 }
 
 
@@ -329,6 +327,26 @@ def _reward_fn_name(text: str, given: Mapping[str, str]) -> list[tuple[str, str]
     return []
 
 
+def _val_sampling(text: str, given: Mapping[str, str]) -> list[tuple[str, str]]:
+    """verl validates greedily unless val_kwargs.do_sample is on, whatever its temperature: verl-flow's
+    validation temperature alone says it (0: greedy)."""
+    if not _flag(given.get(f"{_ROLLOUT}val_kwargs.do_sample", "false")):
+        return [("rollout.val_temperature", "0")]
+    return [("rollout.val_temperature", given.get(f"{_ROLLOUT}val_kwargs.temperature", "0"))]
+
+
+def _overlong(text: str, given: Mapping[str, str]) -> list[tuple[str, str]]:
+    """DAPO's overlong buffer (reward_model.overlong_buffer.{enable,len,penalty_factor}): verl-flow's
+    penalty is on when reward.overlong_buffer_len > 0."""
+    prefix = "reward_model.overlong_buffer."
+    if not _flag(given.get(prefix + "enable", "false")):
+        return [("reward.overlong_buffer_len", "0")]
+    return [
+        ("reward.overlong_buffer_len", given.get(prefix + "len", "0")),
+        ("reward.overlong_penalty_factor", given.get(prefix + "penalty_factor", "1.0")),
+    ]
+
+
 def _files(ours: str) -> Conversion:
     return lambda text, given: [(ours, _as_list(text))]
 
@@ -369,6 +387,14 @@ CONVERTED: dict[str, tuple[Conversion, str]] = {
     "reward_model.enable": (_reward_model, "the reward model is the only scorer: reward.scorers=[model]"),
     "custom_reward_function.path": (_reward_fn, "FILE:NAME in reward.function, the only scorer"),
     "custom_reward_function.name": (_reward_fn_name, "read with custom_reward_function.path"),
+    f"{_ROLLOUT}val_kwargs.do_sample": (_val_sampling, "greedy unless do_sample: rollout.val_temperature"),
+    f"{_ROLLOUT}val_kwargs.temperature": (_val_sampling, "applies only with val_kwargs.do_sample=True"),
+    "reward_model.overlong_buffer.enable": (_overlong, "DAPO's overlong penalty: reward.overlong_buffer_len"),
+    "reward_model.overlong_buffer.len": (_overlong, "applies only with overlong_buffer.enable=True"),
+    "reward_model.overlong_buffer.penalty_factor": (
+        _overlong,
+        "applies only with overlong_buffer.enable=True",
+    ),
 }
 
 # Words that name different things although the names around them are alike: a suggestion that swaps

@@ -82,6 +82,18 @@ def test_value_conversions_say_what_differs() -> None:
         load_config(None, ["data.filter_overlong_prompts=True", "data.truncation=error"]).data.truncation
         == "drop"
     )
+    # verl validates greedily unless do_sample, whatever val_kwargs.temperature says
+    sampled = [
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0.6",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+    ]
+    assert load_config(None, sampled[:1]).rollout.val_temperature == 0.0
+    assert load_config(None, sampled).rollout.val_temperature == 0.6
+    # DAPO's overlong buffer: its length and factor count only when enabled
+    buffer = ["reward_model.overlong_buffer.len=16", "reward_model.overlong_buffer.penalty_factor=0.5"]
+    assert load_config(None, buffer).reward.overlong_buffer_len == 0
+    cfg = load_config(None, [*buffer, "reward_model.overlong_buffer.enable=True"])
+    assert (cfg.reward.overlong_buffer_len, cfg.reward.overlong_penalty_factor) == (16, 0.5)
     # the same overrides through with_overrides (what flows and rescore use)
     assert with_overrides(load_config(None), ["actor_rollout_ref.rollout.n=6"]).rollout.n == 6
 
