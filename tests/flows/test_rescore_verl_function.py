@@ -100,6 +100,7 @@ def test_a_verl_function_by_file_path_agrees_with_the_gsm8k_rule(
     total = report.summary["total"]
     # rows 0, 3, 4 right and 1, 2 wrong under both: the correct flags agree on 5 of 5
     assert total["agreement"] == 1.0 and total["rows"] == len(ROWS)
+    assert (total["tt"], total["ff"], total["scores_changed"]) == (3, 2, 0)  # the same scores too
 
 
 def test_a_deterministic_scorer_error_fails_once_in_one_line(
