@@ -213,7 +213,11 @@ class RewardConfig(Section):
     )
     score: float = _f(1.0, "Rule score of a correct answer")
     format_score: float = _f(0.0, "Rule score of an extracted but wrong answer (no answer: 0)")
-    function: str | None = _f(None, "Custom reward 'package.module:function' (scorer 'function')")
+    function: str | None = _f(
+        None,
+        "Custom reward 'package.module:function' or 'path/to/file.py:function' (scorer 'function'; verl's "
+        "compute_score signatures work as written, see verl_core.reward.call_forms)",
+    )
     function_mode: Literal["batch", "sample"] = _f(
         "sample", "Custom function form: one call per batch (lists in, list out) or one call per sample"
     )
