@@ -19,6 +19,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 
 from flows.artifacts import publish
+from flows.deployments import deployment_config, form_overrides, record_overrides
 from flows.dispatch import remote_export, remote_rl_loop, remote_sft
 from flows.gpu import export_flow, sft_flow
 from flows.results import PipelineResult
@@ -61,8 +62,21 @@ def rlhf_pipeline(
     config_file: str | None = None,
 ) -> PipelineResult:
     """Run the whole pipeline for ``config`` (or the YAML ``config_file``, relative to the working
-    directory) + dotted ``overrides`` as run ``run_id`` (None: experiment name + config hash)."""
-    cfg = with_overrides(_base_config(config, config_file), overrides or [])
+    directory) + dotted ``overrides`` as run ``run_id`` (None: experiment name + config hash).
+
+    Args:
+        config: The typed config (the defaults when ``config_file`` is given). From a deployment's Run
+            form: the fields changed from the form's values are applied on top of ``config_file``.
+        overrides: Dotted overrides applied last, e.g. ``trainer.total_iterations=3``.
+        run_id: The run's id in the store (None: experiment name + config hash; the same id resumes).
+        config_file: A YAML config, relative to the worker's working directory (the checkout).
+    """
+    base, edits = _base_config(config, config_file)
+    if edits is not None:  # from a deployment's config: the flow run records overrides, not the config
+        if edits:
+            get_run_logger().info("Run form: %s changed from the deployment's config", " ".join(edits))
+        record_overrides([*(overrides or []), *edits])
+    cfg = with_overrides(base, [*(overrides or []), *(edits or [])])
     snapshot = resolve_snapshot(cfg.data)
     cfg = cfg.model_copy(update={"data": snapshot.data})
     s = cfg.store
@@ -123,12 +137,18 @@ def rlhf_pipeline(
     return result
 
 
-def _base_config(config: VerlFlowConfig, config_file: str | None) -> VerlFlowConfig:
-    """``config``, or the YAML ``config_file`` when given (then ``config`` must be the default, but
-    for ``config.parent``: a fork deployment's typed parameter)."""
+def _base_config(config: VerlFlowConfig, config_file: str | None) -> tuple[VerlFlowConfig, list[str] | None]:
+    """``config``, or the YAML ``config_file`` when given, and the overrides to apply on top of it:
+    from a deployment with a ``config`` parameter (the Run form's values), the fields ``config``
+    changes from it (:mod:`flows.deployments`); elsewhere (None) ``config`` must be the default, but
+    for ``config.parent``."""
     if config_file is None:
-        return config
-    if config.model_copy(update={"parent": None}) != VerlFlowConfig():
-        raise ConfigError("config_file: give either config_file or config fields (but parent), not both")
+        return config, None
     loaded = load_config(config_file)  # validated again with the overrides (with_overrides)
-    return loaded if config.parent is None else loaded.model_copy(update={"parent": config.parent})
+    if config.model_copy(update={"parent": None}) == VerlFlowConfig():  # config_file (+ parent)
+        parent = config.parent
+        return (loaded if parent is None else loaded.model_copy(update={"parent": parent})), None
+    shown = deployment_config()
+    if shown is None:
+        raise ConfigError("config_file: give either config_file or config fields (but parent), not both")
+    return loaded, form_overrides(config, shown)

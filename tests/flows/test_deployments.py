@@ -378,7 +378,9 @@ def test_pipeline_on_the_gpu_pool_survives_two_preempted_gpu_workers(
     assert len(found) == 1 and found[0].info.status == "FINISHED"
     assert found[0].data.tags["verl_flow.registered_model"].startswith("verl-flow-quickstart/")
 
-    # the nightly deployment: a daily cron schedule, and parameters pointing at the data snapshots
+    # the nightly deployment, deployed with the team variables set: a daily cron schedule, active, and
+    # parameters pointing at the data snapshots (without them: tests/flows/test_deployments_day_two.py)
     nightly = _api(api, "/deployments/filter", {"deployments": {"name": {"any_": ["nightly-retrain"]}}})[0]
-    assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 3 * * *"]
+    assert [(s["schedule"]["cron"], s["active"]) for s in nightly["schedules"]] == [("0 3 * * *", True)]
     assert f"data.snapshot_prefix={tmp_path / 'snapshots'}" in nightly["parameters"]["overrides"]
+    assert nightly["description"].startswith("Every night at 03:00 UTC")

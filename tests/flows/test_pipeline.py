@@ -118,14 +118,16 @@ def test_quickstart_pipeline_runs_and_rerun_skips(tmp_path: Path) -> None:
 
 
 def test_fork_deployment_takes_config_parent_beside_config_file() -> None:
-    # the `fork` deployment: config_file + the typed config.parent; any other config field is refused
+    # the `fork` deployment: config_file + the typed config.parent; outside a deployment whose config
+    # parameter says what a Run form showed (tests/flows/test_deployments_day_two.py), any other
+    # config field is refused
     from flows.pipeline import _base_config
     from verl_core.config import ParentConfig, VerlFlowConfig
     from verl_core.errors import ConfigError
 
     parent = ParentConfig(run_id="a", iteration=3)
-    cfg = _base_config(VerlFlowConfig(parent=parent), "configs/quickstart.yaml")
-    assert cfg.parent == parent and cfg.trainer.experiment_name == "quickstart"
+    cfg, edits = _base_config(VerlFlowConfig(parent=parent), "configs/quickstart.yaml")
+    assert cfg.parent == parent and cfg.trainer.experiment_name == "quickstart" and edits is None
     try:
         _base_config(VerlFlowConfig(parent=parent, sandbox={"timeout_s": 9.0}), "configs/quickstart.yaml")
     except ConfigError as e:
