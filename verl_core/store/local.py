@@ -44,13 +44,17 @@ def replace_atomic(path: str, data: Content) -> None:
 
 
 def new_file(folder: str | None) -> Path:
-    """A new empty file named ``.staging-*`` in ``folder`` (created if missing), or in the system's
-    temporary folder when None."""
-    if folder is not None:
-        os.makedirs(folder, exist_ok=True)
-    fd, path = tempfile.mkstemp(prefix=".staging-", dir=folder)
-    os.close(fd)
-    return Path(path)
+    """A new empty file named ``.staging-*`` in ``folder`` (created if missing), with the mode any
+    file the store writes has (it is linked into place), or a private one (mode 0600) in the
+    system's temporary folder when None."""
+    if folder is None:
+        fd, tmp = tempfile.mkstemp(prefix=".staging-")
+        os.close(fd)
+        return Path(tmp)
+    os.makedirs(folder, exist_ok=True)
+    path = Path(folder) / f".staging-{uuid.uuid4().hex}"
+    path.touch(exist_ok=False)  # 0o666 less the umask, as open(..., "wb") gives
+    return path
 
 
 def size_of(data: Content) -> int:

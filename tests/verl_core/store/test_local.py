@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_core.store.local import replace_atomic, sha256_of, size_of
+from verl_core.store.local import new_file, replace_atomic, sha256_of, size_of
 
 
 def test_a_file_on_the_same_file_system_is_linked_not_copied(tmp_path: Path) -> None:
@@ -53,3 +53,16 @@ def test_a_file_hashes_in_pieces_like_its_bytes(tmp_path: Path) -> None:
     # 1000 bytes in pieces of 7: 142 full pieces and one of 6, the digest of the whole
     assert sha256_of(tmp_path / "f", chunk=7) == sha256_of(data) == hashlib.sha256(data).hexdigest()
     assert size_of(tmp_path / "f") == size_of(data) == 1000
+
+
+def test_a_staged_file_in_the_store_gets_the_mode_of_the_stores_files(tmp_path: Path) -> None:
+    # it becomes the store's file by a link: the mode of any file open(..., "wb") makes, not
+    # mkstemp's 0600; outside the store (an upload's staging copy) it stays private
+    (tmp_path / "plain").write_bytes(b"")
+    staged = new_file(str(tmp_path / "attempt"))
+    assert staged.stat().st_mode & 0o777 == (tmp_path / "plain").stat().st_mode & 0o777
+    private = new_file(None)
+    try:
+        assert private.stat().st_mode & 0o777 == 0o600
+    finally:
+        private.unlink()
