@@ -215,6 +215,7 @@ def _prompt_table(prompts: pa.Table, tok: Tokenized) -> pa.Table:
         "prompt_text": pa.array(tok.texts, type=pa.string()),
         "ground_truth": reward.field("ground_truth"),
         "input_ids": pa.array(tok.input_ids, type=pa.list_(pa.int32())),
+        "extra_info": extra,  # carried to the rollouts: a custom reward function gets it, as in verl
     }
     return pa.table(columns, schema=get_schema("prompt_tokens"))
 

@@ -45,7 +45,7 @@ from verl_core.rollout import Completion
 from verl_core.rollout.multi_turn import Trajectory, turns_to_rows
 from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest, StageWriter, storage_options
-from verl_core.store.schemas import TOKEN_MASK, TURNS
+from verl_core.store.schemas import EXTRA_INFO, TOKEN_MASK, TURNS
 
 if TYPE_CHECKING:
     from verl_core.training.batch import RolloutBatch
@@ -319,6 +319,9 @@ def rollouts_table(
     source = prompts.column("data_source").to_pylist()
     truth = prompts.column("ground_truth").to_pylist()
     text = prompts.column("prompt_text").to_pylist()
+    # the prompt row's extra_info (a prompt_tokens file written before it was carried has none: null)
+    has_info = "extra_info" in prompts.column_names
+    info = prompts.column("extra_info").to_pylist() if has_info else [None] * prompts.num_rows
     for c in completions:
         p = c.prompt_index
         cols["group_id"].append(group_offset + p)
@@ -350,6 +353,7 @@ def rollouts_table(
             ),
             "loss_mask": pa.array([None if t is None else t.loss_mask for t in multi], TOKEN_MASK),
             "turns": pa.array([None if t is None else turns_to_rows(t.turns) for t in multi], TURNS),
+            "extra_info": pa.array([info[c.prompt_index] for c in completions], EXTRA_INFO),
         }
     )
 

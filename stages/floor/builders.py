@@ -195,7 +195,9 @@ def _rule(cfg: RewardConfig, sandbox: SandboxConfig) -> Scorer:
 @SCORER_BUILDERS.register("function")
 def _function(cfg: RewardConfig, sandbox: SandboxConfig) -> Scorer:
     assert cfg.function is not None  # the config requires it with this scorer
-    return FunctionScorer(load_reward_function(cfg.function), cfg.function_mode, cfg.timeout_s)
+    return FunctionScorer(
+        load_reward_function(cfg.function), cfg.function_mode, cfg.timeout_s, cfg.function_kwargs
+    )
 
 
 @SCORER_BUILDERS.register("model")

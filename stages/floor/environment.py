@@ -142,6 +142,7 @@ def scorer_checks(cfg: VerlFlowConfig) -> list[Check]:
             r.function,
             r.function_mode,
             timeout_s=r.timeout_s,
+            kwargs=r.function_kwargs,
             data_source=cfg.data.data_source or PROBE_DATA_SOURCE,
         )
     except ConfigError as e:

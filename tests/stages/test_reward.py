@@ -194,3 +194,70 @@ def test_each_metric_is_logged_once_per_step(run: tuple[RunContext, str, Spy]) -
     zeros = torch.zeros(s, r)
     update = batch_metrics(torch.ones(s), zeros, zeros, zeros, zeros, torch.ones(s, r), torch.tensor([0, 0]))
     assert set(logged) & set(update) == set()
+
+
+VERL_SCORE = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    # verl's custom reward signature; reads the keys verl's gsm8k preprocessing writes
+    assert extra_info["question"].startswith("What is")
+    return float(extra_info["index"]) if extra_info["split"] == "train-v2" else -1.0
+"""
+
+
+def test_a_verl_function_gets_the_dataset_row_s_extra_info(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's parquet (its extra_info struct) → preprocess → template_pack → rollouts → the function:
+    extra_info['split'] and ['index'] are the row's. Before the rollouts carried it, the function got
+    the rollout's columns only and every sample failed (KeyError: 'question')."""
+    import pyarrow.parquet as pq
+
+    from stages.floor.artifacts import rollouts_table as build_rollouts
+    from stages.preprocess import preprocess
+    from stages.template_pack import template_pack
+    from verl_core.config import DataConfig, ModelConfig
+    from verl_core.rollout import Completion
+
+    def verl_rows(first: int, split: str) -> pa.Table:
+        rows = [
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": f"What is {i} + 1?"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+                # index 7i + 3: not a row position, so only the row's own value can match
+                "extra_info": {"split": split, "index": 7 * i + 3, "answer": f"#### {i + 1}",
+                               "question": f"What is {i} + 1?"},
+            }
+            for i in range(first, first + 6)
+        ]  # fmt: skip
+        return pa.Table.from_pylist(rows, schema=get_schema("prompts"))
+
+    pq.write_table(verl_rows(0, "train-v2"), tmp_path / "train.parquet")
+    pq.write_table(verl_rows(100, "test"), tmp_path / "test.parquet")
+    (tmp_path / "score.py").write_text(VERL_SCORE)
+    monkeypatch.setattr(RunContext, "tracker", lambda self: Spy())
+    ctx = RunContext(run_id="verl", store_url=str(tmp_path / "store"))
+    data = DataConfig(
+        source="parquet",
+        train_files=[str(tmp_path / "train.parquet")],
+        val_files=[str(tmp_path / "test.parquet")],
+    )
+    store = ctx.store()
+    packed = store.read_manifest(template_pack.fn(ctx, data, ModelConfig(), preprocess.fn(ctx, data)))
+    prompts = store.read_table(packed, "prompt_tokens/train.parquet")
+    # two hand-made samples of each prompt, as the rollout stage makes them
+    completions = [
+        Completion(p, s, [1, 2], [3], "#### 0", [-0.5], "stop")
+        for p in range(prompts.num_rows)
+        for s in range(2)
+    ]
+    stage = store.open_stage(ctx.run_id, "iter-0000/rollout")
+    stage.write_table("rollouts.parquet", build_rollouts(completions, prompts, 0, 0), "rollouts")
+    cfg = RewardConfig(scorers=[{"name": "function"}], function=f"{tmp_path / 'score.py'}:compute_score")
+    uri = reward.fn(ctx, cfg, stage.commit(), 0, 16, sandbox=SandboxConfig())
+    rollouts = store.read_table(store.read_manifest(stage.manifest_uri), "rollouts.parquet")
+    scores = store.read_table(store.read_manifest(uri), REWARDS_FILE).column("score").to_pylist()
+    # each sample scores its row's index (7i + 3, i = 0..5, two samples each): the row's split matched
+    assert sorted(scores) == sorted(float(7 * i + 3) for i in range(6) for _ in range(2))
+    assert scores == [float(i) for i in rollouts.column("prompt_index").to_pylist()]

@@ -221,6 +221,10 @@ class RewardConfig(Section):
     function_mode: Literal["batch", "sample"] = _f(
         "sample", "Custom function form: one call per batch (lists in, list out) or one call per sample"
     )
+    function_kwargs: dict[str, Any] = _f(
+        {},
+        "Extra keyword arguments of every reward.function call (verl's custom_reward_function.reward_kwargs)",
+    )
     timeout_s: PositiveFloat = _f(
         10.0, "Seconds a custom-function call may take (per sample, or per batch in batch mode)"
     )

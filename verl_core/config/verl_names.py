@@ -3,8 +3,9 @@ verl's key paths) and by ``verl-flow from-verl``.
 
 Each verl key is one of:
 
-- **renamed** (:data:`RENAMED`, and :data:`SECTIONS` for keys whose remainder is one of our fields of
-  the same meaning, ``actor_rollout_ref.actor.clip_ratio`` → ``actor.clip_ratio``): same value;
+- **renamed** (:data:`RENAMED`, :data:`RENAMED_PREFIXES` for the keys of a free dict, and
+  :data:`SECTIONS` for keys whose remainder is one of our fields of the same meaning,
+  ``actor_rollout_ref.actor.clip_ratio`` → ``actor.clip_ratio``): same value;
 - **converted** (:data:`CONVERTED`): the value becomes one or more of our settings, and the entry says
   what differs (``trainer.logger=['console','wandb']`` → ``tracking.backends=[wandb]``);
 - **built in** (:data:`BUILT_IN`): what verl-flow always does; accepted with that value, refused with another;
@@ -25,6 +26,12 @@ import yaml
 
 # A conversion: (the value as text, every verl key given with its text) → our (key, value text) pairs.
 Conversion = Callable[[str, Mapping[str, str]], list[tuple[str, str]]]
+
+
+class Refused(ValueError):
+    """Raised by a conversion for a value that has no counterpart here; the message says why and what
+    to use instead (the key is then dropped, as a :data:`DROPPED` one)."""
+
 
 # verl section → ours, for keys whose remainder is a field of ours with the same meaning
 SECTIONS: dict[str, str] = {
@@ -61,6 +68,13 @@ RENAMED: dict[str, str] = {
     "reward_model.model.path": "reward.model_path",
     "trainer.total_training_steps": "trainer.total_iterations",
     "trainer.max_actor_ckpt_to_keep": "trainer.max_ckpt_to_keep",
+    "custom_reward_function.reward_kwargs": "reward.function_kwargs",
+}
+
+# verl prefix → ours, for the keys of a dict of free keys (Hydra's
+# +custom_reward_function.reward_kwargs.alpha=0.5, or that dict in a YAML file): same value
+RENAMED_PREFIXES: dict[str, str] = {
+    "custom_reward_function.reward_kwargs.": "reward.function_kwargs.",
 }
 
 _COMPUTED = "verl-flow computes it"
@@ -203,7 +217,6 @@ BUILT_IN: dict[str, tuple[object, str]] = {
         "set critic.param_offload=true: it offloads parameters, gradients and optimizer state together",
     ),
     f"{_REF}fsdp_config.optimizer_offload": (False, "the reference has no optimizer"),
-    "reward_model.reward_manager": ("naive", "scores are summed over reward.scorers"),
     "trainer.balance_batch": (True, "micro-batches are balanced by token count"),
     "data.return_raw_input_ids": (False, "prompts are tokenized by the policy's tokenizer"),
     "data.return_raw_chat": (True, "prompts are kept as chat messages"),
@@ -327,6 +340,23 @@ def _reward_fn_name(text: str, given: Mapping[str, str]) -> list[tuple[str, str]
     return []
 
 
+# verl's reward manager → how our function scorer calls the custom function (reward.function_mode)
+REWARD_MANAGERS = {"naive": "sample", "batch": "batch"}
+
+
+def _reward_manager(text: str, given: Mapping[str, str]) -> list[tuple[str, str]]:
+    """verl's naive manager calls compute_score once per sample, its batch manager once per batch with
+    lists: reward.function_mode. Its other managers (dapo, prime, ...) are refused."""
+    name = str(load_value(text))
+    if name not in REWARD_MANAGERS:
+        raise Refused(
+            f"verl's {name!r} reward manager has no counterpart: use naive (reward.function_mode=sample) "
+            "or batch (reward.function_mode=batch); DAPO's overlong penalty is reward.overlong_buffer_len "
+            "(reward_model.overlong_buffer.*), parallel scoring reward.num_workers"
+        )
+    return [("reward.function_mode", REWARD_MANAGERS[name])]
+
+
 def _val_sampling(text: str, given: Mapping[str, str]) -> list[tuple[str, str]]:
     """verl validates greedily unless val_kwargs.do_sample is on, whatever its temperature: verl-flow's
     validation temperature alone says it (0: greedy)."""
@@ -387,6 +417,10 @@ CONVERTED: dict[str, tuple[Conversion, str]] = {
     "reward_model.enable": (_reward_model, "the reward model is the only scorer: reward.scorers=[model]"),
     "custom_reward_function.path": (_reward_fn, "FILE:NAME in reward.function, the only scorer"),
     "custom_reward_function.name": (_reward_fn_name, "read with custom_reward_function.path"),
+    "reward_model.reward_manager": (
+        _reward_manager,
+        "how the custom function is called: naive → reward.function_mode=sample, batch → batch",
+    ),
     f"{_ROLLOUT}val_kwargs.do_sample": (_val_sampling, "greedy unless do_sample: rollout.val_temperature"),
     f"{_ROLLOUT}val_kwargs.temperature": (_val_sampling, "applies only with val_kwargs.do_sample=True"),
     "reward_model.overlong_buffer.enable": (_overlong, "DAPO's overlong penalty: reward.overlong_buffer_len"),

@@ -14,7 +14,9 @@ from verl_core.config.verl_names import (
     CONVERTED,
     DROPPED,
     RENAMED,
+    RENAMED_PREFIXES,
     SECTIONS,
+    Refused,
     load_value,
 )
 
@@ -62,12 +64,18 @@ def translate_one(
     for form in [key] if mine else verl_forms(key):
         if form in CONVERTED:
             convert, note = CONVERTED[form]
-            return Translation(key, text, tuple(convert(text, given)), note)
+            try:
+                return Translation(key, text, tuple(convert(text, given)), note)
+            except Refused as e:
+                return Translation(key, text, (), str(e), dropped=True)
     if mine:
         return None
     for form in verl_forms(key):
         if form in RENAMED:
             return Translation(key, text, ((RENAMED[form], text),))
+        for verl, ours in RENAMED_PREFIXES.items():
+            if form.startswith(verl):
+                return Translation(key, text, ((ours + form.removeprefix(verl), text),))
         if form in BUILT_IN:
             value, does = BUILT_IN[form]
             if load_value(text) == value:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal, NamedTuple
 
 from verl_core.errors import ConfigError
@@ -78,7 +79,9 @@ FILE_MODULE_PREFIX = "verl_flow_reward_file_"  # the module name of a reward fun
 
 def function_name(fn: Callable[..., Any]) -> str:
     """``module:qualname`` of ``fn`` (``path/file.py:qualname`` when loaded by file path; its repr when
-    it has no name)."""
+    it has no name; a ``functools.partial``: its function's)."""
+    while isinstance(fn, partial):
+        fn = fn.func
     qualname = getattr(fn, "__qualname__", None)
     module = str(getattr(fn, "__module__", "?"))
     if qualname is None:

@@ -12,6 +12,9 @@ warning.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from verl_core.errors import ConfigError
 from verl_core.reward.call_forms import FunctionMode
 from verl_core.reward.functions import load_reward_function
@@ -24,17 +27,25 @@ PROBE_DATA_SOURCE = "openai/gsm8k"  # the data source every verl-style dispatche
 
 
 def probe_reward_function(
-    spec: str, mode: FunctionMode, *, timeout_s: float, data_source: str = PROBE_DATA_SOURCE
+    spec: str,
+    mode: FunctionMode,
+    *,
+    timeout_s: float,
+    data_source: str = PROBE_DATA_SOURCE,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> str | None:
-    """Check ``spec`` as the preflight does (module doc): None when it scored the synthetic row, the
-    failure (a warning) when that may be the row's fault; ConfigError when the function is unusable."""
-    scorer = FunctionScorer(load_reward_function(spec), mode, timeout_s)
+    """Check ``spec`` (called with the extra keyword arguments ``kwargs``) as the preflight does (module
+    doc): None when it scored the synthetic row, the failure (a warning) when that may be the row's
+    fault; ConfigError when the function is unusable."""
+    scorer = FunctionScorer(load_reward_function(spec), mode, timeout_s, dict(kwargs or {}))
     row = batch_from_columns(
         {
             "group_id": [0], "sample_index": [0], "prompt_index": [0], "iteration": [0],
             "data_source": [data_source], "ground_truth": [PROBE_GROUND_TRUTH],
             "prompt_text": ["What is 1 + 0?"], "response_text": [PROBE_RESPONSE],
             "response_length": [len(PROBE_RESPONSE.split())], "finish_reason": ["stop"],
+            "extra_info": [{"split": "train", "index": 0, "answer": PROBE_RESPONSE,
+                            "question": "What is 1 + 0?"}],  # the keys verl's gsm8k rows have
         }
     )  # fmt: skip
     out = scorer(row)

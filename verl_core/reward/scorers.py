@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
-from verl_core.errors import DataError
+from verl_core.errors import ConfigError, DataError
 from verl_core.registry import UnknownNameError
-from verl_core.reward.call_forms import CallForm, FunctionMode, call_form
+from verl_core.reward.call_forms import CallForm, FunctionMode, call_form, function_name
 from verl_core.reward.code import CodeScore, code_score, parse_tests, run_tests
 from verl_core.reward.functions import ErrorKind, FunctionInputs, run_reward_function
 from verl_core.reward.rules import RuleOptions, get_rule_scorer
@@ -39,8 +40,10 @@ from verl_core.runtime.sandbox import SandboxSpec
 class RewardBatch(NamedTuple):
     """B samples to score: columns of the rollouts table (row i = sample i), all lists of length B.
 
-    ``extra_info`` is what custom functions get as ``extra_info``: the row's iteration, group_id,
-    sample_index, prompt_index, finish_reason and response_length where the table has them."""
+    ``extra_info`` is what custom functions get as ``extra_info``: the dataset row's ``extra_info`` (as
+    verl passes it: split, index, answer, question) and the rollout's iteration, group_id,
+    sample_index, prompt_index, finish_reason and response_length where the table has them
+    (:func:`verl_core.reward.scoring.batch_from_columns`)."""
 
     group_id: list[int]
     sample_index: list[int]
@@ -161,8 +164,11 @@ class RuleScorer(NamedTuple):
 
 @dataclass(frozen=True)
 class FunctionScorer:
-    """A custom reward function (loaded with ``load_reward_function``) in ``mode`` with a timeout. Its
-    signature is inspected once, here (``form``; a ConfigError when it fits no form of ``mode``).
+    """A custom reward function (loaded with ``load_reward_function``) in ``mode`` with a timeout,
+    every call also given the keyword arguments ``kwargs`` (``reward.function_kwargs``, verl's
+    ``custom_reward_function.reward_kwargs``: bound as ``functools.partial(fn, **kwargs)``, as verl
+    does). Its signature, with ``kwargs`` bound, is inspected once, here (``form``; a ConfigError when
+    it fits no form of ``mode``, or when a keyword of ``kwargs`` is one the scorer passes itself).
 
     ``metrics``: ``extra/{key}``, the batch mean of each numeric extra key of dict returns (over the
     samples that returned it)."""
@@ -170,16 +176,29 @@ class FunctionScorer:
     fn: Callable[..., Any]
     mode: FunctionMode
     timeout_s: float
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
     form: CallForm = field(init=False)
+    bound: Callable[..., Any] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "form", call_form(self.fn, self.mode))
+        bound = partial(self.fn, **self.kwargs) if self.kwargs else self.fn
+        form = call_form(bound, self.mode)
+        clash = sorted(set(self.kwargs) & set(form.keywords.values()))
+        if clash:
+            raise ConfigError(
+                f"reward.function_kwargs: {', '.join(clash)} are passed by the scorer itself to "
+                f"{function_name(self.fn)} (one value per sample)"
+            )
+        object.__setattr__(self, "bound", bound)
+        object.__setattr__(self, "form", form)
 
     def __call__(self, batch: RewardBatch) -> ScorerOutput:
         inputs = FunctionInputs(
             list(batch.response_text), list(batch.ground_truth), list(batch.data_source), batch.extra_info
         )
-        out = run_reward_function(self.fn, inputs, mode=self.mode, timeout_s=self.timeout_s, form=self.form)
+        out = run_reward_function(
+            self.bound, inputs, mode=self.mode, timeout_s=self.timeout_s, form=self.form
+        )
         sums: dict[str, list[float]] = {}
         for extras in out.extras:
             for k, v in extras.items():

@@ -232,7 +232,10 @@ def reward_metrics(
 def batch_from_columns(columns: pa.Table | Mapping[str, Sequence[Any]]) -> RewardBatch:
     """A :class:`RewardBatch` from a "rollouts" table (or a mapping with the same column names).
 
-    Raises DataError naming the missing columns."""
+    A row's ``extra_info`` (what a custom function gets) is the dataset row's ``extra_info`` as verl
+    passes it (the table's ``extra_info`` column, when it has one: its non-null keys) over the
+    rollout's own columns (``_EXTRA_INFO_COLUMNS``, where the table has them): on a shared key the
+    dataset's value wins. Raises DataError naming the missing columns."""
     names = set(columns.column_names if isinstance(columns, pa.Table) else columns)
     required = [f for f in RewardBatch._fields if f != "extra_info"]
     missing = [f for f in required if f not in names]
@@ -247,9 +250,13 @@ def batch_from_columns(columns: pa.Table | Mapping[str, Sequence[Any]]) -> Rewar
     data = {f: col(f) for f in required}
     info = {k: col(k) for k in _EXTRA_INFO_COLUMNS if k in names}
     n = len(data["group_id"])
-    if any(len(v) != n for v in [*data.values(), *info.values()]):
+    rows: list[Any] = col("extra_info") if "extra_info" in names else [None] * n
+    if any(len(v) != n for v in [*data.values(), *info.values(), rows]):
         raise DataError("reward: the rollout columns have different lengths")
-    extra = [{k: v[i] for k, v in info.items()} for i in range(n)]
+    extra = [
+        {k: v[i] for k, v in info.items()} | {k: v for k, v in (rows[i] or {}).items() if v is not None}
+        for i in range(n)
+    ]
     return RewardBatch(**data, extra_info=extra)
 
 

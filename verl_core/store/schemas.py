@@ -3,6 +3,10 @@
 A stage writes a table as one of these kinds; the store refuses a table that does not match, and a
 reader checks the file it reads against the same schema. Token ids are ``list<int32>``, per-token
 floats ``list<float32>``, masks ``list<int8>``. Register a new kind here (one place to read them all).
+
+A field registered as optional (``register_schema(..., optional=...)``) was added to its kind after
+files of it were written: a file without it still reads (the reader finds no such column), and a
+table written without it gets a column of nulls. Every other field is required, exactly typed.
 """
 
 from __future__ import annotations
@@ -12,18 +16,24 @@ import pyarrow as pa
 from verl_core.errors import ArtifactSchemaError
 
 _SCHEMAS: dict[str, pa.Schema] = {}
+_OPTIONAL: dict[str, frozenset[str]] = {}
 
 TOKEN_IDS = pa.list_(pa.int32())
 TOKEN_FLOATS = pa.list_(pa.float32())
 TOKEN_MASK = pa.list_(pa.int8())
 
 
-def register_schema(kind: str, schema: pa.Schema) -> pa.Schema:
-    """Register ``schema`` under ``kind``; registering the same kind twice with another schema fails."""
+def register_schema(kind: str, schema: pa.Schema, optional: tuple[str, ...] = ()) -> pa.Schema:
+    """Register ``schema`` under ``kind``, its fields ``optional`` (module doc) nullable; registering
+    the same kind twice with another schema fails."""
     old = _SCHEMAS.get(kind)
-    if old is not None and not old.equals(schema):
+    if old is not None and not (old.equals(schema) and _OPTIONAL[kind] == frozenset(optional)):
         raise ValueError(f"artifact kind {kind!r} is already registered with another schema")
+    unknown = sorted(set(optional) - set(schema.names))
+    if unknown:
+        raise ValueError(f"artifact kind {kind!r}: optional field(s) {', '.join(unknown)} not in its schema")
     _SCHEMAS[kind] = schema
+    _OPTIONAL[kind] = frozenset(optional)
     return schema
 
 
@@ -46,6 +56,8 @@ def conform(table: pa.Table, kind: str, where: str) -> pa.Table:
     """Return ``table`` with exactly the schema of ``kind`` (columns reordered, safe casts only), or
     raise :class:`ArtifactSchemaError` naming ``where``, the field and what was expected."""
     schema = get_schema(kind)
+    for name in sorted(_OPTIONAL[kind] - set(table.column_names)):  # a column of nulls
+        table = table.append_column(schema.field(name), pa.nulls(table.num_rows, schema.field(name).type))
     names = set(table.column_names)
     missing = [f.name for f in schema if f.name not in names]
     extra = sorted(names - set(schema.names))
@@ -72,12 +84,20 @@ def conform(table: pa.Table, kind: str, where: str) -> pa.Table:
 
 
 def check_schema(actual: pa.Schema, kind: str, where: str) -> None:
-    """Raise :class:`ArtifactSchemaError` unless a file's schema is exactly the kind's schema."""
+    """Raise :class:`ArtifactSchemaError` unless a file's schema is exactly the kind's schema, or that
+    schema without some of its optional fields."""
     expected = get_schema(kind)
     if actual.remove_metadata().equals(expected.remove_metadata()):
         return
+    absent = [f.name for f in expected if f.name not in actual.names and f.name in _OPTIONAL[kind]]
+    if absent:
+        without = pa.schema([f for f in expected if f.name not in absent])
+        if actual.remove_metadata().equals(without.remove_metadata()):
+            return
     for field in expected:
         idx = actual.get_field_index(field.name)
+        if idx < 0 and field.name in _OPTIONAL[kind]:
+            continue
         if idx < 0:
             raise ArtifactSchemaError(f"{where}: {kind!r} artifact lacks field {field.name!r}")
         if not actual.field(idx).type.equals(field.type):
@@ -92,6 +112,10 @@ def check_schema(actual: pa.Schema, kind: str, where: str) -> None:
 # Kinds. verl's prompt schema is kept exactly, so verl users' parquet files work as-is.
 
 CHAT_MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+# verl's extra_info of a prompt row (its gsm8k preprocessing writes these four)
+EXTRA_INFO = pa.struct(
+    [("split", pa.string()), ("index", pa.int64()), ("answer", pa.string()), ("question", pa.string())]
+)
 
 register_schema(
     "prompts",
@@ -101,17 +125,7 @@ register_schema(
             ("prompt", CHAT_MESSAGES),
             ("ability", pa.string()),
             ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-            (
-                "extra_info",
-                pa.struct(
-                    [
-                        ("split", pa.string()),
-                        ("index", pa.int64()),
-                        ("answer", pa.string()),
-                        ("question", pa.string()),
-                    ]
-                ),
-            ),
+            ("extra_info", EXTRA_INFO),
         ]
     ),
 )
@@ -134,7 +148,9 @@ register_schema(
 )
 
 # Tokenized data (template_pack stage). ``index`` is ``extra_info.index`` of the prompt row it came
-# from; ``prompt_text`` the rendered chat prompt (generation prompt included).
+# from; ``prompt_text`` the rendered chat prompt (generation prompt included); ``extra_info`` the prompt
+# row's, carried to the rollouts (a custom reward function gets it, as in verl; optional: files
+# written before it have none).
 register_schema(
     "prompt_tokens",
     pa.schema(
@@ -146,8 +162,10 @@ register_schema(
             ("prompt_text", pa.string()),
             ("ground_truth", pa.string()),
             ("input_ids", TOKEN_IDS),
+            ("extra_info", EXTRA_INFO),
         ]
     ),
+    optional=("extra_info",),
 )
 
 # SFT sequences: prompt ids then response ids + end-of-turn id; loss_mask is 1 on the response part.
@@ -174,6 +192,7 @@ register_schema(
 # ``response_text`` is the last model turn's text (what the reward scores); ``response_length``
 # counts model tokens only (tool tokens are not the policy's: response-length metrics exclude them).
 # Single-turn rows have null ``loss_mask`` (every response token is the model's) and null ``turns``.
+# ``extra_info``: the prompt row's (``prompt_tokens``; optional, null where the prompts had none).
 TOOL_CALLS = pa.list_(
     pa.struct(
         [
@@ -210,8 +229,10 @@ register_schema(
             ("is_baseline", pa.bool_()),
             ("loss_mask", TOKEN_MASK),
             ("turns", TURNS),
+            ("extra_info", EXTRA_INFO),
         ]
     ),
+    optional=("extra_info",),
 )
 
 # Rewards of one iteration (reward stage): row i scores row i of the rollouts table.

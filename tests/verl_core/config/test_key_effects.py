@@ -170,6 +170,23 @@ def test_reward_code_score_and_code_workers() -> None:
     assert (scorer.scorer.mode, scorer.scorer.num_workers) == ("all", 3)
 
 
+def test_reward_function_kwargs_reach_the_function_scorer(tmp_path: Path) -> None:
+    # reward.function_kwargs: keywords bound to every call (the scorer's function is a partial of them)
+    (tmp_path / "fn.py").write_text(
+        "def f(data_source, solution_str, ground_truth, extra_info=None, *, weight):\n    return weight\n"
+    )
+    cfg = load_config(
+        None,
+        [
+            f"reward.function={tmp_path / 'fn.py'}:f",
+            "reward.scorers=[function]",
+            "reward.function_kwargs={weight: 2}",
+        ],
+    )
+    (scorer,) = build_scorers(cfg.reward, SandboxConfig())
+    assert scorer.scorer.kwargs == {"weight": 2} and scorer.scorer.bound.keywords == {"weight": 2}
+
+
 def test_reward_model_path_and_dtype_are_checked() -> None:
     with pytest.raises(ConfigError, match=r"reward.model_path: required when reward.scorers has 'model'"):
         load_config(None, ["reward.scorers=[model]"])

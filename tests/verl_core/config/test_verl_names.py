@@ -203,3 +203,36 @@ def test_no_verl_key_is_accepted_silently() -> None:
     assert notes == [
         "verl key custom_reward_function.name → nothing to set (read with custom_reward_function.path)"
     ]
+
+
+def test_reward_manager_sets_how_the_custom_function_is_called() -> None:
+    # verl's naive manager calls compute_score once per sample, its batch manager once per batch with
+    # lists: our reward.function_mode (before: only naive was accepted, batch refused as "not available")
+    cfg, notes = load_config_notes(None, ["reward_model.reward_manager=batch"])
+    assert cfg.reward.function_mode == "batch"
+    assert notes[0].startswith("verl key reward_model.reward_manager → reward.function_mode=batch")
+    cfg = load_config(None, ["reward.function_mode=batch", "reward_model.reward_manager=naive"])
+    assert cfg.reward.function_mode == "sample"
+    # another manager is refused naming why and what to use instead
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["reward_model.reward_manager=dapo"])
+    assert "'dapo' reward manager has no counterpart" in str(info.value)
+    assert "reward.function_mode=batch" in str(info.value)
+
+
+def test_custom_reward_function_reward_kwargs_become_reward_function_kwargs(tmp_path: Path) -> None:
+    # verl passes custom_reward_function.reward_kwargs to every call of the function (as keywords):
+    # ours is reward.function_kwargs; Hydra's per-key form and the whole dict both map (before: unknown)
+    cfg, notes = load_config_notes(
+        None, ["custom_reward_function.reward_kwargs.weight=2.5", "custom_reward_function.reward_kwargs.m=x"]
+    )
+    assert cfg.reward.function_kwargs == {"weight": 2.5, "m": "x"}
+    assert (
+        notes[0] == "verl key custom_reward_function.reward_kwargs.weight → reward.function_kwargs.weight=2.5"
+    )
+    cfg = load_config(None, ["custom_reward_function.reward_kwargs={weight: 2, bonus: 0.5}"])
+    assert cfg.reward.function_kwargs == {"weight": 2, "bonus": 0.5}
+    path = tmp_path / "verl.yaml"  # verl's section in a YAML file
+    path.write_text("custom_reward_function:\n  path: r.py\n  name: f\n  reward_kwargs:\n    weight: 4\n")
+    cfg = load_config(path)
+    assert (cfg.reward.function, cfg.reward.function_kwargs) == ("r.py:f", {"weight": 4})

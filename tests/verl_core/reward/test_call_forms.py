@@ -75,6 +75,13 @@ def key_error(data_source, solution_str, ground_truth, extra_info=None):
 
 def runtime_error(data_source, solution_str, ground_truth, extra_info=None):
     raise RuntimeError("the grader's service is down")
+
+def verl_weighted(data_source, solution_str, ground_truth, extra_info=None, *, weight, bonus=0.0):
+    """A verl function with custom_reward_function.reward_kwargs: weight is required."""
+    return weight * float(solution_str.endswith(ground_truth)) + bonus
+
+def verl_batch_weighted(data_sources, solution_strs, ground_truths, extra_infos, weight):
+    return [weight * float(s.endswith(g)) for s, g in zip(solution_strs, ground_truths)]
 '''
 
 
@@ -209,3 +216,28 @@ def test_probe_refuses_broken_code_and_warns_on_row_dependent_failures(user_file
     assert probe_reward_function(f"{user_file}:key_error", "sample", timeout_s=10) is None
     warning = probe_reward_function(f"{user_file}:runtime_error", "sample", timeout_s=10)
     assert warning is not None and "RuntimeError: the grader's service is down" in warning
+
+
+def test_function_kwargs_are_passed_to_every_call_as_verl_s_reward_kwargs(user_file: Path) -> None:
+    # reward.function_kwargs (verl's custom_reward_function.reward_kwargs) bound to every call:
+    # weight 3, bonus 0.5 → right answer 3·1 + 0.5 = 3.5, wrong 0 + 0.5 = 0.5
+    fn = load_reward_function(f"{user_file}:verl_weighted")
+    scorer = FunctionScorer(fn, "sample", 10.0, {"weight": 3.0, "bonus": 0.5})
+    assert scorer(batch(["#### 7", "#### 8"], ["7", "7"])).scores == [3.5, 0.5]
+    # batch mode: weight 2 → [2, 0]
+    fn_b = load_reward_function(f"{user_file}:verl_batch_weighted")
+    assert FunctionScorer(fn_b, "batch", 10.0, {"weight": 2.0})(batch(["a 7", "a 8"], ["7", "7"])).scores == [
+        2.0,
+        0.0,
+    ]
+    # without them the required 'weight' gets nothing: refused naming the function, before any call
+    with pytest.raises(ConfigError, match=r"verl_weighted.*required parameter\(s\) \['weight'\]"):
+        FunctionScorer(fn, "sample", 10.0)
+    # a keyword the scorer passes itself (one value per sample) cannot be fixed for every call
+    with pytest.raises(ConfigError, match=r"reward.function_kwargs: ground_truth are passed by the scorer"):
+        FunctionScorer(fn, "sample", 10.0, {"weight": 1.0, "ground_truth": "7"})
+    # the preflight probe calls it with them too (synthetic row: response ends in its truth "1": 3.0)
+    assert (
+        probe_reward_function(f"{user_file}:verl_weighted", "sample", timeout_s=10, kwargs={"weight": 3.0})
+        is None
+    )

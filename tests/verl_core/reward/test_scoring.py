@@ -182,3 +182,26 @@ def test_batch_from_columns_and_rewards_table() -> None:
     del cols["ground_truth"]
     with pytest.raises(Exception, match="lack column"):
         batch_from_columns(cols)
+
+
+def test_batch_from_columns_passes_the_dataset_row_s_extra_info() -> None:
+    # a rollouts table with the dataset row's extra_info (verl's gsm8k keys): the function's
+    # extra_info is that dict (null keys left out, as a row that lacks them) plus the rollout's own
+    # columns; on a shared key the dataset's value wins (row 1 has its own "group_id": 7, not 0)
+    cols = {
+        "group_id": [0, 0], "sample_index": [0, 1], "data_source": ["openai/gsm8k"] * 2,
+        "ground_truth": ["1", "1"], "prompt_text": ["p", "p"], "response_text": ["#### 1", "no"],
+        "response_length": [3, 1], "finish_reason": ["stop", "stop"],
+        "extra_info": [{"split": "train", "index": 41, "answer": "#### 1", "question": None},
+                       {"split": "test", "index": 42, "group_id": 7}],
+    }  # fmt: skip
+    batch = batch_from_columns(cols)
+    assert batch.extra_info[0] == {"group_id": 0, "sample_index": 0, "finish_reason": "stop",
+                                   "response_length": 3, "split": "train", "index": 41,
+                                   "answer": "#### 1"}  # fmt: skip
+    assert batch.extra_info[1]["split"] == "test" and batch.extra_info[1]["index"] == 42
+    assert batch.extra_info[1]["group_id"] == 7
+    # a null extra_info (prompts written before it was carried): the rollout's columns alone
+    cols["extra_info"] = [None, None]
+    alone = {"group_id": 0, "sample_index": 1, "finish_reason": "stop", "response_length": 1}
+    assert batch_from_columns(cols).extra_info[1] == alone

@@ -14,11 +14,12 @@ QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 
 def test_config_hash_of_a_run_without_parent_is_unchanged() -> None:
     # an unset parent section adds nothing to the hash: the quickstart's hash is the one of its keys
-    # without a parent (pinned when issue 37 added model.vocab_pad_to and trainer.refuse_unfit,
+    # without a parent (pinned when issue 38 added reward.function_kwargs, the commit "reward.function_kwargs
+    # ... (issue 38 item 2)"; 88b02b8f... from issue 37's model.vocab_pad_to and trainer.refuse_unfit,
     # commits 1e6afe9 and c1c5808; ace9d800... from 6c60675 on, when issue 29 removed
     # data.pack_token_budget, data.pack_algorithm and rollout.decode; ec9f7cc3... from 882181a on)
     cfg = load_config(QUICKSTART)
-    assert cfg.config_hash() == "88b02b8fad9ac39d41c1874ccdf9dd2c1855eaeaf9d76df9c1cf7e6a1ef5a66a"
+    assert cfg.config_hash() == "4dd70e5f33b201fb6f4a6f71267ae6fada2673311af97504bc9ef5bfff1040db"
     fork = with_overrides(cfg, ["parent.run_id=quickstart-88b02b8f", "parent.iteration=10"])
     assert fork.config_hash() != cfg.config_hash()
 
