@@ -17,6 +17,23 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's temporary Prefect ser
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"prefect-{os.environ['PYTEST_XDIST_WORKER']}-")
 set_quiet_env(offline=True)
 
+# MLflow's variables that say where runs land (the pipeline honours the first two when tracking.uri /
+# the project name are unset, as MLflow does; MLflow reads the others itself): a developer's shell
+# with them set would send the tests' runs to its server or experiment and change their assertions.
+# Cleared for the whole session, subprocesses included; a test that needs one sets it (monkeypatch).
+MLFLOW_WHERE_ENV = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_EXPERIMENT_NAME",
+    "MLFLOW_EXPERIMENT_ID",
+    "MLFLOW_RUN_ID",
+    "MLFLOW_REGISTRY_URI",
+    "MLFLOW_ARTIFACT_URI",
+    "MLFLOW_DEFAULT_ARTIFACT_ROOT",
+    "MLFLOW_TRACKING_DIR",
+)
+for _name in MLFLOW_WHERE_ENV:
+    os.environ.pop(_name, None)
+
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "verl-flow-test",
     "AWS_SECRET_ACCESS_KEY": "verl-flow-test-secret",

@@ -14,8 +14,8 @@ QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 
 def test_config_hash_of_a_run_without_parent_is_unchanged() -> None:
     # an unset parent section adds nothing to the hash: the quickstart's hash is the one of its keys
-    # without a parent (pinned when issue 38 added reward.function_kwargs, the commit "reward.function_kwargs
-    # ... (issue 38 item 2)"; 88b02b8f... from issue 37's model.vocab_pad_to and trainer.refuse_unfit,
+    # without a parent (pinned when issue 38 added reward.function_kwargs, commit 9823b57;
+    # 88b02b8f... from issue 37's model.vocab_pad_to and trainer.refuse_unfit,
     # commits 1e6afe9 and c1c5808; ace9d800... from 6c60675 on, when issue 29 removed
     # data.pack_token_budget, data.pack_algorithm and rollout.decode; ec9f7cc3... from 882181a on)
     cfg = load_config(QUICKSTART)
