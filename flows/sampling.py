@@ -18,14 +18,20 @@ same stage params) and so makes the same decisions and draws the same prompts.
 
 SPMD: every rank runs this loop; the rollout stage runs on every rank, the main rank scores and reads
 the kept count, which :func:`verl_core.runtime.ranks.on_main` hands to every rank, so all ranks stop together.
+
+Metrics: a generation batch's rollout and reward stages log nothing; they leave their metrics in
+their summaries (``DEFERRED_METRICS``) and the main rank logs the iteration's batches combined
+(:func:`combine_batch_metrics`), once per metric at the iteration's step.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from flows.loop import Loop
-from stages.floor.logging import stage_logger, timed, watched
+from stages.floor.logging import DEFERRED_METRICS, stage_logger, timed, watched
 from stages.floor.state import get_state, set_prompt_cursor
 from verl_core.errors import DataError
 from verl_core.runtime.ranks import is_main, on_main
@@ -70,6 +76,17 @@ def sample_iteration(loop: Loop, iteration: int) -> SampledIteration:
         rollouts.append(r)
         rewards.append(w)
         kept += found
+    if is_main():
+        summaries = [
+            (store.read_manifest(r).summary, store.read_manifest(w).summary)
+            for r, w in zip(rollouts, rewards, strict=True)
+        ]
+        # (a batch committed before its stages deferred their metrics logged them itself: {})
+        batches = [
+            ({**r.get(DEFERRED_METRICS, {}), **w.get(DEFERRED_METRICS, {})}, int(r["samples"]))
+            for r, w in summaries
+        ]
+        ctx.tracker().log_metrics(combine_batch_metrics(batches), step=iteration)
     if kept == 0:
         raise DataError(
             f"dynamic sampling: iteration {iteration}: no prompt group among {len(rollouts)} generation "
@@ -84,3 +101,60 @@ def sample_iteration(loop: Loop, iteration: int) -> SampledIteration:
             iteration, kept, wanted, len(rollouts), fg.max_num_gen_batches,
         )  # fmt: skip
     return SampledIteration(rollouts, rewards, kept)
+
+
+# --------------------------------------------------------------------------------------------------
+# One value per metric of an iteration's generation batches
+
+_Combine = Callable[[Sequence[tuple[Mapping[str, float], int]], str], float]
+_COUNTS = frozenset({"errors", "failures", "timeouts", "requests", "retries", "failed_requests"})
+
+
+def _weighted(batches: Sequence[tuple[Mapping[str, float], int]], name: str) -> float:
+    """Σ_k n_k·x_k / Σ_k n_k: the mean over all samples of per-batch means x_k of n_k samples."""
+    n = sum(c for m, c in batches if name in m)
+    return sum(m[name] * c for m, c in batches if name in m) / n if n else math.nan
+
+
+def _pooled_std(batches: Sequence[tuple[Mapping[str, float], int]], name: str) -> float:
+    """The population std of all samples from the batches' (mean m_k, std s_k, count n_k), mean m:
+    σ² = Σ_k n_k·(s_k² + (m_k − m)²) / Σ_k n_k."""
+    mean_name = name.removesuffix("/std") + "/mean"
+    if not all(mean_name in m for m, _ in batches if name in m):
+        return _weighted(batches, name)
+    mean = _weighted(batches, mean_name)
+    n = sum(c for m, c in batches if name in m)
+    return math.sqrt(
+        sum(c * (m[name] ** 2 + (m[mean_name] - mean) ** 2) for m, c in batches if name in m) / n
+    )
+
+
+def _rate(batches: Sequence[tuple[Mapping[str, float], int]], name: str) -> float:
+    """Σ tokens / Σ seconds: the batches' rates weighted by their rollout seconds."""
+    seconds = [(m[name], m.get("timing_s/rollout", 0.0)) for m, _ in batches if name in m]
+    total = sum(s for _, s in seconds)
+    return sum(r * s for r, s in seconds) / total if total > 0 else _weighted(batches, name)
+
+
+def _values(batches: Sequence[tuple[Mapping[str, float], int]], name: str) -> list[float]:
+    return [m[name] for m, _ in batches if name in m]
+
+
+# (applies to the name, how the batches' values combine), first match wins; otherwise _weighted
+_RULES: tuple[tuple[Callable[[str], bool], _Combine], ...] = (
+    (lambda k: k.startswith("timing_s/"), lambda b, k: sum(_values(b, k))),  # seconds add up
+    (lambda k: k.rsplit("/", 1)[-1] in _COUNTS, lambda b, k: sum(_values(b, k))),  # counts add up
+    (lambda k: k.endswith("/max") or k == "train/epoch", lambda b, k: max(_values(b, k))),
+    (lambda k: k.endswith("/min"), lambda b, k: min(_values(b, k))),
+    (lambda k: k.endswith("/std"), _pooled_std),
+    (lambda k: k.endswith("_per_s"), _rate),
+)
+
+
+def combine_batch_metrics(batches: Sequence[tuple[Mapping[str, float], int]]) -> dict[str, float]:
+    """One value per metric of generation batches given as ``(metrics, samples)``: seconds and counts
+    summed, maxima and minima kept, stds pooled, token rates over the total time, every other metric
+    (a mean or a fraction) the mean over all samples (weighted by each batch's sample count)."""
+    names = sorted({k for m, _ in batches for k in m})
+    rule = {k: next((f for applies, f in _RULES if applies(k)), _weighted) for k in names}
+    return {k: float(rule[k](batches, k)) for k in names}

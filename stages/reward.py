@@ -15,7 +15,9 @@ manifest summary's ``seconds``), but not ``critic/score/mean`` and ``response_le
 Dynamic sampling (``algorithm.filter_groups``): generation batch K is scored in
 ``iter-XXXX/reward/gen-K``, which also writes ``group_filter.parquet`` (kind "group_filter": the
 metric's value per row and ``kept``, :func:`verl_core.algorithms.dynamic_sampling.filter_groups` with
-the groups the iteration still wants) and puts the counts in its summary under ``filter``.
+the groups the iteration still wants) and puts the counts in its summary under ``filter``; it logs
+nothing: its metrics go to the summary (``DEFERRED_METRICS``) and :mod:`flows.sampling` logs the
+iteration's batches combined, once per step.
 
 The scoring itself is :func:`verl_core.reward.score_rollouts`;
 :func:`stages.floor.builders.build_scorers` turns ``reward.*`` into scorers.
@@ -31,7 +33,7 @@ from prefect import task
 
 from stages.floor.builders import run_scorers, score_batch
 from stages.floor.locations import generation_stage, iteration_stage
-from stages.floor.logging import stage_logger
+from stages.floor.logging import DEFERRED_METRICS, stage_logger
 from stages.floor.retry import retry_unless_deterministic
 from verl_core.algorithms.dynamic_sampling import FILTER_METRICS, filter_groups
 from verl_core.config import RewardConfig, SandboxConfig
@@ -109,13 +111,14 @@ def reward(
     report = _report(cfg, batch, result, metrics, iteration)
     stage.write_json("report.json", report)
     summary = {"iteration": iteration, "rows": batch.size, "metrics": metrics, "seconds": seconds}
+    # 5. Metrics (not those the update logs for the batch it trains on: each metric once per step; a
+    # generation batch leaves them to flows.sampling, which logs the iteration's batches together)
+    logged = {**{k: v for k, v in metrics.items() if k not in UPDATE_LOGS}, "timing_s/reward": seconds}
     if kept is not None:
-        summary["filter"] = kept[1]
+        summary |= {"filter": kept[1], DEFERRED_METRICS: logged}
     uri = stage.commit(summary=summary)
-
-    # 5. Metrics (not those the update logs for the batch it trains on: each metric once per step)
-    logged = {k: v for k, v in metrics.items() if k not in UPDATE_LOGS}
-    ctx.tracker().log_metrics({**logged, "timing_s/reward": seconds}, step=iteration)
+    if kept is None:
+        ctx.tracker().log_metrics(logged, step=iteration)
     log.info(
         "reward: iteration %d, %d rows, score mean %.4f, %d errors zeroed",
         iteration, batch.size, metrics["critic/score/mean"], report["errors"],

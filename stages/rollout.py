@@ -27,6 +27,7 @@ from prefect import task
 from stages.floor.artifacts import batch_rows, rollouts_table, stream_rows
 from stages.floor.builders import Rollouts, sampling_params, sharded_rollouts
 from stages.floor.locations import generation_stage, iteration_stage
+from stages.floor.logging import DEFERRED_METRICS
 from stages.floor.spmd import commit_once, committed
 from stages.floor.state import RLState, get_state, rollout_version
 from verl_core.config import PLACEMENT_FIELDS, DataConfig, RolloutConfig, SandboxConfig
@@ -88,7 +89,13 @@ def rollout(
     sampled = _generate(state, data, cfg, batch, sampling, greedy_baseline, sandbox)
 
     # 4. Write and commit on the main rank; every rank returns the URI
-    where = _Where(iteration, epoch, cursor if gen_batch is not None else iteration * b, (gen_batch or 0) * b)
+    where = _Where(
+        iteration,
+        epoch,
+        cursor if gen_batch is not None else iteration * b,
+        (gen_batch or 0) * b,
+        gen_batch is not None,
+    )
     return commit_once(lambda: _commit(ctx, stage, batch, sampled, where))
 
 
@@ -104,12 +111,14 @@ class _Sampled(NamedTuple):
 
 class _Where(NamedTuple):
     """Where a rollout's rows sit: its iteration, the epoch and prompt-stream position of its batch,
-    and the group id of its first prompt (K·B for generation batch K)."""
+    the group id of its first prompt (K·B for generation batch K), and whether it is a generation batch
+    (its metrics are then logged by flows.sampling, with the iteration's other batches)."""
 
     iteration: int
     epoch: int
     prompt_cursor: int
     group_offset: int
+    gen_batch: bool
 
 
 def _open_stage(
@@ -200,14 +209,15 @@ def _commit(ctx: RunContext, stage: StageWriter, batch: pa.Table, sampled: _Samp
         "seconds": seconds,
         **main.metrics,  # multi-turn: turns, tool calls, tool-call rate (none for single-turn)
     }
+    metrics = {
+        "timing_s/rollout": seconds,
+        "perf/gen_tokens_per_s": gen_tokens / max(seconds, 1e-9),
+        "train/epoch": where.epoch,
+        **main.metrics,
+    }
+    if where.gen_batch:  # logged once per step with the iteration's other generation batches
+        summary[DEFERRED_METRICS] = metrics
     uri = stage.commit(summary=summary)
-    ctx.tracker().log_metrics(
-        {
-            "timing_s/rollout": seconds,
-            "perf/gen_tokens_per_s": gen_tokens / max(seconds, 1e-9),
-            "train/epoch": where.epoch,
-            **main.metrics,
-        },
-        step=where.iteration,
-    )
+    if not where.gen_batch:
+        ctx.tracker().log_metrics(metrics, step=where.iteration)
     return uri

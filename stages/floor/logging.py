@@ -15,6 +15,10 @@ from verl_core.runtime.watchdog import Heartbeat
 from verl_core.timing import timed as timed  # re-exported: stages and flows time their phases with it
 
 STALL_GRACE_S = 60.0  # after failing a stalled stage, how long it may take to unwind before the process ends
+# The summary key where a stage run for one generation batch of a dynamically sampled iteration puts
+# the metrics it would log at the iteration's step: flows.sampling logs the batches' metrics once,
+# combined, so each metric has one value per step.
+DEFERRED_METRICS = "deferred_metrics"
 
 
 def stage_logger(name: str = "verl_flow") -> Any:

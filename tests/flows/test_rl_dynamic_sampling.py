@@ -16,6 +16,7 @@ import pytest
 
 import flows.rl as rl_flow
 from flows.rl import rl_loop
+from flows.sampling import combine_batch_metrics
 from stages.floor.locations import generation_stage
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
@@ -177,3 +178,54 @@ def test_killed_mid_iteration_resumes_to_the_same_prompts(
         for x, y in zip(a, b, strict=True):
             for name in ("rollouts.parquet", "rewards.parquet", "group_filter.parquet"):
                 assert x["files"][name] == y["files"][name], f"iteration {it} {name}"
+
+
+class _Spy:
+    """A tracker that records log_metrics calls (every other call does nothing)."""
+
+    def __init__(self) -> None:
+        self.logged: list[tuple[int, list[str]]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.logged.append((step, list(metrics)))
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def test_each_metric_is_logged_once_per_step(
+    prompts: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # iteration 0 takes three generation batches (the first test's expected cursors 0, 2, 4); before,
+    # each batch's rollout and reward stages logged their metrics at step 0: timing_s/rollout,
+    # critic/score/std, reward/accuracy ... three times each
+    root, tp = prompts
+    spy = _Spy()
+    monkeypatch.setattr(RunContext, "tracker", lambda self: spy)
+    one = CFG.model_copy(update={"trainer": CFG.trainer.model_copy(update={"total_iterations": 1})})
+    ctx = RunContext(run_id="logged", store_url=str(root))
+    rl_loop(ctx, one, tp, None)
+    assert len(_batches(ctx, 0)) == 3
+    names = [n for step, logged in spy.logged if step == 0 for n in logged]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    assert repeated == []
+    for name in ("timing_s/rollout", "timing_s/reward", "perf/gen_tokens_per_s", "critic/score/std",
+                 "reward/accuracy", "response_length/max", "critic/score/mean"):  # fmt: skip
+        assert name in names, name
+
+
+def test_batch_metrics_combine_as_one_batch_of_all_samples() -> None:
+    # batch A: scores [0, 1] (mean 0.5, std 0.5, max 1), 2 samples, 3 s, 60 tokens/s (180 tokens);
+    # batch B: scores [1, 1, 1, 1] (mean 1, std 0, max 1, min 1), 4 samples, 1 s, 20 tokens/s (20 tokens)
+    names = ("critic/score/mean", "critic/score/std", "critic/score/min", "critic/score/max",
+             "timing_s/rollout", "perf/gen_tokens_per_s", "reward/errors", "train/epoch")  # fmt: skip
+    a = dict(zip(names, (0.5, 0.5, 0.0, 1.0, 3.0, 60.0, 1.0, 0.0), strict=True))
+    b = dict(zip(names, (1.0, 0.0, 1.0, 1.0, 1.0, 20.0, 2.0, 1.0), strict=True))
+    out = combine_batch_metrics([(a, 2), (b, 4)])
+    # all six scores [0, 1, 1, 1, 1, 1]: mean 5/6, population std sqrt(5/6 - 25/36) = sqrt(5)/6
+    assert out["critic/score/mean"] == pytest.approx(5 / 6)
+    assert out["critic/score/std"] == pytest.approx(5**0.5 / 6)
+    assert (out["critic/score/min"], out["critic/score/max"]) == (0.0, 1.0)
+    assert out["timing_s/rollout"] == 4.0 and out["reward/errors"] == 3.0  # seconds and counts add up
+    assert out["perf/gen_tokens_per_s"] == pytest.approx(200 / 4)  # 200 tokens in 4 s
+    assert out["train/epoch"] == 1.0  # the epoch the last batch reached
