@@ -65,8 +65,9 @@ def rlhf_pipeline(
     directory) + dotted ``overrides`` as run ``run_id`` (None: experiment name + config hash).
 
     Args:
-        config: The typed config (the defaults when ``config_file`` is given). From a deployment's Run
-            form: the fields changed from the form's values are applied on top of ``config_file``.
+        config: The typed config. In a deployment's Run form it shows the config file's values and the
+            fields changed there apply on top of ``config_file``; elsewhere it stays at the defaults
+            when ``config_file`` is given (but ``parent``, a fork's start).
         overrides: Dotted overrides applied last, e.g. ``trainer.total_iterations=3``.
         run_id: The run's id in the store (None: experiment name + config hash; the same id resumes).
         config_file: A YAML config, relative to the worker's working directory (the checkout).
