@@ -113,19 +113,21 @@ class Calibration:
 
 
 # Fitted (fit_calibration) on this project's CPU machine (2 cores of an Intel Xeon VM, fp32, 2 torch
-# threads, shared with other jobs: load 1.5-10), 28 Nov 2026, by benchmarks/scale.py on the
-# quickstart's, 34M and 135M geometries, at the machine's best measured rate (172 GFLOP/s fp32): the
-# defaults of a CPU plan. Checked on 0.5B (never fitted on it): the actor update and the weight sync
-# are under-predicted ~3-6x there (per-parameter memory costs grow faster than the fit saw,
-# benchmarks/RESULTS.md).
+# threads, load 1.4-1.9), 28 Nov 2026, by benchmarks/scale.py on the quickstart's, 34M and 135M
+# geometries, GRPO and PPO, and GRPO with twice the prompts (83 phase rows), at the machine's best
+# measured rate (164 GFLOP/s fp32) and copy bandwidth (34.8 GB/s): the defaults of a CPU plan. Checked
+# on 0.5B (never fitted on it): generation, the update, weight sync, orchestration and checkpoint load
+# within ±25%; old and reference log-probs over-predicted 1.4-1.6x (wider matmuls run nearer the
+# plain matmul's rate), checkpoint save 1.4x (benchmarks/RESULTS.md). opt_param fits 0: with one
+# micro-batch per optimizer step in every record, AdamW's passes are in weight_pass.
 CPU_CALIBRATION = Calibration(
-    gen_flop=5.26, gen_call=0.417, matmul_flop=1.58, fwd_call=0.0472, train_call=0.835, logit=0.0,
-    weight_pass=0.0, opt_param=0.92, sync_byte=13.2, sync_call=1.08, save_byte=4.68e-9, load_byte=3.72e-9,
-    ckpt_call=0.317, reward_sample=4.77e-5, reward_call=0.0, adv_token=4.62e-6, stage_call=0.0577,
-    artifact_token=0.0,
+    gen_flop=5.56, gen_call=0.211, matmul_flop=1.29, fwd_call=0.0146, train_call=0.0371, logit=0.0,
+    weight_pass=27.4, opt_param=0.0, sync_byte=81.2, sync_call=0.498, save_byte=4.2e-9,
+    load_byte=4.62e-9, ckpt_call=0.0474, reward_sample=0.0, reward_call=3.04e-4, adv_token=2.86e-6,
+    stage_call=0.0685, artifact_token=0.0,
 )  # fmt: skip
-CPU_RATE_FLOPS = 172e9  # the rate CPU_CALIBRATION was fitted at (measure_cpu_matmul_rate on that machine)
-CPU_BANDWIDTH = 9.6e9  # bytes/s, measure_cpu_copy_bandwidth on that machine: the default bandwidth
+CPU_RATE_FLOPS = 164e9  # the rate CPU_CALIBRATION was fitted at (measure_cpu_matmul_rate on that machine)
+CPU_BANDWIDTH = 34.8e9  # bytes/s, measure_cpu_copy_bandwidth on that machine: the default bandwidth
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s, matched on the
 # device name.
