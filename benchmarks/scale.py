@@ -1,9 +1,16 @@
 """One RL iteration at four model sizes: seconds, FLOP/s, memory and bytes of every phase, and the cost
 model's prediction of the largest from the three smaller.
 
-    .venv/bin/python benchmarks/scale.py --sizes qs,34m,135m --hf     # ~20 min; waits for the lock
-    .venv/bin/python benchmarks/scale.py --sizes 0.5b --algos grpo --hf   # ~8 min, ~20 GiB resident
+    .venv/bin/python benchmarks/scale.py --sizes qs,34m,135m --hf     # ~15 min; waits for the lock
+    .venv/bin/python benchmarks/scale.py --sizes 34m,135m --algos grpo --prompts 8 --tag p8   # ~6 min
+    .venv/bin/python benchmarks/scale.py --sizes 0.5b --algos grpo --hf   # ~7 min, ~20 GiB resident
     .venv/bin/python benchmarks/scale.py --report     # tables + the fit on qs/34m/135m, checked on 0.5b
+
+(``--tag``: a second workload shape under its own records, so that the fit can tell per-parameter
+from per-FLOP costs apart; each iteration's record also splits the training steps (backward, clipping,
+optimizer: seconds and the pages they first touch, ``ru_minflt``) and the weight sync (state dict,
+heap trim, staging, the engine's reload), and each run measures the copy bandwidth beside the matmul
+rate.)
 
 (0.5B PPO with a critic needs two 0.5B models with AdamW moments beside vLLM: more than 23 GiB.)
 
