@@ -52,9 +52,10 @@ GIB = 2**30
 VARIANTS: dict[str, list[str]] = {
     "grpo": [],
     # PPO: a GAE critic (a second 0.5B model) instead of group baselines, the KL loss (and with it the
-    # reference) off as in verl's PPO example. In full fine-tuning the two models' AdamW moments and
-    # their serialised copies at a checkpoint need ~25 GiB (verl-flow plan refuses it here); a LoRA
-    # r=16 actor fits, the critic staying a full model (SFT off: it would train the adapter alone)
+    # reference) off as in verl's PPO example. In full fine-tuning two 0.5B models with their AdamW
+    # moments do not fit this machine beside vLLM (verl-flow plan refuses it); a LoRA r=16 actor fits,
+    # the critic staying a full model (SFT off: it would train the adapter alone). Its checkpoint
+    # streams the critic's 3.7 GB of moments to the store (before, their bytes copy ran it out of memory)
     "ppo_critic": [
         "algorithm.adv_estimator=gae",
         "critic.enable=true",
