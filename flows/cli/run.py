@@ -16,7 +16,6 @@ from flows.cli.common import (
     RunIdArg,
     StoreOpt,
     fail,
-    load,
     open_store,
     out,
     print_table,
@@ -59,7 +58,7 @@ def run(
             overrides = [*(overrides or []), *parent_overrides(*parse_parent_spec(fork))]
         except ConfigError as e:
             fail(e, 2)
-    cfg = load(config, overrides)
+    cfg = _load_noted(config, overrides)
     if cfg.parent is not None:  # the parent's checkpoint (and a replay's data): one line, before any work
         from stages.floor.parent import check_parent
         from verl_core.runtime.run import default_run_id
@@ -86,6 +85,21 @@ def run(
         return rlhf_pipeline(config=cfg, run_id=run_id)
 
     _run_logged(cfg, run_id, verbose, pipeline)
+
+
+def _load_noted(config: str, overrides: list[str] | None) -> VerlFlowConfig:
+    """``config`` with ``overrides``, validated (a bad one exits 2, one line per problem), and the
+    loader's notes on the console before any work, one line each as ``config show`` prints them: each
+    verl key translated (``verl key X → Y``), which of trainer.total_iterations/total_epochs ends the run."""
+    from verl_core.config.loader import load_config_notes
+
+    try:
+        cfg, notes = load_config_notes(config, overrides or [])
+    except ConfigError as e:
+        fail(e, 2, one_line=False)
+    for line in notes:  # markup off: a value such as [function] is text
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    return cfg
 
 
 def _run_logged(
@@ -180,7 +194,7 @@ def rescore_cmd(
     from stages.floor.rescore import check_rescore_overrides, parse_iterations, rescore_settings
 
     try:  # what can be checked before the flow starts, in one line
-        check_rescore_overrides(overrides or [])
+        notes = check_rescore_overrides(overrides or [])  # verl's names translated (verl key X → Y)
         if iterations is not None:
             parse_iterations(iterations)
         if name is not None:
@@ -192,6 +206,8 @@ def rescore_cmd(
         fail(e, 2)
     except VerlFlowError as e:
         fail(e, 1)
+    for line in notes:
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
     from verl_core.runtime.env import set_quiet_env
 
     set_quiet_env()

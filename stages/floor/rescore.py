@@ -27,6 +27,8 @@ from stages.floor.locations import (
     rescore_targets,
 )
 from verl_core.config import RewardConfig, SandboxConfig, VerlFlowConfig, with_overrides
+from verl_core.config.loader import is_our_key
+from verl_core.config.verl_translate import translate
 from verl_core.errors import ArtifactNotFoundError, ConfigError
 from verl_core.reward.compare import RewardComparison
 from verl_core.store import ArtifactStore, Manifest
@@ -36,15 +38,20 @@ RESCORABLE = ("reward", "sandbox")  # the config sections a rescore may change
 _ITERATIONS = re.compile(r"^\s*(\d*)\s*(:?)\s*(\d*)\s*$")
 
 
-def check_rescore_overrides(overrides: Sequence[str]) -> None:
-    """One-line ConfigError for an override of anything but ``reward.*`` and ``sandbox.*``."""
-    for item in overrides:
-        key = item.partition("=")[0].strip()
+def check_rescore_overrides(overrides: Sequence[str]) -> list[str]:
+    """One-line ConfigError for an override of anything but ``reward.*`` and ``sandbox.*``, judged on
+    the keys the overrides set once verl's names are translated (``custom_reward_function.path`` sets
+    ``reward.function``). Returns the translation lines (``verl key X → Y``); a verl key the table
+    drops is left to :func:`rescore_settings`' error (it says why, and what to use instead)."""
+    pairs = [(key.strip(), text) for key, _, text in (item.partition("=") for item in overrides)]
+    settings, made, unknown = translate(pairs, is_our_key)
+    for key in [k for k, _ in settings] + unknown:
         if key.split(".", 1)[0] not in RESCORABLE:
             raise ConfigError(
-                f"{key or item!r}: a rescore changes only reward.* and sandbox.* settings (the rollouts "
+                f"{key!r}: a rescore changes only reward.* and sandbox.* settings (the rollouts "
                 "are the run's own)"
             )
+    return [t.line() for t in made if not t.dropped]
 
 
 def rescore_settings(cfg: VerlFlowConfig, overrides: Sequence[str]) -> VerlFlowConfig:

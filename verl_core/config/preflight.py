@@ -23,7 +23,8 @@ What is checked:
 :func:`advice` holds the lines of configs that run but probably do not do what their author wants; the
 loader logs them as warnings (a config may do it on purpose):
 
-* a model trained from scratch with a pretrained model's actor learning rate (the schema default).
+* a model trained from scratch with a pretrained model's actor learning rate (the schema default);
+* a key set to a value that does nothing under another key's value (:mod:`.inert`).
 
 Micro-batch sizes need not divide mini-batches: loss denominators are summed over the whole mini-batch
 (:mod:`verl_core.training.ppo`), so an uneven last micro-batch weighs its tokens exactly like the others.
@@ -35,6 +36,8 @@ import os
 import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from verl_core.config.inert import inert_settings
 
 if TYPE_CHECKING:
     from verl_core.config.schema import VerlFlowConfig
@@ -127,7 +130,9 @@ def _token_budgets(cfg: VerlFlowConfig) -> list[str]:
     uses_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     reward_model = any(s.name == "model" for s in cfg.reward.scorers)
     budgets = {  # the budgets this run uses (None: the part does not run)
-        "actor.ppo_max_token_len_per_gpu": cfg.actor.ppo_max_token_len_per_gpu,
+        "actor.ppo_max_token_len_per_gpu": cfg.actor.ppo_max_token_len_per_gpu
+        if cfg.actor.use_dynamic_bsz
+        else None,
         "rollout.log_prob_max_token_len_per_gpu": cfg.rollout.log_prob_max_token_len_per_gpu,
         "sft.max_token_len_per_batch": cfg.sft.max_token_len_per_batch if cfg.sft.enable else None,
         "critic.ppo_max_token_len_per_gpu": cfg.critic.ppo_max_token_len_per_gpu if cfg.use_critic else None,
@@ -412,7 +417,7 @@ def _scratch_learning_rate(cfg: VerlFlowConfig) -> list[str]:
     ]
 
 
-ADVICE: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (_scratch_learning_rate,)
+ADVICE: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (_scratch_learning_rate, inert_settings)
 
 
 CHECKS: tuple[Callable[[VerlFlowConfig], list[str]], ...] = (
