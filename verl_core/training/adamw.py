@@ -22,8 +22,8 @@ is dead once ``m`` and ``v`` have read it. Results are bit-identical to ``torch.
 (tests/verl_core/training/test_adamw.py); the gradients hold ``denom`` after :meth:`step`, so it is
 for callers that drop them right after (``zero_grad``), as :class:`~verl_core.training.engine.TrainEngine`
 does. Off that path (a closure, AMSGrad, ``maximize``, ``foreach``/``fused``/``capturable``/
-``differentiable``, a tensor learning rate, complex, sparse, non-CPU or differently-strided tensors)
-it is ``torch.optim.AdamW`` itself.
+``differentiable``, a tensor learning rate, complex, sparse, non-CPU, DTensor or differently-strided
+tensors) it is ``torch.optim.AdamW`` itself.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ def _plain(group: dict[str, Any]) -> bool:
         not any(group.get(k) for k in flags)
         and group.get("decoupled_weight_decay", True)
         and all(isinstance(x, float | int) for x in floats)
-        and all(p.device.type == "cpu" and not torch.is_complex(p) for p in group["params"])
+        and all(
+            type(p.data) is Tensor and p.device.type == "cpu" and not torch.is_complex(p)
+            for p in group["params"]
+        )  # plain CPU tensors: a DTensor shard (FSDP2, tensor parallel) takes torch's own step
     )
 
 
