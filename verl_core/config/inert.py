@@ -132,7 +132,7 @@ INERT: tuple[Inert, ...] = (
                 "reward.scorers has no 'function' scorer",
             ),
         )
-        for k in ("function", "function_mode")
+        for k in ("function", "function_mode", "function_kwargs")
     ),
 )
 

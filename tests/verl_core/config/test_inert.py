@@ -95,6 +95,11 @@ PAIRS = [
         "reward.function_mode",
         ["reward.scorers=[function]", "reward.function=my_reward.py:f"],
     ),
+    (
+        ["reward.function_kwargs={weight: 2}"],
+        "reward.function_kwargs.weight",  # a dict's line names the key set in it
+        ["reward.scorers=[function]", "reward.function=my_reward.py:f"],
+    ),
 ]
 
 
