@@ -113,6 +113,12 @@ class Processes:
         self.how[name] = (args, env)
         return log
 
+    def start_server(self, port: int, api: str) -> None:
+        """A Prefect API server on ``port`` (as ``server``), returned once ``api`` answers."""
+        host = ("--host", "127.0.0.1", "--port", str(port), "--analytics-off")
+        self.start("server", str(BIN / "prefect"), "server", "start", *host)
+        wait_healthy(api, 90)
+
     def restart(self, name: str) -> None:
         """Kill ``name`` with SIGKILL (its whole tree) and start it again as it was started."""
         self.kill_tree(name)
@@ -162,18 +168,7 @@ def prefect_env(tmp_path: Path, s3_bucket: str) -> Iterator[tuple[dict[str, str]
     }
     procs = Processes(env, tmp_path)
     try:
-        procs.start(
-            "server",
-            str(BIN / "prefect"),
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--analytics-off",
-        )
-        wait_healthy(api, 90)
+        procs.start_server(port, api)
         yield env, procs, api
     finally:
         procs.stop_all()

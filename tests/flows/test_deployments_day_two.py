@@ -21,7 +21,6 @@ import yaml
 
 from flows.deployments import form_overrides, team_settings
 from tests.flows.test_deployments import TERMINAL, Processes, _api, _free_port, _state
-from tests.prefect_server import wait_healthy
 from verl_core.config import VerlFlowConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,18 +49,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     }
     procs = Processes(env, tmp)
     try:
-        procs.start(
-            "server",
-            PREFECT,
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--analytics-off",
-        )
-        wait_healthy(api, 90)
+        procs.start_server(port, api)
         yield env, procs, api
     finally:
         procs.stop_all()
