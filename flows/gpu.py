@@ -31,7 +31,13 @@ from verl_core.runtime.run import RunContext
 
 @flow(name="sft-warmup", log_prints=True)
 def sft_flow(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str) -> str:
-    """SFT warm-up of the run; returns the sft stage's manifest URI."""
+    """SFT warm-up of the run; returns the sft stage's manifest URI.
+
+    Args:
+        ctx: The run's context (run id, store, tracking), set by the pipeline that dispatches this.
+        config: The run's resolved config.
+        template_pack_uri: The template_pack stage's manifest (tokenizer and packed SFT data).
+    """
     with heartbeat(ctx, config):  # dispatched: the pipeline tells it alive from preempted by this
         check_environment(config)  # this worker's packages and torch build can run the config (no network)
         if needs_spmd(config):  # every rank runs sft_rank (launcher.spmd), rank 0 as this flow run's task
@@ -49,7 +55,14 @@ def export_flow(
     ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, iteration: int | None = None
 ) -> str:
     """Merged HF export of a policy checkpoint (None: the latest) with the run's tokenizer (from
-    ``template_pack_uri``); returns the export's manifest URI."""
+    ``template_pack_uri``); returns the export's manifest URI.
+
+    Args:
+        ctx: The run's context (run id, store, tracking), set by the pipeline that dispatches this.
+        config: The run's resolved config.
+        template_pack_uri: The template_pack stage's manifest (the tokenizer exported with the model).
+        iteration: The RL checkpoint to export (empty: the latest).
+    """
     with heartbeat(ctx, config):
         check_environment(config)
         with watched(ctx, "export", config.execution.stall_timeout_s, iteration):

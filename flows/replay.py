@@ -33,7 +33,16 @@ def replay_flow(
     """Replay run ``run_id`` (store ``store_url``, default ./runs) from its checkpoint at
     ``start_iteration`` with ``overrides`` (``algorithm.*``, ``actor.*``, ``critic.*`` ...), on its
     rewards or those of its rescore ``rewards``, as run ``new_run_id`` (default
-    ``{run_id}-replay{I}-{config hash[:8]}``)."""
+    ``{run_id}-replay{I}-{config hash[:8]}``).
+
+    Args:
+        run_id: The run to replay, as its store names it (``runs/<run_id>``).
+        start_iteration: The iteration whose checkpoint the replay starts from.
+        overrides: Dotted settings changed for the replay, e.g. ``algorithm.kl_ctrl.kl_coef=0.01``.
+        new_run_id: The replay's run id (empty: ``{run_id}-replay{I}-{config hash[:8]}``).
+        rewards: A rescore's name whose rewards the replay trains on (empty: the run's own rewards).
+        store_url: The store holding the run (empty: the worker's ``./runs``).
+    """
     store = ArtifactStore(store_url or StoreConfig().url)
     cfg = replay_config(store, run_id, start_iteration, overrides or [], rewards)
     new_run_id = new_run_id or replay_run_id(run_id, start_iteration, cfg.config_hash())

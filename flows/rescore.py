@@ -33,7 +33,16 @@ def rescore_flow(
     """Rescore run ``run_id`` (store ``store_url``, default ./runs) with its reward settings changed by
     ``overrides`` (``reward.*``, ``sandbox.*`` only) into ``rescore/{name}/...`` (``name`` default: the
     new reward config's hash, 8 hex digits); ``iterations`` "A:B": only training/validation iterations
-    A ≤ i < B (eval stages only without it)."""
+    A ≤ i < B (eval stages only without it).
+
+    Args:
+        run_id: The run to rescore, as its store names it (``runs/<run_id>``).
+        overrides: Dotted reward settings, e.g. ``reward.function=my_reward.py:compute_score``; only
+            ``reward.*`` and ``sandbox.*`` (verl's ``custom_reward_function.*`` names are translated).
+        iterations: ``A:B`` rescores training and validation iterations A ≤ i < B too; empty: eval only.
+        name: The rescore's name under ``rescore/`` (empty: the new reward config's hash, 8 hex digits).
+        store_url: The store holding the run (empty: the worker's ``./runs``).
+    """
     t0 = time.perf_counter()
     ctx, cfg = attach_run(store_url or StoreConfig().url, run_id)
     new = rescore_settings(cfg, overrides or [])

@@ -126,7 +126,14 @@ def _update(loop: Loop, iteration: int, rollouts: str | list[str], rewards: str 
 
 @flow(name="rl-loop", log_prints=True)
 def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None) -> RLResult:
-    """Run the RL iterations; returns the final checkpoint URI, validation accuracies and timings."""
+    """Run the RL iterations; returns the final checkpoint URI, validation accuracies and timings.
+
+    Args:
+        ctx: The run's context (run id, store, tracking), set by the pipeline that dispatches this.
+        config: The run's resolved config.
+        template_pack_uri: The template_pack stage's manifest (tokenizer and prompts).
+        sft_uri: The SFT stage's manifest the policy starts from (empty: the model as configured).
+    """
     with heartbeat(ctx, config):  # dispatched: the pipeline tells it alive from preempted by this
         check_environment(config)  # this worker's packages and torch build can run the config (no network)
         if needs_spmd(config):

@@ -17,6 +17,7 @@ from prefect import flow
 
 from stages.floor.artifacts import materialise_export
 from stages.floor.locations import list_exports
+from verl_core.config import StoreConfig
 from verl_core.errors import ArtifactNotFoundError
 from verl_core.runtime.serving import ServeConfig, ServerHandle, start_server
 from verl_core.store import ArtifactStore
@@ -58,13 +59,20 @@ def serve(model: ServedModel, settings: ServeConfig, log_path: str | Path) -> Se
 @flow(name="serve-model", log_prints=True)
 def serve_model(run_id: str, store_url: str, settings: ServeConfig = ServeConfig()) -> None:
     """Serve the latest export of ``run_id`` (store ``store_url``) with vLLM's OpenAI-compatible server
-    until the flow run is cancelled."""
+    until the flow run is cancelled.
+
+    Args:
+        run_id: The run whose latest export is served.
+        store_url: The store holding the run (empty: the worker's ``./runs``).
+        settings: The server's settings (host, port, vLLM's rollout-section settings).
+    """
     import tempfile
 
     from verl_core.runtime.serving import curl_example
 
     with tempfile.TemporaryDirectory(prefix="verl-flow-serve-") as tmp:
-        with serve(resolve_model(run_id, store_url, tmp), settings, Path(tmp) / "server.log") as handle:
+        model = resolve_model(run_id, store_url or StoreConfig().url, tmp)  # empty: as every flow's store
+        with serve(model, settings, Path(tmp) / "server.log") as handle:
             print(f"serving {handle.model} at {handle.url}/v1\n{curl_example(handle)}")
             code = handle.wait()
         raise RuntimeError(f"the vLLM server exited with code {code}; log tail:\n{handle.log_tail()}")
