@@ -51,8 +51,8 @@ def team_settings(names: list[str], local: bool = False) -> dict[str, Any]:
 
 def form_config(config_file: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """Build step: ``config``, the resolved ``config_file`` + ``overrides`` as JSON (the Run form's
-    values). Overrides that do not validate (a team deployment's empty placeholders: it is created
-    paused) leave the file's own values."""
+    values). Overrides that do not validate (a team deployment's empty placeholders: its description
+    says NOT CONFIGURED, :func:`team_settings`) leave the file's own values."""
     try:
         cfg = load_config(config_file, overrides or [])
     except ConfigError:
