@@ -54,8 +54,8 @@ def test_signature_and_synthetic_row_problems_are_errors_row_faults_warnings(tmp
     fns.write_text(
         "def two_args(a, b):\n    return 1.0\n"
         "def text(completion, **kw):\n    return 'high'\n"
-        "def wants_split(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    return float(extra_info['split'] == 'train')\n"
+        "def wants_level(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(extra_info['level'] == 'easy')\n"
     )
 
     def check(name: str) -> tuple[str, str]:
@@ -67,8 +67,10 @@ def test_signature_and_synthetic_row_problems_are_errors_row_faults_warnings(tmp
     assert status == "error" and "does not fit reward.function_mode=sample" in found
     status, found = check("text")
     assert status == "error" and "returned 'high', expected a number" in found
-    status, found = check("wants_split")  # real rows may carry extra_info['split']: a warning
-    assert status == "warn" and "KeyError: 'split'" in found
+    # the synthetic row carries verl's gsm8k extra_info (split, index, answer, question), not a dataset's
+    # own keys: real rows may carry extra_info['level'], so a KeyError there is a warning
+    status, found = check("wants_level")
+    assert status == "warn" and "KeyError: 'level'" in found
 
 
 def test_the_stage_flows_environment_check_refuses_it_too() -> None:

@@ -57,32 +57,34 @@ def test_a_truncated_state_file_is_named(tmp_path: Path) -> None:
 
 _PEAKS = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, sys
     from pathlib import Path
     import torch
     sys.path.insert(0, sys.argv[3])
     from tests.verl_core.models.test_checkpoint import _state
     from verl_core.models.checkpoint import load_state, load_state_bytes, save_state, state_bytes
 
-    def rss_mib():  # the process's peak resident memory so far (ru_maxrss: KiB on Linux)
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    def vm_mib(field):  # VmRSS (resident now) or VmHWM (its high-water mark) from /proc, in MiB
+        line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))
+        return int(line.split()[1]) / 1024
+
+    def growth(fn):
+        # the peak over what is resident now: the high-water mark is reset first (clear_refs 5), so a
+        # peak reached before (the state's own random fill) cannot hide this one
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        base = vm_mib("VmRSS")
+        kept = fn()
+        return vm_mib("VmHWM") - base, kept
 
     mib, path = int(sys.argv[1]), Path(sys.argv[2])
     state = _state(mib)
     out = {}
-    base = rss_mib()
-    save_state(state, path)
-    out["save"] = rss_mib() - base
-    base = rss_mib()
-    back = load_state(path, "test")
-    out["load"] = rss_mib() - base
-    base = rss_mib()  # the in-memory form, what checkpoints did before
-    blob = state_bytes(state)
-    out["save_as_bytes"] = rss_mib() - base
-    del blob
-    old = load_state_bytes(path.read_bytes(), "test")  # the file read whole, then unpickled from it
-    out["load_from_bytes"] = rss_mib() - base
-    del old
+    out["save"], _ = growth(lambda: save_state(state, path))
+    out["load"], back = growth(lambda: load_state(path, "test"))
+    out["save_as_bytes"], _ = growth(lambda: len(state_bytes(state)))  # the in-memory form, as before
+    # the file read whole, then unpickled from it
+    out["load_from_bytes"], _ = growth(lambda: len(load_state_bytes(path.read_bytes(), "test")))
     out["exact"] = all(  # last: it reads every mapped page (the peak is a high-water mark)
         torch.equal(back[r]["state"][0][k], state[r]["state"][0][k])
         for r, k in (("actor", "exp_avg"), ("critic", "exp_avg_sq"))
