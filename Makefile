@@ -36,7 +36,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 VLLM_REQUIREMENTS ?= infra/vllm/requirements-cpu.txt
 VLLM_EXCLUDES ?= infra/vllm/excludes-cpu.txt
 
-.PHONY: install quickstart test lint typecheck pytest pytest-vllm clean bwrap .venv-vllm
+.PHONY: install quickstart test lint typecheck pytest pytest-vllm clean bwrap chromium .venv-vllm
 
 # bubblewrap runs untrusted code (reward scorer 'code', the python tool: verl_core/runtime/sandbox.py). As root
 # (CI) Debian's package is installed when bwrap is missing; anyone else is told how, and the sandbox
@@ -47,6 +47,16 @@ bwrap:
 	else \
 		echo "note: bwrap (bubblewrap) is missing, so code execution (reward scorer 'code', the python tool)"; \
 		echo "      will refuse to run: as root, apt-get install -y bubblewrap (or set sandbox.allow_weak_sandbox=true)"; \
+	fi
+
+# Headless Chromium for the browser tests (the rollout browser, Prefect's UI), driven by Playwright: as
+# root (CI) Debian's chromium is installed when missing; anyone else is told how, and those tests skip
+# saying why.
+chromium:
+	@command -v chromium >/dev/null || if [ "$$(id -u)" = 0 ]; then \
+		apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; \
+	else \
+		echo "note: chromium is missing, so the browser tests skip: as root, apt-get install -y chromium"; \
 	fi
 
 # torch comes from pip, which finds the CPU wheel on these machines (uv does not look there and would
@@ -100,7 +110,7 @@ typecheck: $(STAMP)
 # a pipeline run or a vLLM engine, are built once, on one worker), the longest files first
 # (tests/conftest.py). The project's own bytecode is compiled once first, for the same reason as
 # UV_COMPILE_BYTECODE: the suite starts many Python processes.
-pytest: $(STAMP) $(VLLM_STAMP) bwrap
+pytest: $(STAMP) $(VLLM_STAMP) bwrap chromium
 	$(PY) -m compileall -q -x '/\.venv' verl_core stages flows launcher tests benchmarks examples >/dev/null
 	VERL_FLOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) VERL_FLOW_REQUIRE_VLLM=1 $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
