@@ -1,0 +1,177 @@
+"""stages.floor.registry: champion / previous-champion aliases, decisions as version tags, rollback,
+``models:/`` URIs, the promoted event. Versions are registered straight through MlflowClient with
+fake sources (no model files: the registry never reads them)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stages.floor import registry
+from stages.floor.registry import CHAMPION, PREVIOUS, RegistryError
+from verl_core.config import load_config
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One SQLite tracking store for the module (creating its tables takes seconds)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture(autouse=True)
+def no_prefect_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No Prefect API configured (no profile either): emit_promoted only logs."""
+    monkeypatch.setenv("PREFECT_API_URL", "")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+
+
+def _model(uri: str, n_versions: int) -> str:
+    """A new registered model with ``n_versions`` versions (1..n), each from its own MLflow run."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    name = f"m{next(_names)}"
+    client.create_registered_model(name)
+    exp = client.get_experiment_by_name("registry") or client.get_experiment(
+        client.create_experiment("registry")
+    )
+    for i in range(n_versions):
+        run = client.create_run(exp.experiment_id).info.run_id
+        client.create_model_version(
+            name, source=f"/fake/{name}/{i}", run_id=run, tags={"verl_flow.run_id": f"r{i}"}
+        )
+    return name
+
+
+def _aliases(uri: str, name: str) -> dict[str, str]:
+    return {a: r.version for r in registry.versions(uri, name) for a in r.aliases}
+
+
+def test_registered_name_default_and_override() -> None:
+    cfg = load_config("configs/quickstart.yaml")
+    t = cfg.trainer
+    assert registry.registered_name(cfg) == f"{t.project_name}-{t.experiment_name}"
+    named = cfg.model_copy(update={"export": cfg.export.model_copy(update={"registered_model_name": "mine"})})
+    assert registry.registered_name(named) == "mine"
+
+
+def test_promote_moves_champion_and_previous(uri: str) -> None:
+    name = _model(uri, 3)
+    assert registry.champion(uri, name) is None
+    registry.promote(uri, name, "1", decision={"verdict": "promote", "reason": "floor passed"}, by="gate")
+    assert _aliases(uri, name) == {CHAMPION: "1"}  # first champion: no previous
+    registry.promote(uri, name, "2", decision={"verdict": "promote", "p-value": 0.01}, by="gate")
+    assert _aliases(uri, name) == {CHAMPION: "2", PREVIOUS: "1"}
+    champ = registry.champion(uri, name)
+    assert champ is not None and champ.version == "2" and champ.mlflow_run_id
+    # the decision as tags: dash → underscore, floats JSON, by and time added
+    assert champ.decision["p_value"] == "0.01" and champ.decision["by"] == "gate" and champ.decision["time"]
+    registry.promote(uri, name, "3", decision={"verdict": "promote"}, by="hand")
+    assert _aliases(uri, name) == {CHAMPION: "3", PREVIOUS: "2"}
+    # promoting the champion again moves nothing
+    registry.promote(uri, name, "3", decision={"verdict": "promote"}, by="hand")
+    assert _aliases(uri, name) == {CHAMPION: "3", PREVIOUS: "2"}
+
+
+def test_record_decision_replaces_the_previous_decision(uri: str) -> None:
+    name = _model(uri, 1)
+    registry.record_decision(
+        uri, name, "1", {"verdict": "reject", "reason": "worse", "p_value": 0.9, "by": "gate"}
+    )
+    registry.record_decision(uri, name, "1", {"verdict": "promote", "by": "hand"})
+    (ref,) = registry.versions(uri, name)
+    assert set(ref.decision) == {"verdict", "by", "time"} and ref.decision["verdict"] == "promote"
+    assert ref.tags["verl_flow.run_id"] == "r0"  # lineage tags untouched
+    assert ref.aliases == ()  # tags only
+
+
+def test_rollback_restores_previous_and_records_it(uri: str) -> None:
+    name = _model(uri, 2)
+    with pytest.raises(RegistryError, match="has no 'champion' alias"):
+        registry.rollback(uri, name)
+    registry.promote(uri, name, "1", decision={"verdict": "promote"}, by="gate")
+    with pytest.raises(RegistryError, match="has no 'previous-champion' alias"):
+        registry.rollback(uri, name)
+    registry.promote(uri, name, "2", decision={"verdict": "promote"}, by="gate")
+    restored = registry.rollback(uri, name)
+    assert restored.version == "1" and restored.decision["by"] == "rollback"
+    assert "from version 2" in restored.decision["reason"]
+    assert _aliases(uri, name) == {CHAMPION: "1"}  # previous-champion consumed: no rollback loop
+    demoted = registry.resolve(uri, f"models:/{name}/2")
+    assert demoted.tags[registry.ROLLED_BACK_TAG].endswith("to version 1")
+    assert demoted.decision["by"] == "gate"  # its own decision is kept
+
+
+def test_resolve_uris_and_clear_errors(uri: str) -> None:
+    name = _model(uri, 2)
+    registry.promote(uri, name, "2", decision={"verdict": "promote"}, by="gate")
+    assert registry.resolve(uri, f"models:/{name}@champion").version == "2"
+    assert registry.resolve(uri, f"models:/{name}/1").version == "1"
+    with pytest.raises(RegistryError, match=r"no alias 'staging' \(aliases: champion→2\)"):
+        registry.resolve(uri, f"models:/{name}@staging")
+    with pytest.raises(RegistryError, match=r"no version 9 \(versions: 1, 2\)"):
+        registry.resolve(uri, f"models:/{name}/9")
+    with pytest.raises(RegistryError, match="no registered model 'absent'"):
+        registry.resolve(uri, "models:/absent@champion")
+    with pytest.raises(RegistryError, match="expected models:/NAME@ALIAS"):
+        registry.resolve(uri, f"runs:/{name}")
+    with pytest.raises(RegistryError, match="no version 5"):
+        registry.promote(uri, name, "5", decision={}, by="hand")
+
+
+def test_model_names_lists_only_verl_flow_models(uri: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    name = _model(uri, 1)
+    MlflowClient(tracking_uri=uri).create_registered_model(f"other{name}")
+    names = registry.model_names(uri)
+    assert name in names and f"other{name}" not in names
+
+
+def test_promoted_event_payload(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a Prefect API configured the event carries name/version/previous/by; without one, none is
+    sent (only logged)."""
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        registry, "emit_promoted", lambda *a: sent.append(dict(zip(["n", "v", "p", "by"], a, strict=True)))
+    )
+    name = _model(uri, 2)
+    registry.promote(uri, name, "1", decision={}, by="gate")
+    registry.promote(uri, name, "2", decision={}, by="hand")
+    registry.rollback(uri, name)
+    assert sent == [
+        {"n": name, "v": "1", "p": None, "by": "gate"},
+        {"n": name, "v": "2", "p": "1", "by": "hand"},
+        {"n": name, "v": "1", "p": "2", "by": "rollback"},
+    ]
+
+
+def test_emit_promoted_needs_a_configured_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    import prefect.events
+    from prefect.events.worker import EventsWorker
+
+    emitted: list[dict[str, Any]] = []
+
+    def emit_event(event: str, **kw: Any) -> object:
+        emitted.append({"event": event, **kw})
+        return object()  # Prefect returns the Event it queued
+
+    monkeypatch.setattr(prefect.events, "emit_event", emit_event)
+    monkeypatch.setattr(EventsWorker, "drain_all", classmethod(lambda cls, **kw: None))
+    assert registry.emit_promoted("m", "2", "1", "hand") is None and emitted == []  # no API: nothing sent
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    sent = registry.emit_promoted("m", "2", None, "gate")
+    assert sent is not None and emitted == [{"event": "verl-flow.model.promoted", **sent}]
+    assert sent["resource"]["prefect.resource.id"] == "verl-flow.model.m"
+    assert sent["payload"] == {
+        "name": "m",
+        "version": "2",
+        "previous": "",
+        "by": "gate",
+        "model_uri": "models:/m/2",
+    }
