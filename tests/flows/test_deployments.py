@@ -234,7 +234,7 @@ def _unclaimed_dispatch_fails_in_one_line(api: str, store_url: str) -> None:
     t0 = time.monotonic()
     with temporary_settings({PREFECT_API_URL: api}), pytest.raises(StageRunError) as e:
         run_stage_deployment(
-            "export-model/gpu",
+            "export-model/export-stage",
             params,
             execution=execution,
             field="execution.export_deployment",

@@ -35,9 +35,9 @@ def test_prefect_yaml_deployments() -> None:
         ("rescore_flow", "rescore", "cpu"),
         ("replay_flow", "replay", "cpu"),
         ("rlhf_pipeline", "fork", "cpu"),
-        ("sft_flow", "gpu", "gpu"),
-        ("rl_loop", "gpu", "gpu"),
-        ("export_flow", "gpu", "gpu"),
+        ("sft_flow", "sft-stage", "gpu"),
+        ("rl_loop", "rl-loop-stage", "gpu"),
+        ("export_flow", "export-stage", "gpu"),
         ("serve_model", "serve-model", "gpu"),
     }
     for d in spec["deployments"]:

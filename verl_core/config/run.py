@@ -136,9 +136,11 @@ class ExecutionConfig(Section):
         "deployments: local paths (a file:// store, a sqlite tracking URI) are on a filesystem every "
         "worker mounts at the same path",
     )
-    sft_deployment: str = _f("sft-warmup/gpu", "deployments: the SFT warm-up flow's deployment (flow/name)")
-    rl_deployment: str = _f("rl-loop/gpu", "deployments: the RL loop flow's deployment (flow/name)")
-    export_deployment: str = _f("export-model/gpu", "deployments: the export flow's deployment (flow/name)")
+    sft_deployment: str = _f("sft-warmup/sft-stage", "deployments: the SFT warm-up flow's deployment (flow/name)")
+    rl_deployment: str = _f("rl-loop/rl-loop-stage", "deployments: the RL loop flow's deployment (flow/name)")
+    export_deployment: str = _f(
+        "export-model/export-stage", "deployments: the export flow's deployment (flow/name)"
+    )
     poll_interval_s: PositiveFloat = _f(5.0, "deployments: seconds between checks of a dispatched flow run")
     lost_after_s: PositiveFloat = _f(
         120.0,
