@@ -136,7 +136,9 @@ class ExecutionConfig(Section):
         "deployments: local paths (a file:// store, a sqlite tracking URI) are on a filesystem every "
         "worker mounts at the same path",
     )
-    sft_deployment: str = _f("sft-warmup/sft-stage", "deployments: the SFT warm-up flow's deployment (flow/name)")
+    sft_deployment: str = _f(
+        "sft-warmup/sft-stage", "deployments: the SFT warm-up flow's deployment (flow/name)"
+    )
     rl_deployment: str = _f("rl-loop/rl-loop-stage", "deployments: the RL loop flow's deployment (flow/name)")
     export_deployment: str = _f(
         "export-model/export-stage", "deployments: the export flow's deployment (flow/name)"
