@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import typer
 
+from flows.cli.browse import browse_cmd
 from flows.cli.doctor import doctor
 from flows.cli.from_verl import from_verl_cmd
+from flows.cli.models import models_cmd, promote_cmd, rollback_cmd
 from flows.cli.plan import plan_cmd
 from flows.cli.policy import eval_cmd, export_cmd
 from flows.cli.run import config_app, replay_cmd, rescore_cmd, run
 from flows.cli.runs import runs_app
-from flows.cli.serve import serve_cmd
+from flows.cli.serve import serve_app
 from flows.cli.spmd import spmd_command, spmd_follow
 
 app = typer.Typer(
@@ -43,8 +45,12 @@ app.command("export")(export_cmd)
 app.command("eval")(eval_cmd)
 app.command("rescore")(rescore_cmd)
 app.command("replay")(replay_cmd)
-app.command("serve")(serve_cmd)
+app.add_typer(serve_app, name="serve")  # serve TARGET (= serve start), serve status, serve stop
 app.command("from-verl")(from_verl_cmd)  # a verl launch script as a config
+app.command("browse")(browse_cmd)  # the rollout browser (web pages over the run's Parquet)
+app.command("models")(models_cmd)  # registered versions, champion, decisions
+app.command("promote")(promote_cmd)
+app.command("rollback")(rollback_cmd)
 
 
 def main() -> None:
