@@ -11,8 +11,9 @@ full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` q
 * weights ``P·b``; gradients ``P_t·b`` (trainable ``P_t``: all, or the LoRA adapters), alive from a
   micro-batch's backward to the optimizer step (``zero_grad(set_to_none=True)``): with several
   micro-batches per step the second's forward meets all of them; with one, only the LM head's
-  (``V·h·b``, the first computed in backward); AdamW moments ``2·P_t·b``; the step's temporaries one
-  largest tensor (``foreach=False``: one parameter at a time).
+  (``V·h·b``, the first computed in backward); AdamW moments ``2·P_t·b``; the step's temporaries:
+  none on CPU (``GradScratchAdamW`` writes ``denom`` into the gradient), else two of the largest
+  parameter (torch's ``foreach=False``: one parameter at a time; :mod:`.memory_terms`).
   Sharded (``fsdp2``; ``deepspeed`` ZeRO 1: moments, 2: + gradients, 3: + weights) they are ``/W``;
   with ``param_offload`` they move to the host's RAM.
 * mixed precision (``param_dtype`` below ``model.dtype``): autocast's compute copies of the matmul
@@ -38,9 +39,11 @@ full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` q
   ``/dev/shm`` (machine RAM) and memory-mapped by the engine one bucket file at a time while it reloads;
   vLLM's CPU backend holds its linear layers as oneDNN-packed copies and restores them in their
   loading layout to reload (``L·layer·c`` more), and its LM head twice (the embedding's and a packed one).
-* checkpoint: the trainer state (moments) serialised in memory, ``2·P_t·b`` (+ the critic's).
+* checkpoint: the policy's safetensors file as bytes, ``P·b`` (a LoRA model from scratch: its
+  adapters, and its base rebuilt and read back, ``2·P·b``); the trainer state and a critic's weights
+  are streamed to files (no copy; :mod:`.memory_terms`).
 * on CPU, :data:`CPU_HEAP_RETAINED` of an update's freed activations and logits stays resident (glibc's
-  heap) under the checkpoint's buffer, unless a weight sync trimmed it first (``malloc_trim`` before
+  heap) under the checkpoint's file bytes, unless a weight sync trimmed it first (``malloc_trim`` before
   every sync to an engine with its own weights: vLLM, an HF engine's own copy).
 * a per-process baseline: Python, torch, transformers, Prefect, MLflow, pyarrow resident (measured, see
   :data:`TRAINER_BASELINE`), vLLM's engine process and its runtime (:data:`VLLM_BASELINE`).
@@ -53,21 +56,35 @@ allows). Predicted against measured peaks: benchmarks/RESULTS.md.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from verl_core.planning.geometry import Geometry, geometry_of
+from verl_core.planning.memory_terms import (
+    CHUNK_BUFFERS,
+    DTYPE_BYTES,
+    GIB,
+    MIB,
+    Placement,
+    Trained,
+    activation_bytes,
+    activation_elements,
+    logits_bytes,
+    no_grad_layer_bytes,
+    policy_file_parts,
+    trained,
+)
+from verl_core.planning.memory_terms import part as _c
 from verl_core.planning.parts import Component, MemoryPlan, Parts, ProcessMemory
 
-__all__ = ["Component", "MemoryPlan", "ProcessMemory", "plan_memory"]
+__all__ = [
+    "GIB", "Component", "MemoryPlan", "ProcessMemory", "activation_bytes", "activation_elements",
+    "no_grad_layer_bytes", "plan_memory",
+]  # fmt: skip
 
 if TYPE_CHECKING:
     from verl_core.config.schema import VerlFlowConfig
 
-GIB = 1 << 30
-MIB = 1 << 20
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Resident set of the trainer process with a model of a few hundred kB (the quickstart's size):
 # Python, torch, transformers, Prefect, MLflow, pyarrow, the tokenizer; peak VmRSS of a measured run
 # on CPU (benchmarks/plan_vs_peaks.py, figures in benchmarks/RESULTS.md).
@@ -81,8 +98,6 @@ PREFECT_SERVER = 200 * MIB
 CUDA_CONTEXT = 512 * MIB
 # vLLM's sampler: float32 logits and probabilities of its largest batch (max_num_seqs sequences)
 VLLM_MAX_NUM_SEQS = 256
-# float32 (C, V) buffers a log-prob chunk holds at once (see the module docstring)
-CHUNK_BUFFERS = 4
 # Share of an update's freed activations and logits that stays in a CPU process's resident set into the
 # phases after it: glibc keeps freed heap pages (medium tensors come from its heap once its mmap
 # threshold has risen) and returns them only on malloc_trim. The checkpoint's and the weight sync's
@@ -90,128 +105,6 @@ CHUNK_BUFFERS = 4
 # 0.78 on the 135M PPO run before the sync trimmed the heap (benchmarks/plan_vs_peaks.py), 0.4 on a 49M
 # update alone; 0.75 here.
 CPU_HEAP_RETAINED = 0.75
-
-
-# -- the formulas ------------------------------------------------------------------------------
-
-
-def activation_elements(g: Geometry) -> int:
-    """``A``: elements one decoder layer saves for backward per token (module docstring)."""
-    d = g.head_dim
-    return 2 * 3 * g.hidden_size + 3 * g.num_heads * d + 2 * g.num_kv_heads * d + 4 * g.intermediate_size
-
-
-def activation_bytes(g: Geometry, tokens: int, c: int, *, checkpointed: bool) -> int:
-    """Saved activations of a ``tokens``-token micro-batch: ``T·(L·A + 3h)`` elements, the norms' at 4
-    bytes, the others at ``c``; checkpointed ``T·(L·h + A + 3h)`` (each layer's input, one layer
-    recomputed in backward). ``3h``: the final norm's input, normalised and scaled outputs."""
-    norms = 2 * 3 * g.hidden_size  # fp32 whatever c is
-    per_layer = norms * 4 + (activation_elements(g) - norms) * c
-    final = 3 * g.hidden_size * 4
-    if checkpointed:
-        return tokens * (g.num_layers * g.hidden_size * 4 + per_layer + final)
-    return tokens * (g.num_layers * per_layer + final)
-
-
-def no_grad_layer_bytes(g: Geometry, tokens: int, c: int) -> int:
-    """One layer's intermediates of a no-grad forward, plus the hidden stream: ``T·(3I + 4h)·c``."""
-    return tokens * (3 * g.intermediate_size + 4 * g.hidden_size) * c
-
-
-def chunk_tokens(vocab: int) -> int:
-    """Tokens per LM-head chunk as :class:`verl_core.models.packed.PackedCausalLM` runs them."""
-    from verl_core.models import packed
-
-    default = int(inspect.signature(packed.PackedCausalLM).parameters["chunk_size"].default)
-    rule = getattr(packed, "logits_chunk_tokens", None)
-    return int(rule(default, vocab)) if rule is not None else default
-
-
-def logits_bytes(vocab: int, response_tokens: int, *, grad: bool) -> int:
-    """Float32 logits of the chunked log-probs (module docstring)."""
-    from verl_core.models.packed import _KEEP_LOGITS_ELEMENTS
-
-    chunk = CHUNK_BUFFERS * min(chunk_tokens(vocab), max(1, response_tokens)) * vocab * 4
-    if grad and response_tokens * vocab <= _KEEP_LOGITS_ELEMENTS:
-        return max(chunk, 4 * response_tokens * vocab * 4)
-    return chunk
-
-
-def _c(name: str, nbytes: float, formula: str, shared: bool = False) -> Component:
-    return Component(name, int(nbytes), formula, shared)
-
-
-@dataclass(frozen=True)
-class _Trained:
-    """What one trained model (actor, critic, SFT policy) holds: on its device, offloaded to the host,
-    and added during an update (gradients, compute copies, step temporaries)."""
-
-    device: Parts
-    host: Parts
-    grads: Component  # all gradients, from the first backward to the optimizer step
-    head_grad: Component  # the LM head's, allocated first in a backward (the critic: none)
-    step: Component  # the optimizer step's temporaries
-    extras: Parts  # compute copies, gathered units: through forward and backward
-
-    def update(self, saved: Parts, several: bool) -> Parts:
-        """What an update holds at its peak beside the resident state, ``saved`` being a micro-batch's
-        activations: with ``several`` micro-batches per optimizer step the second runs forward beside
-        the first's gradients (all of them); with one, gradients are freed after each step
-        (``set_to_none``), so the peak is the larger of the forward-backward (activations and the LM
-        head's gradient) and the step (all gradients and its temporaries)."""
-        if several:
-            return (self.grads, self.step, *self.extras, *saved)
-        fwd = (self.head_grad, *self.extras, *saved)
-        step = (self.grads, self.step, *self.extras)
-        return max(fwd, step, key=lambda parts: sum(c.nbytes for c in parts))
-
-
-@dataclass(frozen=True)
-class _Placement:
-    strategy: str  # "single" | "fsdp2" | "deepspeed"
-    zero_stage: int
-    offload: bool
-    world: int
-
-    def shards(self) -> tuple[int, int, int]:
-        """Divisors of the weights, the gradients and the moments."""
-        w, fsdp, ds = self.world, self.strategy == "fsdp2", self.strategy == "deepspeed"
-        return (
-            w if fsdp or (ds and self.zero_stage == 3) else 1,
-            w if fsdp or (ds and self.zero_stage >= 2) else 1,
-            w if fsdp or ds else 1,
-        )
-
-
-def _trained(
-    label: str,
-    g: Geometry,
-    frozen: float,
-    trainable: int,
-    matmul: int,
-    b: int,
-    c: int,
-    at: _Placement,
-    head: int,
-) -> _Trained:
-    """Weights (``frozen`` bytes + ``trainable``·b), AdamW moments, gradients of one model, sharded by
-    its placement, on the host with ``offload``; ``head``: trainable parameters of its LM head."""
-    sw, sg, so = at.shards()
-    weights = _c(f"{label} weights", (frozen + trainable * b) / sw, f"P·b/{sw}, P_t = {trainable:,}, b = {b}")
-    moments = _c(f"{label} AdamW moments", 2 * trainable * b / so, f"2·P_t·b/{so}")
-    largest = min(trainable, max(g.embedding_params, g.hidden_size * g.intermediate_size))
-    grads = _c(f"{label} gradients", trainable * b / sg, f"P_t·b/{sg}")
-    head_grad = _c(f"{label} LM head gradient", head * b / sg, f"V·h·b/{sg} (first in backward)")
-    step = _c(f"{label} optimizer step temporaries", largest * b, f"largest tensor {largest:,}·b")
-    extras = []
-    if c < b:
-        extras.append(_c(f"{label} compute copies", matmul * c / sw, f"N·c = {matmul:,}·{c} (autocast)"))
-    if sw > 1:  # FSDP2 all-gathers the root (embedding, head) and a layer or two in the compute dtype
-        gathered = (g.embedding_params + 2 * g.layer_params) * c
-        extras.append(_c(f"{label} gathered units", gathered, "(V·h + 2 layers)·c"))
-    held = (weights, moments)
-    device, host = ((), held) if at.offload else (held, ())
-    return _Trained(device, host, grads, head_grad, step, tuple(extras))
 
 
 @dataclass(frozen=True)
@@ -282,17 +175,17 @@ def plan_memory(
     return MemoryPlan(tuple(procs), g)
 
 
-def _policy(cfg: VerlFlowConfig, run: _Run, label: str) -> _Trained:
+def _policy(cfg: VerlFlowConfig, run: _Run, label: str) -> Trained:
     """The actor (or the SFT policy): full fine-tuning, or a frozen base (quantized with QLoRA) and
     LoRA adapters."""
     m, a, g = cfg.model, cfg.actor, run.g
-    at = _Placement(a.strategy, a.zero_stage, a.param_offload, run.world)
+    at = Placement(a.strategy, a.zero_stage, a.param_offload, run.world, run.gpu)
     if not m.lora_rank:
-        return _trained(label, g, 0, g.n_params, g.matmul_params, run.b, run.c, at, g.embedding_params)
+        return trained(label, g, 0, g.n_params, g.matmul_params, run.b, run.c, at, g.embedding_params)
     frozen: float = g.n_params * run.b
     if m.quantization is not None:  # the layers' weights in ``bits``, the embedding in the compute dtype
         frozen = g.num_layers * g.layer_params * m.quantization.bits / 8 + g.embedding_params * run.c
-    return _trained(label, g, frozen, g.lora_params(m.lora_rank), g.matmul_params, run.b, run.c, at, 0)
+    return trained(label, g, frozen, g.lora_params(m.lora_rank), g.matmul_params, run.b, run.c, at, 0)
 
 
 def _trainer(cfg: VerlFlowConfig, run: _Run) -> tuple[Parts, Parts, dict[str, Parts], dict[str, Parts]]:
@@ -312,8 +205,8 @@ def _trainer(cfg: VerlFlowConfig, run: _Run) -> tuple[Parts, Parts, dict[str, Pa
     if cfg.use_critic:  # the policy's backbone and a head h → 1, no LM head
         n_c = g.n_params - (0 if g.tied_embeddings else g.embedding_params) + g.hidden_size + 1
         c_c = DTYPE_BYTES[cr.mixed_precision.param_dtype or m.dtype]
-        at = _Placement(cr.strategy, cr.zero_stage, cr.param_offload, run.world)
-        critic = _trained("critic", g, 0, n_c, g.matmul_params - g.embedding_params, run.b, c_c, at, 0)
+        at = Placement(cr.strategy, cr.zero_stage, cr.param_offload, run.world, run.gpu)
+        critic = trained("critic", g, 0, n_c, g.matmul_params - g.embedding_params, run.b, c_c, at, 0)
         resident, host = [*resident, *critic.device], [*host, *critic.host]
     if ro.name == "hf" and (not ro.share_weights or cfg.trainer.rollout_ahead):
         resident.append(_c("HF engine's own copy", g.n_params * run.c, "P·c"))
@@ -359,9 +252,12 @@ def _trainer(cfg: VerlFlowConfig, run: _Run) -> tuple[Parts, Parts, dict[str, Pa
             phases[phase] = (*device_side, *parts)
 
     moments = sum(c.nbytes for c in (*resident, *host) if "moments" in c.name)
-    state = _c("serialised trainer state", moments, "the moments, in memory")
-    gathered = (_c("moments gathered to the host", moments, "cpu_offload"),) if run.gpu else ()
-    on_host("checkpoint", (*resident, *held), *gathered, state)
+    # a sharded engine gathers the full moments to rank 0's host; one GPU's torch.save copies one
+    # storage at a time to the host as it writes
+    sharded = run.gpu and run.world > 1
+    gathered = (_c("moments gathered to the host", moments, "full state dict"),) if sharded else ()
+    files = policy_file_parts(g, run.b, m.lora_rank, m.init == "scratch")  # the rest streams
+    on_host("checkpoint", (*resident, *held), *gathered, *files)
     if ro.name == "vllm" or (ro.name == "auto" and run.gpu):
         bucket = min(ro.weight_sync_bucket_mb * MIB, _staged_bytes(run))
         on_host(
@@ -377,9 +273,8 @@ def _trainer(cfg: VerlFlowConfig, run: _Run) -> tuple[Parts, Parts, dict[str, Pa
         phases["sft"] = (*dev0, *sft.device, *sft.update(saved, several))
         kept = () if run.gpu else (_c("heap kept from the step", CPU_HEAP_RETAINED * _freed(saved), "glibc"),)
         sft_moments = 2 * sft.grads.nbytes
-        sft_state = _c("serialised trainer state", sft_moments, "the moments, in memory")
-        sft_gathered = (_c("moments gathered to the host", sft_moments, "cpu_offload"),) if run.gpu else ()
-        on_host("sft checkpoint", (*dev0, *sft.device, *kept), *sft_gathered, sft_state)
+        sft_gathered = (_c("moments gathered to the host", sft_moments, "full state dict"),) if sharded else ()
+        on_host("sft checkpoint", (*dev0, *sft.device, *kept), *sft_gathered, *files)
     return tuple(resident), tuple(host), phases, host_phases
 
 

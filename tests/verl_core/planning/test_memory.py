@@ -14,6 +14,7 @@ from verl_core.planning.geometry import Geometry, geometry_of
 from verl_core.planning.memory import (
     GIB,
     TRAINER_BASELINE,
+    ProcessMemory,
     activation_bytes,
     activation_elements,
     no_grad_layer_bytes,
@@ -175,15 +176,76 @@ def test_on_a_gpu_vllm_takes_its_share_awake_and_the_checkpoint_lives_in_host_ra
     # awake (generation, reload): 0.4 × 80 GiB = 32 GiB; asleep during the updates: its CUDA context
     assert engine.at("generate") == int(0.4 * 80 * GIB)
     assert engine.at("actor update") < GIB
-    # the checkpoint serialises the moments in the host's RAM (gathered there first), not on the GPU
+    # the checkpoint's policy file (as bytes) is in the host's RAM, not on the GPU; one GPU's trainer
+    # state streams to its file one storage at a time: no moments gathered to the host
     on_gpu, on_host = by_name["trainer"].components("checkpoint"), by_name["trainer, host RAM"]
-    assert not any("serialised" in c.name for c in on_gpu)
-    moments = sum(c.nbytes for c in on_gpu if "moments" in c.name)
-    assert (
-        sum(
-            c.nbytes
-            for c in on_host.components("checkpoint")
-            if c.name != "baseline (Python, torch, libraries)"
-        )
-        == 2 * moments
+    assert not any("file" in c.name for c in on_gpu)
+    assert {c.name: c.nbytes for c in on_host.components("checkpoint")} == {
+        "baseline (Python, torch, libraries)": TRAINER_BASELINE,
+        "policy file as bytes": 4 * geometry_of(cfg.model).n_params,
+    }
+
+
+# TINY's parameters by hand: embedding V·h = 32·8 = 256 (tied); a layer: q 8·8 + 8, k and v 8·4 + 4
+# each, o 8·8, gate/up/down 3·8·16, two norms 2·8: 72 + 72 + 64 + 384 + 16 = 608; 2 layers + the
+# final norm 8: P = 256 + 1,216 + 8 = 1,480. LoRA r=4 on the 7 linear maps, (in + out)·r each:
+# q, o (16·4 = 64), k, v (12·4 = 48), gate, up, down (24·4 = 96): 512 a layer, P_a = 1,024.
+
+
+def _trainer(*overrides: str) -> ProcessMemory:
+    plan = plan_memory(_cfg(*overrides), TINY)
+    return next(p for p in plan.processes if p.name == "trainer")
+
+
+def _added(trainer: ProcessMemory, phase: str) -> dict[str, int]:
+    """What ``phase`` holds beyond the resident state (the idle components)."""
+    idle = {c.name for c in trainer.idle}
+    return {c.name: c.nbytes for c in trainer.components(phase) if c.name not in idle}
+
+
+def test_a_checkpoint_holds_the_policy_file_as_bytes_and_streams_the_trainer_state() -> None:
+    # the quickstart (HF engine sharing the live module: no trim, the update's heap is kept): the
+    # policy's safetensors file read back as bytes, P·b = 1,480·4 = 5,920; the moments (2·P·4 =
+    # 11,840 for the actor, the critic's too) stream to their file: no copy of them is counted
+    added = _added(_trainer(), "checkpoint")
+    assert added.pop("policy file as bytes") == 5_920
+    assert set(added) == {"heap kept from the update"}
+    # vLLM: the sync trimmed the heap; only the file's bytes are added
+    assert _added(_trainer("rollout.name=vllm"), "checkpoint") == {"policy file as bytes": 5_920}
+
+
+def test_a_scratch_lora_checkpoint_rebuilds_its_base_and_reads_it_back() -> None:
+    # adapters P_a·4 = 4,096; the plain base module and its file's bytes, P·4 = 5,920 each, at once
+    added = _added(_trainer("rollout.name=vllm", "model.lora_rank=4"), "checkpoint")
+    assert added == {"adapter file as bytes": 4_096, "plain base module": 5_920, "base file as bytes": 5_920}
+
+
+def test_the_sft_checkpoint_counts_the_same_file_not_its_moments() -> None:
+    added = _added(_trainer("rollout.name=vllm", "sft.enable=true"), "sft checkpoint")
+    assert added["policy file as bytes"] == 5_920
+    assert not any("serialised" in name or "trainer state" in name for name in added)
+
+
+def test_adamw_step_temporaries_on_cpu_none_elsewhere_two_of_the_largest_parameter() -> None:
+    # CPU, one process: GradScratchAdamW writes denom into the gradient, no temporary
+    cpu = _trainer("rollout.name=vllm")
+    assert not any("temporaries" in c.name for ph in cpu.phases for c in cpu.components(ph))
+    # a GPU: torch's single-tensor AdamW, sqrt(v) and its quotient of the largest parameter, the
+    # embedding's V·h = 256 > h·I = 128: 2·256·4 = 2,048 bytes
+    gpu = _trainer("rollout.name=vllm", "trainer.device=cuda")
+    step = {c.name: c.nbytes for c in gpu.components("actor update") if "temporaries" in c.name}
+    assert step == {"actor optimizer step temporaries": 2_048}
+
+
+def test_05b_ppo_with_a_critic_is_no_longer_refused_on_20_gib() -> None:
+    # full fine-tuning PPO + critic at 0.5B (scale_0.5b_cpu, SFT off, no reference): its floor was
+    # 24.5 GiB at the checkpoint when the moments (3.7 GiB per model) were counted serialised again;
+    # streamed, the checkpoint adds the policy file (P·4 = 494.0M·4 = 1.84 GiB): under 20 GiB + 15%
+    cfg = _cfg(
+        *("algorithm.adv_estimator=gae", "actor.use_kl_loss=false", "sft.enable=false"),
+        config="scale_0.5b_cpu.yaml",
     )
+    capacity = Capacity({"cpu": 20 * GIB}, {"cpu": "given"})
+    assert not any(s.refused for s in shortfalls(plan_memory(cfg, floor=True), capacity))
+    trainer = next(p for p in plan_memory(cfg, floor=True).processes if p.role == "trainer")
+    assert _added(trainer, "checkpoint") == {"policy file as bytes": 4 * geometry_of(cfg.model).n_params}
