@@ -273,7 +273,7 @@ def _trainer(cfg: VerlFlowConfig, run: _Run) -> tuple[Parts, Parts, dict[str, Pa
         phases["sft"] = (*dev0, *sft.device, *sft.update(saved, several))
         kept = () if run.gpu else (_c("heap kept from the step", CPU_HEAP_RETAINED * _freed(saved), "glibc"),)
         sft_moments = 2 * sft.grads.nbytes
-        sft_gathered = (_c("moments gathered to the host", sft_moments, "full state dict"),) if sharded else ()
+        sft_gathered = (_c("moments gathered to the host", sft_moments, "state dict"),) if sharded else ()
         on_host("sft checkpoint", (*dev0, *sft.device, *kept), *sft_gathered, *files)
     return tuple(resident), tuple(host), phases, host_phases
 
