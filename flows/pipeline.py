@@ -28,6 +28,7 @@ from stages.eval import evaluate
 from stages.floor.artifacts import export_source
 from stages.floor.logging import timed, watched
 from stages.floor.parent import check_parent
+from stages.floor.registry import start_from
 from stages.floor.reports import read_eval_report, sft_step_count
 from stages.preprocess import preprocess
 from stages.report import report
@@ -41,9 +42,11 @@ from verl_core.store import ArtifactStore
 
 
 @task(name="start-run")
-def start_run_task(cfg: VerlFlowConfig, run_id: str | None) -> RunContext:
-    """Write run.json and create or resume the MLflow run."""
-    return start_run(cfg, run_id)
+def start_run_task(
+    cfg: VerlFlowConfig, run_id: str | None, origin: dict[str, Any] | None = None
+) -> RunContext:
+    """Write run.json (with ``origin``: what the run started from) and create or resume the MLflow run."""
+    return start_run(cfg, run_id, origin)
 
 
 @task(name="finish-run")
@@ -80,10 +83,11 @@ def rlhf_pipeline(
     cfg = with_overrides(base, [*(overrides or []), *(edits or [])])
     snapshot = resolve_snapshot(cfg.data)
     cfg = cfg.model_copy(update={"data": snapshot.data})
+    cfg, origin = start_from(cfg, snapshot.path)  # retrain.start_from: the champion's export, or the config
     s = cfg.store
     store = ArtifactStore(s.url, max_attempts=s.max_attempts, outage_budget_s=s.outage_budget_s)
     check_parent(store, cfg, run_id or default_run_id(cfg))  # a fork or replay: before any work
-    ctx = start_run_task(cfg, run_id)
+    ctx = start_run_task(cfg, run_id, origin)
     get_run_logger().info(
         "run %s (%s mode), artifacts under %s/runs/%s",
         ctx.run_id,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stages.floor.logging import stage_logger
@@ -298,3 +299,84 @@ def emit_promoted(name: str, version: str, previous: str | None, by: str) -> dic
         EventsWorker.drain_all(timeout=30.0, at_exit=False)
     log.info("registry: sent %s for %s/%s to %s", PROMOTED_EVENT, name, version, api.url)
     return {"resource": resource, "payload": payload}
+
+
+# --------------------------------------------------------------------------------------------------
+# retrain.start_from
+
+
+def start_from(
+    cfg: VerlFlowConfig, data_snapshot: str | None
+) -> tuple[VerlFlowConfig, dict[str, Any] | None]:
+    """The config a run starts with and its ``origin`` record for run.json (None: nothing to record,
+    ``start_from=config`` without a data snapshot, so that run.json stays as it was).
+
+    ``retrain.start_from=champion``: the champion's export directory (an HF model dir in the store,
+    tokenizer and chat template included) becomes the initial model (``model.path``,
+    ``model.init=pretrained``; the reference policy with it) and SFT is skipped (the champion holds
+    the warm-up). A fork of the champion's checkpoint (``parent``) is not used: a fork continues its
+    parent's iteration count, prompt cursor and optimizer state on the parent's data, while a nightly
+    run trains the configured iterations on a new snapshot (and a scratch-tokenizer config trains a
+    new vocabulary on it); the export needs none of that and is what the registry points at. Without
+    a champion yet (the first night) the run starts from the config's model."""
+    origin: dict[str, Any] = {"data_snapshot": data_snapshot} if data_snapshot else {}
+    if cfg.retrain.start_from == "config":
+        return cfg, ({"start_from": "config", **origin} if origin else None)
+    from verl_core.config import with_overrides
+    from verl_core.errors import ConfigError
+    from verl_core.runtime.tracking import default_tracking_uri
+    from verl_core.store import ArtifactStore
+
+    t = cfg.tracking
+    if not (t.enabled and "mlflow" in t.backends):
+        raise ConfigError(
+            "retrain.start_from=champion: needs MLflow's registry "
+            "(tracking.enabled, 'mlflow' in tracking.backends)"
+        )
+    name = registered_name(cfg)
+    ref = champion(t.uri or default_tracking_uri(cfg.store.url), name)
+    if ref is None:
+        stage_logger(__name__).info(
+            "retrain.start_from=champion: %s has no champion yet, the config's model starts", name
+        )
+        return cfg, {"start_from": "config", "reason": f"no champion of {name} yet", **origin}
+    store = ArtifactStore(
+        cfg.store.url, max_attempts=cfg.store.max_attempts, outage_budget_s=cfg.store.outage_budget_s
+    )
+    export_uri, path = champion_export(store, ref)
+    started = with_overrides(cfg, [f"model.path={path}", "model.init=pretrained", "sft.enable=false"])
+    stage_logger(__name__).info("retrain.start_from=champion: %s (%s) starts the run", ref.uri, path)
+    return started, {
+        "start_from": "champion",
+        "model_uri": ref.uri,
+        "mlflow_run_id": ref.mlflow_run_id,
+        "run_id": ref.tags.get(RUN_ID_TAG),
+        "export_uri": export_uri,
+        "model_path": path,
+        **origin,
+    }
+
+
+def champion_export(store: Any, ref: ModelVersionRef) -> tuple[str, str]:
+    """The export manifest URI of a registered version (its ``verl_flow.export_uri`` tag, else its
+    run id and source stage tags) and its model directory in the (local) store."""
+    from stages.floor.artifacts import MODEL_PREFIX
+    from stages.floor.locations import export_stage
+    from verl_core.errors import ConfigError
+
+    uri = ref.tags.get(EXPORT_URI_TAG)
+    if not uri:
+        run, stage = ref.tags.get(RUN_ID_TAG), ref.tags.get("verl_flow.source_stage")
+        if not run or not stage:
+            raise RegistryError(
+                f"{ref.uri}: no {EXPORT_URI_TAG} tag nor run id and source stage tags: not a verl-flow export"
+            )
+        uri = store.manifest_uri(run, export_stage(stage))
+    if not store.url.startswith("file://"):
+        raise ConfigError(
+            f"retrain.start_from=champion: the champion's export is in {store.url}, not a local directory; "
+            f"copy it (verl-flow export RUN --to DIR) and set model.path=DIR instead"
+        )
+    manifest = store.read_manifest(uri)
+    config = store.file_uri(manifest, f"{MODEL_PREFIX}/config.json")
+    return uri, str(Path(config.removeprefix("file://")).parent)

@@ -175,3 +175,62 @@ def test_emit_promoted_needs_a_configured_api(monkeypatch: pytest.MonkeyPatch) -
         "by": "gate",
         "model_uri": "models:/m/2",
     }
+
+
+def _config(tmp_path: Path, uri: str, name: str, start_from: str) -> Any:
+    overrides = [f"store.url={tmp_path / 'store'}", f"tracking.uri={uri}", f"retrain.start_from={start_from}"]
+    return load_config("configs/quickstart.yaml", [*overrides, f"export.registered_model_name={name}"])
+
+
+def test_start_from_config_records_only_a_snapshot(tmp_path: Path, uri: str) -> None:
+    cfg = _config(tmp_path, uri, "unused", "config")
+    assert registry.start_from(cfg, None) == (cfg, None)  # run.json as it always was
+    assert registry.start_from(cfg, "/snap/2026-11-28") == (
+        cfg,
+        {"start_from": "config", "data_snapshot": "/snap/2026-11-28"},
+    )
+
+
+def test_start_from_champion_uses_its_export(tmp_path: Path, uri: str) -> None:
+    """No champion: the config's model (night 1). A champion: its export dir in the store is the
+    initial model, pretrained, no SFT; the origin names the version and the snapshot."""
+    from mlflow.tracking import MlflowClient
+
+    from verl_core.store import ArtifactStore
+
+    name = _model(uri, 0)
+    cfg = _config(tmp_path, uri, name, "champion")
+    same, origin = registry.start_from(cfg, "/snap/1")
+    assert same == cfg and origin == {
+        "start_from": "config",
+        "reason": f"no champion of {name} yet",
+        "data_snapshot": "/snap/1",
+    }
+    store = ArtifactStore(cfg.store.url)
+    stage = store.open_stage("night1", "export/iter-0002", params={})
+    stage.write_bytes("model/config.json", b"{}")
+    export_uri = stage.commit(summary={})
+    client = MlflowClient(tracking_uri=uri)
+    tags = {"verl_flow.run_id": "night1", "verl_flow.source_stage": "ckpt/iter-0002"}
+    client.create_model_version(name, source="/fake", tags=tags)
+    registry.promote(uri, name, "1", decision={"verdict": "promote"}, by="gate")
+
+    started, origin = registry.start_from(cfg, "/snap/2")
+    model_dir = Path(store.file_uri(store.read_manifest(export_uri), "model/config.json")[7:]).parent
+    assert (started.model.path, started.model.init, started.sft.enable) == (
+        str(model_dir),
+        "pretrained",
+        False,
+    )
+    assert origin is not None and origin["model_uri"] == f"models:/{name}/1"
+    assert (origin["start_from"], origin["run_id"], origin["export_uri"]) == (
+        "champion",
+        "night1",
+        export_uri,
+    )
+    assert origin["data_snapshot"] == "/snap/2"
+    # run.json keeps it (and a record written without one has no origin key at all)
+    store.write_run_record("night2", {}, "h", origin)
+    assert store.read_run_record("night2").origin == origin
+    store.write_run_record("plain", {}, "h")
+    assert "origin" not in (Path(str(tmp_path / "store")) / "runs" / "plain" / "run.json").read_text()

@@ -102,6 +102,15 @@ class ExportConfig(Section):
     )
 
 
+class RetrainConfig(Section):
+    start_from: Literal["config", "champion"] = _f(
+        "config",
+        "Initial model of the run: the config's model section, or the registered model's current "
+        "champion (its export as model.path, SFT skipped; the config's model when there is no champion "
+        "yet); what the run started from is recorded in run.json (origin)",
+    )
+
+
 class EvalConfig(Section):
     enable: bool = _f(True, "Evaluate the exported policy as the pipeline's last stage")
     max_samples: NonNegInt = _f(0, "Evaluate at most this many held-out prompts (0: all)")

@@ -25,6 +25,7 @@ from verl_core.config.run import (
     ExecutionConfig,
     ExportConfig,
     ParentConfig,
+    RetrainConfig,
     SandboxConfig,
     StoreConfig,
     TrackingConfig,
@@ -58,6 +59,7 @@ class VerlFlowConfig(Section):
     store: StoreConfig = _f(StoreConfig(), "Artifact store")
     tracking: TrackingConfig = _f(TrackingConfig(), "Experiment tracking (MLflow, W&B)")
     export: ExportConfig = _f(ExportConfig(), "Merged HF model export and registry")
+    retrain: RetrainConfig = _f(RetrainConfig(), "What a scheduled retraining starts from")
     eval: EvalConfig = _f(EvalConfig(), "Evaluation of the exported policy")
     execution: ExecutionConfig = _f(ExecutionConfig(), "Where stages run")
     sandbox: SandboxConfig = _f(SandboxConfig(), "Untrusted code: the code scorer and the python tool")

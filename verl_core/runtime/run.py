@@ -103,9 +103,11 @@ def family_tags(cfg: VerlFlowConfig) -> dict[str, str]:
     return tags
 
 
-def start_run(cfg: VerlFlowConfig, run_id: str | None = None) -> RunContext:
-    """Write ``run.json`` (resolved config, hash, code version) and create/resume the MLflow and W&B
-    runs of ``tracking.backends``."""
+def start_run(
+    cfg: VerlFlowConfig, run_id: str | None = None, origin: dict[str, Any] | None = None
+) -> RunContext:
+    """Write ``run.json`` (resolved config, hash, code version, ``origin``: what the run started from)
+    and create/resume the MLflow and W&B runs of ``tracking.backends``."""
     run_id = run_id or default_run_id(cfg)
     if cfg.tracking.enabled and "wandb" in cfg.tracking.backends:
         require_wandb()  # before any work: one line naming the fix
@@ -114,15 +116,17 @@ def start_run(cfg: VerlFlowConfig, run_id: str | None = None) -> RunContext:
     )
     acquire_run_lease(store, run_id, cfg.store.lease_ttl_s)  # refuses a run id another process holds
     try:
-        return _start(cfg, store, run_id)
+        return _start(cfg, store, run_id, origin)
     except BaseException:
         release_run_lease(store.url, run_id)
         raise
 
 
-def _start(cfg: VerlFlowConfig, store: ArtifactStore, run_id: str) -> RunContext:
+def _start(
+    cfg: VerlFlowConfig, store: ArtifactStore, run_id: str, origin: dict[str, Any] | None = None
+) -> RunContext:
     config_hash = cfg.config_hash()
-    store.write_run_record(run_id, config_dump(cfg), config_hash)
+    store.write_run_record(run_id, config_dump(cfg), config_hash, origin)
     tracking_uri = mlflow_run_id = None
     tags = {"verl_flow.config_hash": config_hash, "verl_flow.store": store.url, **family_tags(cfg)}
     if cfg.tracking.enabled and "mlflow" in cfg.tracking.backends:

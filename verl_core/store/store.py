@@ -88,6 +88,7 @@ class RunRecord:
     code_version: str
     created_at: str
     updated_at: str
+    origin: dict[str, Any] | None = None  # what the run started from (retrain.start_from), its data snapshot
 
 
 class ArtifactStore:
@@ -158,15 +159,19 @@ class ArtifactStore:
         return bool(self.fs.exists(path))
 
     # -------------------------------------------------------------------------------- runs
-    def write_run_record(self, run_id: str, config: dict[str, Any], config_hash: str) -> RunRecord:
-        """Create or update ``runs/{run_id}/run.json`` (created_at is kept across reruns)."""
+    def write_run_record(
+        self, run_id: str, config: dict[str, Any], config_hash: str, origin: dict[str, Any] | None = None
+    ) -> RunRecord:
+        """Create or update ``runs/{run_id}/run.json`` (created_at is kept across reruns; ``origin``
+        written only when given)."""
         path = posixpath.join(self.run_dir(run_id), "run.json")
         now = _now()
         created = now
         if self.exists(path):
             created = self.read_run_record(run_id).created_at
-        record = RunRecord(run_id, config, config_hash, code_version(), created, now)
-        self.put_atomic(path, json.dumps(record.__dict__, indent=2, sort_keys=True).encode())
+        record = RunRecord(run_id, config, config_hash, code_version(), created, now, origin)
+        fields = {k: v for k, v in record.__dict__.items() if k != "origin" or v is not None}
+        self.put_atomic(path, json.dumps(fields, indent=2, sort_keys=True).encode())
         return record
 
     def read_run_record(self, run_id: str) -> RunRecord:
