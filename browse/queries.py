@@ -17,12 +17,42 @@ A sample's id is ``"{group_id}:{sample_index}"`` (unique within a set).
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+import duckdb
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
-SampleKind = Literal["train", "val", "eval"]
+from browse.garbled import garbled_reasons
+from browse.sets import SampleKind, SampleSet, list_sets
+from browse.sql import order_clause, set_query, where_clause
+from stages.floor.locations import REPORT, rescore_report_stage
+from stages.floor.parent import run_link
+from stages.floor.reports import collect_series
+from stages.floor.rescore import list_rescores
+from verl_core.config import validate_config
+from verl_core.config.loader import flatten_config
+from verl_core.errors import ArtifactNotFoundError, VerlFlowError
+from verl_core.store import ArtifactStore, Manifest
+
+__all__ = ["SAMPLE_COLUMNS", "TOKEN_COLUMNS", "Catalog", "SampleFilter", "SampleKind"]
+
+MANIFEST_TTL_S = 5.0  # a run's manifests are listed again after this long (a run still writing)
+# The iteration chart's names for the logged metrics (the first one a run has)
+ITERATION_METRICS = {
+    "reward_mean": ("critic/score/mean",),
+    "accuracy": ("reward/accuracy",),
+    "kl": ("critic/kl", "actor/kl_loss"),  # KL to the reference: in the reward, or as a loss
+    "ppo_kl": ("actor/ppo_kl",),  # KL of the update to the rollout policy
+    "response_length_mean": ("response_length/mean",),
+    "clip_frac": ("actor/pg_clipfrac",),
+    "truncated_frac": ("response_length/clip_ratio",),
+    "val_accuracy": ("val/accuracy",),
+}
 
 # Columns of Catalog.samples / Catalog.group (one row per sample)
 SAMPLE_COLUMNS = (
@@ -80,33 +110,109 @@ class SampleFilter:
 
 
 class Catalog:
-    """The runs of one store, read-only. ``run_ids``: only these runs (None: all of the store's)."""
+    """The runs of one store, read-only. ``run_ids``: only these runs (None: all of the store's).
+
+    A sample set is read once from its Parquet files (DuckDB, the token lists left out) into a
+    table of an in-memory DuckDB database, and every filter, sort and page is a query of that
+    table; committed files never change, so the table is kept (keyed by the rollouts file).
+    Thread-safe: each query runs on a cursor of its own."""
 
     def __init__(self, store_url: str, run_ids: list[str] | None = None) -> None:
-        raise NotImplementedError
+        self.store = ArtifactStore(store_url)
+        self.run_ids = list(run_ids) if run_ids else None
+        self._db = duckdb.connect(":memory:")
+        if not self.store.url.startswith("file://"):
+            self._db.register_filesystem(self.store.fs)  # s3:// paths read through the store's fsspec
+        self._lock = threading.Lock()
+        self._tables: dict[str, str] = {}  # rollouts file → table name
+        self._garbled: set[str] = set()  # tables whose garbled column is filled
+        self._manifests: dict[str, tuple[float, list[Manifest]]] = {}
+        self._tokenizers: dict[str, Any] = {}
 
+    # ---------------------------------------------------------------------------------------- runs
     def runs(self) -> pd.DataFrame:
         """One row per run: run_id, experiment, status ("finished": report committed, else
         "running or stopped"), stages, config_hash, created, updated, parent, link_kind
         ("run" | "fork" | "replay"), parent_iteration, iterations, reward_mean, accuracy,
-        val_accuracy (the last of each), mlflow_run_url, prefect_flow_run_url (None when unknown)."""
-        raise NotImplementedError
+        val_accuracy (the last of each), mlflow_run_url, prefect_flow_run_url (None: the store
+        does not record them)."""
+        rows = []
+        for run_id in self.run_ids or self.store.list_runs():
+            try:
+                rec = self.store.read_run_record(run_id)
+                manifests = self.manifests(run_id)
+            except VerlFlowError:
+                continue
+            link = run_link(run_id, rec.config)
+            last = self.iterations(run_id)
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "experiment": rec.config.get("trainer", {}).get("experiment_name", ""),
+                    "status": "finished"
+                    if any(m.stage == REPORT for m in manifests)
+                    else "running or stopped",
+                    "stages": len(manifests),
+                    "config_hash": rec.config_hash,
+                    "created": rec.created_at,
+                    "updated": rec.updated_at,
+                    "parent": link.parent,
+                    "link_kind": link.kind,
+                    "parent_iteration": link.iteration,
+                    "iterations": len(last),
+                    **{k: _last(last, k) for k in ("reward_mean", "accuracy", "val_accuracy")},
+                    "mlflow_run_url": None,
+                    "prefect_flow_run_url": None,
+                }
+            )
+        return pd.DataFrame(rows)
 
     def run_config(self, run_id: str) -> dict[str, Any]:
         """The run's resolved config, flattened (``{"actor.lr": "6e-05", ...}``) with secrets
         redacted as the trackers log it (:func:`verl_core.config.loader.flatten_config`)."""
-        raise NotImplementedError
+        return flatten_config(validate_config(self.store.read_run_record(run_id).config))
+
+    def manifests(self, run_id: str) -> list[Manifest]:
+        """The run's committed manifests (listed again after ``MANIFEST_TTL_S``)."""
+        now = time.monotonic()
+        cached = self._manifests.get(run_id)
+        if cached is None or now - cached[0] > MANIFEST_TTL_S:
+            cached = (now, self.store.list_manifests(run_id))
+            self._manifests[run_id] = cached
+        return cached[1]
 
     def iterations(self, run_id: str) -> pd.DataFrame:
-        """One row per iteration: iteration, reward_mean, accuracy, kl, response_length_mean,
-        clip_frac, truncated_frac, val_accuracy (NaN where the run has none), then every other
-        per-iteration metric of the committed stages under its logged name."""
-        raise NotImplementedError
+        """One row per iteration: iteration, reward_mean, accuracy, kl, ppo_kl, response_length_mean,
+        clip_frac, truncated_frac, val_accuracy (NaN where the run has none; names in
+        ``ITERATION_METRICS``), then every per-iteration metric of the committed stages under its
+        logged name."""
+        series = collect_series(self.store, run_id)
+        for m in self.manifests(run_id):  # the reward stage's own batch figures collect_series leaves out
+            metrics = m.summary.get("metrics") if m.stage.endswith("/reward") else None
+            if isinstance(metrics, dict) and "response_length/clip_ratio" in metrics:
+                it = int(m.summary.get("iteration", -1))
+                series.setdefault("response_length/clip_ratio", {})[it] = float(
+                    metrics["response_length/clip_ratio"]
+                )
+        its = sorted({i for v in series.values() for i in v if i >= 0})
+        frame: dict[str, Any] = {"iteration": its}
+        for col, names in ITERATION_METRICS.items():
+            name = next((n for n in names if n in series), None)
+            frame[col] = [series[name].get(i, np.nan) if name else np.nan for i in its]
+        for name in sorted(series):
+            frame[name] = [series[name].get(i, np.nan) for i in its]
+        return pd.DataFrame(frame)
 
+    # ---------------------------------------------------------------------------------------- samples
     def sample_sets(self, run_id: str) -> pd.DataFrame:
         """The run's committed sample sets: kind, key, iteration (-1 for eval), stage, rows, uri
-        (the rollouts file)."""
-        raise NotImplementedError
+        (the rollouts file), has_update (advantages and trainer log-probs joined)."""
+        sets = list_sets(self.store, run_id, self.manifests(run_id))
+        cols = ["kind", "key", "iteration", "stage", "rows", "uri", "has_update"]
+        return pd.DataFrame(
+            [(s.kind, s.key, s.iteration, s.stage, s.rows, s.rollouts, s.update is not None) for s in sets],
+            columns=cols,
+        )
 
     def samples(
         self,
@@ -120,37 +226,248 @@ class Catalog:
     ) -> tuple[pd.DataFrame, int]:
         """A page of the set's samples matching ``filters`` (:data:`SAMPLE_COLUMNS`), sorted by
         ``sort`` ((column, ascending) pairs; then by group_id, sample_index), and the number of
-        matching samples."""
-        raise NotImplementedError
+        matching samples. Raises ValueError for a sort column not in :data:`SAMPLE_COLUMNS`."""
+        table = self._table(self._find(run_id, kind, key))
+        f = filters or SampleFilter()
+        if f.garbled is not None:
+            self._fill_garbled(table)
+        where, params = where_clause(f)
+        order = order_clause(sort or [], SAMPLE_COLUMNS)
+        cur = self._db.cursor()
+        total = cur.execute(f"SELECT count(*) FROM {table} WHERE {where}", params).fetchone()
+        page = cur.execute(
+            f"SELECT * FROM {table} WHERE {where} ORDER BY {order} LIMIT ? OFFSET ?",
+            [*params, int(limit), int(offset)],
+        ).df()
+        return self._with_garbled(table, page), int(total[0]) if total else 0
 
     def group(self, run_id: str, kind: SampleKind, key: str, prompt_id: int) -> pd.DataFrame:
         """The samples of prompt ``prompt_id`` in the set (its group: the n responses), by
         sample_index (:data:`SAMPLE_COLUMNS`)."""
-        raise NotImplementedError
+        table = self._table(self._find(run_id, kind, key))
+        page = (
+            self._db.cursor()
+            .execute(
+                f"SELECT * FROM {table} WHERE prompt_id = ? ORDER BY group_id, sample_index", [prompt_id]
+            )
+            .df()
+        )
+        return self._with_garbled(table, page)
 
     def prompt_history(self, run_id: str, prompt: int | str) -> pd.DataFrame:
         """The training samples of one prompt across the run's iterations: ``prompt`` is a prompt
-        id (the train set's) or a text contained in the prompt. Columns: iteration, then
-        :data:`SAMPLE_COLUMNS`; ordered by iteration, sample_index."""
-        raise NotImplementedError
+        id of the train set (an int, or a text of digits) or a text the prompt contains (case
+        ignored). Columns: iteration, then :data:`SAMPLE_COLUMNS`; by iteration, sample_index."""
+        text = str(prompt).strip()
+        if text.isdigit():
+            cond, params = "prompt_id = ?", [int(text)]
+        else:
+            cond, params = "contains(lower(prompt), ?)", [text.lower()]
+        parts = []
+        for s in list_sets(self.store, run_id, self.manifests(run_id)):
+            if s.kind != "train":
+                continue
+            table = self._table(s)
+            sql = f"SELECT ? AS iteration, * FROM {table} WHERE {cond} ORDER BY group_id, sample_index"
+            parts.append(
+                self._with_garbled(table, self._db.cursor().execute(sql, [s.iteration, *params]).df())
+            )
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return pd.DataFrame(columns=["iteration", *SAMPLE_COLUMNS])
+        return pd.concat(parts, ignore_index=True)
 
+    # ---------------------------------------------------------------------------------------- tokens
     def tokens(self, run_id: str, kind: SampleKind, key: str, sample_id: str) -> pd.DataFrame:
-        """Per response token of one sample (:data:`TOKEN_COLUMNS`)."""
-        raise NotImplementedError
+        """Per response token of one sample (:data:`TOKEN_COLUMNS`). Raises ArtifactNotFoundError
+        for a sample the set does not hold."""
+        s = self._find(run_id, kind, key)
+        group_id, index = _parse_sample_id(sample_id)
+        cur = self._db.cursor()
+        row = cur.execute(
+            "SELECT response_ids, logprobs, loss_mask FROM read_parquet(?) "
+            "WHERE group_id = ? AND sample_index = ?",
+            [s.rollouts, group_id, index],
+        ).fetchone()
+        if row is None:
+            raise ArtifactNotFoundError(f"run {run_id!r}: {kind} {key} has no sample {sample_id!r}")
+        ids: list[int] = list(row[0] or [])
+        n = len(ids)
+        adv = kl = trainer = None
+        if s.update is not None:
+            cols = "advantages, kl, " + ("old_log_probs" if self._has_trainer_logprobs(s) else "NULL")
+            upd = cur.execute(
+                f"SELECT {cols} FROM read_parquet(?) WHERE group_id = ? AND sample_index = ?",
+                [s.update, group_id, index],
+            ).fetchone()
+            if upd is not None:
+                adv, kl, trainer = (_padded(v, n) for v in upd)
+        behaviour = _padded(row[1], n)
+        mask = row[2]
+        tok = self._tokenizer(s)
+        texts = [tok.decode([i]) for i in ids] if tok is not None else [str(i) for i in ids]
+        frame = pd.DataFrame(
+            {
+                "position": np.arange(n),
+                "token_id": ids,
+                "token": texts,
+                "advantage": adv if adv is not None else np.full(n, np.nan),
+                "kl": kl if kl is not None else np.full(n, np.nan),
+                "behaviour_logprob": behaviour,
+                "trainer_logprob": trainer if trainer is not None else np.full(n, np.nan),
+                "model_token": [True] * n if mask is None else [bool(m) for m in mask],
+            }
+        )
+        frame.insert(7, "mismatch", frame["behaviour_logprob"] - frame["trainer_logprob"])
+        return frame
 
     def top_mismatch(self, run_id: str, kind: SampleKind, key: str, limit: int = 20) -> pd.DataFrame:
-        """The samples whose behaviour and trainer log-probs differ most: sample_id, prompt_id,
-        reward, response_length, max_abs_mismatch, mean_abs_mismatch, argmax_position; empty when
-        the set has no trainer log-probs."""
-        raise NotImplementedError
+        """The samples whose behaviour and trainer log-probs differ most over their model tokens:
+        sample_id, prompt_id, reward, response_length, max_abs_mismatch, mean_abs_mismatch,
+        argmax_position; empty when the set has no trainer log-probs (no update, or one written
+        before they were stored)."""
+        cols = [
+            "sample_id", "prompt_id", "reward", "response_length",
+            "max_abs_mismatch", "mean_abs_mismatch", "argmax_position",
+        ]  # fmt: skip
+        s = self._find(run_id, kind, key)
+        if s.update is None or not self._has_trainer_logprobs(s):
+            return pd.DataFrame(columns=cols)
+        table = self._table(s)
+        frame = (
+            self._db.cursor()
+            .execute(
+                f"""WITH d AS (
+                        SELECT b.sample_id, b.prompt_id, b.reward, b.response_length, b.group_id,
+                               b.sample_index,
+                               list_transform(
+                                   range(1, least(len(r.logprobs), len(u.old_log_probs)) + 1),
+                                   lambda i: abs(r.logprobs[i] - u.old_log_probs[i])::DOUBLE
+                               ) AS diff
+                        FROM read_parquet(?) r JOIN read_parquet(?) u USING (group_id, sample_index)
+                        JOIN {table} b USING (group_id, sample_index))
+                    SELECT sample_id, prompt_id, reward, response_length,
+                           list_max(diff) AS max_abs_mismatch, list_avg(diff) AS mean_abs_mismatch,
+                           list_position(diff, list_max(diff)) - 1 AS argmax_position
+                    FROM d WHERE len(diff) > 0
+                    ORDER BY max_abs_mismatch DESC, group_id, sample_index LIMIT ?""",
+                [s.rollouts, s.update, int(limit)],
+            )
+            .df()
+        )
+        return frame[cols]
 
+    # ---------------------------------------------------------------------------------------- rescores
     def rescores(self, run_id: str) -> list[str]:
         """Names of the run's rescores with a committed report."""
-        raise NotImplementedError
+        return [r.name for r in list_rescores(self.manifests(run_id)) if r.report is not None]
 
     def rescore(self, run_id: str, name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         """``(agreement, disagreements)`` of rescore ``name``: its ``comparison.parquet`` (one row
         per rescored table: source, split, iteration, rows, score/accuracy old and new, agreement,
-        tt/tf/ft/ff) with a last row ``source == "all"``, and its ``disagreements.parquet`` (both
-        verdicts: score_old/new, correct_old/new, extracted_old/new) with a sample_id column."""
-        raise NotImplementedError
+        tt/tf/ft/ff, scores_changed) with a last row ``source == "all"`` (the report's total), and
+        its ``disagreements.parquet`` (both verdicts: score_old/new, correct_old/new,
+        extracted_old/new) with a sample_id column."""
+        report = self.store.committed(run_id, rescore_report_stage(name))
+        if report is None:
+            raise ArtifactNotFoundError(f"run {run_id!r} has no committed rescore {name!r} report")
+        agreement = self.store.read_table(report, "comparison.parquet").to_pandas()
+        total = report.summary.get("total")
+        if isinstance(total, dict):
+            agreement = pd.concat([agreement, pd.DataFrame([total])], ignore_index=True)
+        dis = self.store.read_table(report, "disagreements.parquet").to_pandas()
+        dis.insert(0, "sample_id", dis["group_id"].astype(str) + ":" + dis["sample_index"].astype(str))
+        return agreement, dis
+
+    # ---------------------------------------------------------------------------------------- internals
+    def _find(self, run_id: str, kind: SampleKind, key: str) -> SampleSet:
+        for s in list_sets(self.store, run_id, self.manifests(run_id)):
+            if s.kind == kind and s.key == key:
+                return s
+        raise ArtifactNotFoundError(f"run {run_id!r} has no committed {kind} sample set {key!r}")
+
+    def _table(self, s: SampleSet) -> str:
+        """The name of the set's table in the in-memory database (made on first use)."""
+        with self._lock:
+            name = self._tables.get(s.rollouts)
+            if name is None:
+                name = f"set_{len(self._tables)}"
+                sql, params = set_query(s)
+                self._db.cursor().execute(f"CREATE TABLE {name} AS {sql}", params)
+                self._tables[s.rollouts] = name
+            return name
+
+    def _fill_garbled(self, table: str) -> None:
+        """Fill the table's garbled columns (:mod:`browse.garbled`, every row; once)."""
+        with self._lock:
+            if table in self._garbled:
+                return
+            cur = self._db.cursor()
+            rows = cur.execute(f"SELECT group_id, sample_index, response, truncated FROM {table}").df()
+            reasons = garbled_reasons(rows["response"].tolist(), rows["truncated"].tolist())
+            flags = pa.table(
+                {
+                    "group_id": rows["group_id"].to_numpy(),
+                    "sample_index": rows["sample_index"].to_numpy(),
+                    "reason": pa.array(reasons, pa.string()),
+                }
+            )
+            cur.register("garbled_flags", flags)
+            cur.execute(
+                f"""CREATE OR REPLACE TABLE {table} AS
+                    SELECT t.* REPLACE (g.reason <> '' AS garbled, g.reason AS garbled_reason)
+                    FROM {table} t JOIN garbled_flags g USING (group_id, sample_index)
+                    ORDER BY t.group_id, t.sample_index"""
+            )
+            cur.unregister("garbled_flags")
+            self._garbled.add(table)
+
+    def _with_garbled(self, table: str, page: pd.DataFrame) -> pd.DataFrame:
+        """``page`` with its garbled columns filled (computed for its rows when the table's are not)."""
+        if table not in self._garbled and len(page):
+            reasons = garbled_reasons(page["response"].tolist(), page["truncated"].tolist())
+            page["garbled_reason"] = reasons
+            page["garbled"] = [bool(r) for r in reasons]
+        return page
+
+    def _has_trainer_logprobs(self, s: SampleSet) -> bool:
+        if s.update is None:
+            return False
+        names = self._db.cursor().execute("SELECT name FROM parquet_schema(?)", [s.update]).fetchall()
+        return ("old_log_probs",) in names
+
+    def _tokenizer(self, s: SampleSet) -> Any:
+        """The run's tokenizer (its template_pack stage's), None when the set names none."""
+        uri = s.template_pack_uri
+        if uri is None:
+            return None
+        with self._lock:
+            if uri not in self._tokenizers:
+                from stages.floor.artifacts import load_tokenizer  # torch and transformers: on first use
+
+                self._tokenizers[uri] = load_tokenizer(self.store, uri)
+            return self._tokenizers[uri]
+
+
+def _parse_sample_id(sample_id: str) -> tuple[int, int]:
+    try:
+        group_id, index = str(sample_id).split(":")
+        return int(group_id), int(index)
+    except ValueError:
+        raise ValueError(f"sample id {sample_id!r}: expected 'GROUP:INDEX', e.g. '3:1'") from None
+
+
+def _padded(values: Any, n: int) -> np.ndarray | None:
+    """``values`` as ``(n,)`` float64 (NaN where missing), None for a null or empty list."""
+    if values is None or len(values) == 0:
+        return None
+    out = np.full(n, np.nan)
+    got = np.asarray(values[:n], dtype=np.float64)
+    out[: len(got)] = got
+    return out
+
+
+def _last(frame: pd.DataFrame, col: str) -> float | None:
+    if col not in frame or frame[col].dropna().empty:
+        return None
+    return float(frame[col].dropna().iloc[-1])
