@@ -6,3 +6,7 @@ Rule: a flow only orchestrates. It calls stage tasks and the stage floor's publi
 parses stage names, nor imports a stage's private helpers. Every flow names its config parameter
 ``config``.
 """
+
+from flows.quiet import quiet_library_warnings
+
+quiet_library_warnings()  # DeepSpeed's and bitsandbytes' CPU warnings, in every flow run (flows.quiet)
