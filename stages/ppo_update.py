@@ -97,7 +97,7 @@ def ppo_update(
     # 5. The main rank writes the per-sample table, seals the manifest (published by the next
     # checkpoint) and logs; every rank returns the URI
     def seal() -> str:
-        table = update_table(batch, result.advantages, result.returns, result.kl)
+        table = update_table(batch, result.advantages, result.returns, result.kl, result.old_log_probs)
         stage.write_table("update.parquet", table, "update")
         summary = {"policy_version": state.version, **{k: result.metrics[k] for k in sorted(result.metrics)}}
         sampling: dict[str, int] = {}

@@ -421,9 +421,11 @@ def check_policy_lag(
         )
 
 
-def update_table(batch: RolloutBatch, adv: Tensor, returns: Tensor, kl: Tensor | None) -> pa.Table:
+def update_table(
+    batch: RolloutBatch, adv: Tensor, returns: Tensor, kl: Tensor | None, old_logp: Tensor | None = None
+) -> pa.Table:
     """One row per training sample (kind "update"): per-token values ``(S, R)`` cut to the response
-    length."""
+    length (``old_log_probs`` null without ``old_logp``)."""
     lengths = [len(r) for r in batch.response_ids]
 
     def rows(t: Tensor | None) -> list[list[float]]:
@@ -439,5 +441,8 @@ def update_table(batch: RolloutBatch, adv: Tensor, returns: Tensor, kl: Tensor |
             "advantages": pa.array(rows(adv), pa.list_(pa.float32())),
             "returns": pa.array(rows(returns), pa.list_(pa.float32())),
             "kl": pa.array(rows(kl), pa.list_(pa.float32())),
+            "old_log_probs": pa.array(
+                [None] * len(lengths) if old_logp is None else rows(old_logp), pa.list_(pa.float32())
+            ),
         }
     )

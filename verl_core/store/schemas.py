@@ -268,7 +268,8 @@ register_schema(
 )
 
 # Per-sample results of one PPO update (ppo_update stage), row i ↔ row i of the rollouts table:
-# the outcome score and the per-response-token advantages, returns and KL (empty without KL).
+# the outcome score and the per-response-token advantages, returns and KL (empty without KL), and
+# the trainer's recomputed log-probs π_old of the response tokens (optional: older files have none).
 register_schema(
     "update",
     pa.schema(
@@ -279,8 +280,10 @@ register_schema(
             ("advantages", TOKEN_FLOATS),
             ("returns", TOKEN_FLOATS),
             ("kl", TOKEN_FLOATS),
+            ("old_log_probs", TOKEN_FLOATS),
         ]
     ),
+    optional=("old_log_probs",),
 )
 
 # Rescore comparison (``rescore/NAME/report``, verl_core.reward.compare): one row per rescored table
@@ -332,6 +335,21 @@ register_schema(
             ("extracted_old", pa.string()),
             ("extracted_new", pa.string()),
             ("abs_diff", pa.float32()),
+        ]
+    ),
+)
+
+# The gate's paired results (``gate`` stage): one row per held-out prompt, both policies' greedy
+# correctness on it (``champion_correct`` null when there is no champion yet).
+register_schema(
+    "gate_pairs",
+    pa.schema(
+        [
+            ("prompt_index", pa.int64()),
+            ("data_source", pa.string()),
+            ("prompt_text", pa.string()),
+            ("champion_correct", pa.bool_()),
+            ("challenger_correct", pa.bool_()),
         ]
     ),
 )

@@ -107,12 +107,14 @@ class PPOSpec:
 
 class PPOIterationResult(NamedTuple):
     """advantages, returns, kl: ``(S, R)`` per response token (kl None without KL in reward);
-    metrics: means over the iteration, independent of micro-batching."""
+    metrics: means over the iteration, independent of micro-batching; old_log_probs ``(S, R)``: the
+    trainer's π_old of the response tokens, the values the loss used (0 off the response mask)."""
 
     advantages: Tensor
     returns: Tensor
     kl: Tensor | None
     metrics: dict[str, float]
+    old_log_probs: Tensor | None = None
 
 
 def ppo_iteration(
@@ -228,7 +230,7 @@ def ppo_iteration(
     )
     metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
     metrics["perf/throughput"] = sum(batch.lengths) * spec.actor_epochs / max(sum(timing.values()), 1e-9)
-    return PPOIterationResult(adv.advantages, adv.returns, rewards.kl, metrics)
+    return PPOIterationResult(adv.advantages, adv.returns, rewards.kl, metrics, old_logp)
 
 
 def _dp_of(models: PPOModels) -> DPView:
