@@ -21,6 +21,7 @@ from prefect import flow, get_run_logger, task
 from flows.artifacts import publish
 from flows.deployments import deployment_config, form_overrides, record_overrides
 from flows.dispatch import remote_export, remote_rl_loop, remote_sft
+from flows.gating import require_promotion, run_gate
 from flows.gpu import export_flow, sft_flow
 from flows.results import PipelineResult
 from flows.rl import rl_loop
@@ -130,6 +131,9 @@ def rlhf_pipeline(
                 with timed(timing, "eval"), watched(ctx, "eval", cfg.execution.stall_timeout_s):
                     eval_uri = evaluate(ctx, cfg, tp, source)
                 stages.eval, result.eval = eval_uri, read_eval_report(ctx.store(), eval_uri)
+                if cfg.gate.enable:  # champion/challenger: promote or record the rejection
+                    with timed(timing, "gate"):
+                        stages.gate, result.gate = run_gate(ctx, cfg, tp, eval_uri)
         stages.report = report(ctx, dict(timing), dict(result.rl_timing_s))
         publish(ctx, result, cfg.eval.table_rows)
         finish_run_task(ctx, result, "FINISHED")
@@ -139,6 +143,7 @@ def rlhf_pipeline(
         except Exception as e:  # e.g. the store still down: the error that stopped the run is the news
             get_run_logger().warning("run %s: not marked FAILED, lease not released (%s)", ctx.run_id, e)
         raise
+    require_promotion(cfg, result.gate)  # gate.require_promotion: a rejection fails the flow run (CI)
     return result
 
 

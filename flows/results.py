@@ -6,6 +6,8 @@ it from the store after the loop ran as a deployment elsewhere; so does the eval
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from stages.floor.reports import EvalReport
@@ -22,11 +24,24 @@ class StageURIs(BaseModel):
     rl: str | None = Field(None, description="the RL loop's final checkpoint (ckpt/iter-XXXX)")
     export: str | None = Field(None, description="None with export.enable=false")
     eval: str | None = Field(None, description="None with export or eval disabled")
+    gate: str | None = Field(
+        None, description="the champion/challenger decision; None with gate.enable=false"
+    )
     report: str | None = None
 
     def ran(self) -> dict[str, str]:
         """``{stage: manifest URI}`` of the stages that ran, in pipeline order."""
         return {name: uri for name, uri in self.model_dump().items() if uri is not None}
+
+
+class GateOutcome(BaseModel):
+    """The gate's decision on the run's export (the ``gate`` stage's summary)."""
+
+    verdict: Literal["pass", "reject"]
+    line: str = Field(description="the decision in one line: verdict, figures, failed guards")
+    model: str | None = Field(
+        None, description="models:/NAME/VERSION of the challenger (None: not registered)"
+    )
 
 
 class PipelineResult(BaseModel):
@@ -44,6 +59,7 @@ class PipelineResult(BaseModel):
         default_factory=dict, description="RL phase (rollout, reward, update, validate) → seconds in the loop"
     )
     eval: EvalReport | None = Field(None, description="the eval stage's report (None: no eval ran)")
+    gate: GateOutcome | None = Field(None, description="the gate's decision (None: gate.enable=false)")
     sft_steps: StepCount | None = Field(None, description="SFT optimizer steps, planned vs completed")
     rl_iterations: StepCount | None = Field(None, description="RL iterations, planned vs completed")
     data_snapshot: str | None = Field(None, description="the data snapshot directory the run read")

@@ -32,6 +32,7 @@ from stages.floor.artifacts import (
     read_policy,
 )
 from stages.floor.builders import build_scorers, engine_kwargs
+from stages.floor.champion import HELDOUT_PROMPTS, eval_inputs, eval_params
 from stages.floor.heldout import Scored, generate_passes, greedy_sampling, sampled_sampling, score_passes
 from stages.floor.locations import eval_stage, parse_export_stage
 from stages.floor.logging import stage_logger
@@ -44,8 +45,6 @@ from verl_core.rollout.endpoint import EndpointEngine, check_tokenizer
 from verl_core.runtime.run import RunContext
 from verl_core.store import ArtifactStore
 
-PROMPTS = "prompt_tokens/val.parquet"
-
 
 @task(name="eval")
 def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, source: EvalSource) -> str:
@@ -55,19 +54,7 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
     store = ctx.store()
     e = cfg.eval
     # 1. Skip when this very policy was evaluated with the same settings
-    inputs = {
-        "prompts": template_pack_uri,
-        **({"policy": source.manifest_uri} if source.manifest_uri else {}),
-    }
-    params = {
-        "eval": e.model_dump(mode="json"),
-        "reward": cfg.reward.model_dump(mode="json"),
-        "max_response_length": cfg.data.max_response_length,
-        "stop": cfg.rollout.stop,
-        "model_dir": source.model_dir,
-        **({"engine": cfg.rollout.name} if cfg.rollout.name != "hf" else {}),  # hf: the keys of before
-        **({"endpoint": source.endpoint, "served_model": source.served_model} if source.endpoint else {}),
-    }
+    inputs, params = eval_inputs(template_pack_uri, source), eval_params(cfg, source)
     force = source.endpoint is not None  # the model behind a URL can change: never skip
     stage = store.open_stage(ctx.run_id, eval_stage(source.label), params=params, inputs=inputs, force=force)
     if stage.done:
@@ -75,7 +62,7 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
         return stage.manifest_uri
 
     # 2. Engine, tokenizer and the held-out prompts (tokenized with the policy's tokenizer)
-    prompts = store.read_table(store.read_manifest(template_pack_uri), PROMPTS)
+    prompts = store.read_table(store.read_manifest(template_pack_uri), HELDOUT_PROMPTS)
     if e.max_samples:
         prompts = prompts.slice(0, e.max_samples)
     # the scorers first: a missing token or sandbox fails before any generation

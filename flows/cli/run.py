@@ -50,6 +50,14 @@ def run(
             "config (parent.run_id, parent.iteration)",
         ),
     ] = None,
+    require_promotion: Annotated[
+        bool,
+        typer.Option(
+            "--require-promotion",
+            help="Exit 3 with the gate's decision in one line unless the gate promoted the export (CI); "
+            "needs gate.enable=true",
+        ),
+    ] = False,
 ) -> None:
     """Run the pipeline for CONFIG with OVERRIDES (the config is validated before any work).
     The full log goes to a file (logs/RUN_ID/ beside runs/ in a local store); a failure prints one line."""
@@ -59,6 +67,8 @@ def run(
         except ConfigError as e:
             fail(e, 2)
     cfg = _load_noted(config, overrides)
+    if require_promotion and not cfg.gate.enable:
+        fail("--require-promotion: gate.enable is false, so no gate decides (set gate.enable=true)", 2)
     if cfg.parent is not None:  # the parent's checkpoint (and a replay's data): one line, before any work
         from stages.floor.parent import check_parent
         from verl_core.runtime.run import default_run_id
@@ -84,7 +94,7 @@ def run(
 
         return rlhf_pipeline(config=cfg, run_id=run_id)
 
-    _run_logged(cfg, run_id, verbose, pipeline)
+    _run_logged(cfg, run_id, verbose, pipeline, require_promotion=require_promotion)
 
 
 def _load_noted(config: str, overrides: list[str] | None) -> VerlFlowConfig:
@@ -103,10 +113,17 @@ def _load_noted(config: str, overrides: list[str] | None) -> VerlFlowConfig:
 
 
 def _run_logged(
-    cfg: VerlFlowConfig, run_id: str | None, verbose: bool, call: Callable[[], PipelineResult]
+    cfg: VerlFlowConfig,
+    run_id: str | None,
+    verbose: bool,
+    call: Callable[[], PipelineResult],
+    *,
+    require_promotion: bool = False,
 ) -> None:
     """Run a pipeline flow (``call``) from the command line: Prefect quiet and its API checked first,
-    the full log to the run's log file, a failure printed as one line (exit 2 for a config error)."""
+    the full log to the run's log file, a failure printed as one line (exit 2 for a config error, 3
+    for a rejected challenger when ``require_promotion`` or ``gate.require_promotion`` asks for a
+    promotion)."""
     from verl_core.runtime.env import set_quiet_env
 
     set_quiet_env()
@@ -121,11 +138,17 @@ def _run_logged(
     try:
         result = call()
     except Exception as e:
+        from flows.gating import PromotionRefused
+
+        if isinstance(e, PromotionRefused):  # gate.require_promotion: the decision is the news
+            fail(e, 3)
         fail(log.failure_line(e), 2 if isinstance(e, ConfigError) else 1)
     finally:
         log.close()
     _print_result(result)
     out.print(f"full log: {log.path}", highlight=False, soft_wrap=True)
+    if require_promotion and result.gate is not None and result.gate.verdict != "pass":
+        fail(result.gate.line, 3)
 
 
 def _print_result(result: PipelineResult) -> None:
@@ -142,6 +165,8 @@ def _print_result(result: PipelineResult) -> None:
         table.add_row("after RL", str(last), f"{acc[last]:.3f}")
         table.add_row("change", "", f"{acc[last] - acc[first]:+.3f}")
         print_table(table)
+    if result.gate is not None:
+        out.print(result.gate.line, markup=False, highlight=False, soft_wrap=True)
     if result.rl_timing_s:
         times = Table("RL phase", "seconds", title="time inside the RL loop")
         for phase, seconds in result.rl_timing_s.items():

@@ -7,6 +7,7 @@
     ckpt/iter-XXXX                                         RL checkpoint after XXXX updates
     export/iter-XXXX, export/sft                           merged HF export of a policy
     eval/{label}                                           evaluation of a policy
+    gate                                                   the champion/challenger decision on the eval
     rescore/{name}/{stage}                                 a rescore of ``stage``'s rollouts (its reward,
                                                            val or eval stage) with other reward settings
     rescore/{name}/report                                  that rescore's comparison report
@@ -33,6 +34,7 @@ SFT = "sft"
 SFT_CKPT = "sft-ckpt"
 REPORT = "report"
 RESCORE = "rescore"
+GATE = "gate"
 
 _ITERATION = re.compile(r"^iter-(\d{4,})/(rollout|reward|update|val)$")
 _GENERATION = re.compile(r"^iter-(\d{4,})/(rollout|reward)/gen-(\d+)$")

@@ -20,6 +20,7 @@ from verl_core.config.base import (
     Prob,
     Section,
 )
+from verl_core.config.gate import GateConfig
 from verl_core.config.generation import (
     HttpEndpointConfig,
     JudgeConfig,
@@ -76,6 +77,7 @@ __all__ = [
     "ExecutionConfig",
     "ExportConfig",
     "FilterGroupsConfig",
+    "GateConfig",
     "HttpEndpointConfig",
     "JudgeConfig",
     "KLControlConfig",

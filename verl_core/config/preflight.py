@@ -88,6 +88,12 @@ def _required_fields(cfg: VerlFlowConfig) -> list[str]:
             "π_old against the rollout's log-probs, but actor.use_rollout_logprobs=true makes them the same "
             "(the weight would be 1): turn one off"
         )
+    if cfg.gate.enable:  # the gate compares registered exports by their evals
+        off = [k for k, on in [("export.enable", cfg.export.enable), ("eval.enable", cfg.eval.enable),
+                               ("export.register_model", cfg.export.register_model),
+                               ("tracking.enabled", cfg.tracking.enabled)] if not on]  # fmt: skip
+        if off:
+            out.append(f"gate.enable: needs {', '.join(off)} true (it gates evaluated, registered exports)")
     return out
 
 

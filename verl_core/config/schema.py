@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import model_validator
 
 from verl_core.config.base import Section, _f
+from verl_core.config.gate import GateConfig
 from verl_core.config.generation import RewardConfig, RolloutConfig
 from verl_core.config.model import DataConfig, ModelConfig
 from verl_core.config.run import (
@@ -61,6 +62,7 @@ class VerlFlowConfig(Section):
     export: ExportConfig = _f(ExportConfig(), "Merged HF model export and registry")
     retrain: RetrainConfig = _f(RetrainConfig(), "What a scheduled retraining starts from")
     eval: EvalConfig = _f(EvalConfig(), "Evaluation of the exported policy")
+    gate: GateConfig = _f(GateConfig(), "Champion/challenger gate after eval, promotion in the registry")
     execution: ExecutionConfig = _f(ExecutionConfig(), "Where stages run")
     sandbox: SandboxConfig = _f(SandboxConfig(), "Untrusted code: the code scorer and the python tool")
     parent: ParentConfig | None = _f(

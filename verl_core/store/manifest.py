@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -71,3 +73,10 @@ class Manifest(BaseModel):
         except (ValueError, ValidationError) as e:
             first = str(e).splitlines()[0]
             raise ArtifactCorruptError(f"{where}: not a valid manifest ({first})") from None
+
+
+def stage_input_key(stage: str, params: Mapping[str, Any], input_hashes: Mapping[str, str]) -> str:
+    """A manifest's ``input_key``, what a committed stage is recognised by (``ArtifactStore.open_stage``):
+    sha256 of the canonical JSON of the stage name, its ``params`` and its inputs' manifest sha256s."""
+    key_src = {"stage": stage, "params": dict(params), "inputs": dict(sorted(input_hashes.items()))}
+    return hashlib.sha256(json.dumps(key_src, sort_keys=True, default=str).encode()).hexdigest()

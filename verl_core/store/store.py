@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from verl_core.errors import ArtifactCorruptError, ArtifactError, ArtifactNotFoundError, StoreFullError
 from verl_core.store.local import Content, new_file, replace_atomic, sha256_of, size_of
-from verl_core.store.manifest import FileEntry, Manifest, Producer
+from verl_core.store.manifest import FileEntry, Manifest, Producer, stage_input_key
 from verl_core.store.schemas import check_schema, conform
 from verl_core.version import code_version
 
@@ -282,8 +282,7 @@ class ArtifactStore:
         ``force``: write a new attempt even when committed with the same inputs (for stages whose
         side effects, e.g. weights kept in memory, must be recomputed)."""
         input_hashes = {k: self.manifest_sha256(v) for k, v in sorted((inputs or {}).items())}
-        key_src = {"stage": stage, "params": dict(params or {}), "inputs": input_hashes}
-        input_key = sha256_bytes(json.dumps(key_src, sort_keys=True, default=str).encode())
+        input_key = stage_input_key(stage, params or {}, input_hashes)
         existing = self.committed(run_id, stage)
         if (
             not force
