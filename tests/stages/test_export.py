@@ -108,6 +108,7 @@ def test_export_reloads_with_the_training_logits(tmp_path: Path, lora_rank: int)
     assert len(mine) == 1
     tags = mine[0].tags
     assert tags["verl_flow.run_id"] == ctx.run_id and tags["verl_flow.iteration"] == "2"
+    assert tags["verl_flow.export_uri"] == uri  # the export, found from the version
     assert tags["verl_flow.config_hash"] == cfg.config_hash()
     assert tags["verl_flow.data_manifest_sha256"] == store.manifest_sha256(
         store.manifest_uri(ctx.run_id, "preprocess")
