@@ -106,6 +106,11 @@ def parse_args() -> argparse.Namespace:
         "--tag", default="", help="workload label: records keyed by (size, algorithm, tag); '': the table's"
     )
     p.add_argument("--report", action="store_true", help="print the table and the fit from --out only")
+    p.add_argument(
+        "--rates", action="store_true",
+        help="measure the shape rates and write bandwidth of --out's records' sizes (one process, under "
+        "--lock) into records that lack them, then report",
+    )  # fmt: skip
     p.add_argument("--child", nargs=2, metavar=("SIZE", "ALGO"), help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -315,6 +320,7 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     from verl_core.config import load_config
     from verl_core.planning.cost import measure_cpu_copy_bandwidth, measure_cpu_matmul_rate, workload_of
     from verl_core.planning.geometry import geometry_of
+    from verl_core.planning.rates import measure_shape_rates, measure_write_bandwidth
     from verl_core.runtime.run import start_run
 
     root = Path(args.workdir) / f"{size}-{algo}{args.tag}"
@@ -326,6 +332,8 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     setup_s = time.perf_counter() - t0
     rate_before = measure_cpu_matmul_rate()
     bandwidth_before = measure_cpu_copy_bandwidth()
+    shapes = measure_shape_rates(geometry_of(cfg.model))  # the model's own matmuls, in this run
+    write_before = measure_write_bandwidth(str(root))
     rec = Recorder()
     store_dir = root / "store"
     instrument(rec, store_dir)
@@ -347,6 +355,7 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     peak_flow = dict(sampler.peak)  # before this benchmark reads the checkpoint back
     rate_after = measure_cpu_matmul_rate()
     bandwidth_after = measure_cpu_copy_bandwidth()
+    write_after = measure_write_bandwidth(str(root))
     store = ctx.store()
 
     iterations = []
@@ -380,6 +389,8 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
         "rate_before_after": [rate_before, rate_after],
         "rates_during": rec.rates,
         "bandwidths": [bandwidth_before, *rec.bandwidths, bandwidth_after],
+        "shape_rates": shapes.to_json(),
+        "write_bandwidths": [write_before, write_after],
         "tag": args.tag,
         "load_before": os.getloadavg(),
         "setup_s": setup_s,
@@ -532,13 +543,51 @@ def run_one(size: str, algo: str, args: argparse.Namespace) -> None:
     subprocess.run(["rm", "-rf", str(Path(args.workdir) / f"{size}-{algo}{args.tag}")], check=False)
 
 
+def add_rates(args: argparse.Namespace) -> None:
+    """The shape rates (:func:`verl_core.planning.rates.measure_shape_rates`) and the write bandwidth
+    of each size in ``--out`` that lacks them, measured now in this process under ``--lock``, written
+    into those records with ``shape_rates_separate``: the time and load of this measurement (not the
+    run's own)."""
+    import torch
+
+    from verl_core.planning.geometry import Geometry
+    from verl_core.planning.rates import measure_shape_rates, measure_write_bandwidth
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    records = json.loads(out.read_text())
+    lock = open(args.lock, "a") if args.lock else None  # noqa: SIM115
+    if lock is not None:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        load = os.getloadavg()
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        write = [measure_write_bandwidth(args.workdir) for _ in range(2)]
+        done: dict[str, Any] = {}
+        for r in records:
+            if "shape_rates" in r:
+                continue
+            if r["size"] not in done:
+                done[r["size"]] = measure_shape_rates(Geometry(**r["geometry"])).to_json()
+                print(f"[{r['size']}] shape rates measured", flush=True)
+            r["shape_rates"], r["write_bandwidths"] = done[r["size"]], write
+            r["shape_rates_separate"] = {"when": time.strftime("%H:%M"), "load": load, "end": os.getloadavg()}
+    finally:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
+    out.write_text(json.dumps(records, indent=1))
+
+
 def main() -> None:
     args = parse_args()
     if args.child:
         record = run_child(*args.child, args)
         Path(args.out).write_text(json.dumps(record))
         return
-    if not args.report:
+    if args.rates:
+        add_rates(args)
+    elif not args.report:
         run_children(args)
     from scale_report import report
 

@@ -16,8 +16,12 @@ from verl_core.planning.cost import (
     predict,
 )
 from verl_core.planning.geometry import Geometry
+from verl_core.planning.rates import ShapeRates
 
 GIB = 1024**3
+# price FLOPs at the records' own shape rates and the checkpoint at their write bandwidth where they
+# carry them (False: one matmul rate and a per-byte checkpoint, the cost model before them)
+SHAPES = True
 TABLE_PHASES = (
     "generation", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic",
     "weight_sync",
@@ -56,13 +60,18 @@ def best_bandwidth(r: dict[str, Any]) -> float:
 
 
 def features(
-    r: dict[str, Any], rate: float | None = None, bandwidth: float | None = None
+    r: dict[str, Any], rate: float | None = None, bandwidth: float | None = None, shaped: bool = True
 ) -> dict[str, dict[str, float]]:
+    """The cost model's features of a record; ``shaped``: at its shape rates and write bandwidth
+    where it has them (:data:`SHAPES`)."""
     # records written before Workload had n / share_prompts: the benchmark's n, prompts shared (default)
     shape = {"n": r.get("workload", {}).get("n", 1), "share_prompts": True, **r["workload_model"]}
     g, w = Geometry(**r["geometry"]), Workload(**shape)
     rate = best_rate(r) if rate is None else rate
-    return phase_features(g, w, rate, best_bandwidth(r) if bandwidth is None else bandwidth)
+    on = SHAPES and shaped
+    shapes = ShapeRates.from_json(r["shape_rates"]) if "shape_rates" in r and on else None
+    write = max(r.get("write_bandwidths", []), default=None) if on else None
+    return phase_features(g, w, rate, best_bandwidth(r) if bandwidth is None else bandwidth, shapes, write)
 
 
 def _s(x: float | None) -> str:
@@ -126,7 +135,7 @@ def flops_table(records: list[dict[str, Any]]) -> None:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in sorted(records, key=_key):
-        flops = features(r, rate=1.0)  # rate 1: the FLOP features are FLOPs
+        flops = features(r, rate=1.0, shaped=False)  # rate 1: the FLOP features are FLOPs
         ph = r["iterations"][-1]["phases"]
         cells = []
         for p, k in FLOP_PHASES.items():

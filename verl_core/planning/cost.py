@@ -57,7 +57,6 @@ measured phases of *smaller* models (``benchmarks/scale.py``), then predict a la
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -65,6 +64,12 @@ import torch
 from torch import Tensor
 
 from verl_core.planning.geometry import Geometry
+from verl_core.planning.rates import (  # noqa: F401  (measurements re-exported for callers)
+    ShapeRates,
+    matmul_seconds,
+    measure_cpu_copy_bandwidth,
+    measure_cpu_matmul_rate,
+)
 
 if TYPE_CHECKING:
     from verl_core.config import VerlFlowConfig
@@ -239,6 +244,13 @@ def trainable_params(g: Geometry, w: Workload, *, critic: bool = False) -> int:
     return g.lora_params(w.lora_rank) if w.lora_rank else g.n_params
 
 
+def checkpoint_disk_bytes(g: Geometry, w: Workload) -> int:
+    """Bytes a checkpoint writes to disk: :func:`checkpoint_bytes` plus the policy's file once more
+    (``save_pretrained`` writes it into a temporary folder, then its bytes go to the store; the
+    trainer state and a critic's files are linked into place)."""
+    return checkpoint_bytes(g, w) + g.n_params * w.dtype_bytes
+
+
 def checkpoint_bytes(g: Geometry, w: Workload) -> int:
     """Bytes a checkpoint holds: policy weights, AdamW's two moments of the trainable ones, and the
     critic's weights and moments (fp32 moments)."""
@@ -255,11 +267,42 @@ def synced_bytes(g: Geometry, w: Workload) -> int:
     return (g.n_params + (g.embedding_params if g.tied_embeddings else 0)) * w.dtype_bytes
 
 
+def _matmul_s(
+    g: Geometry,
+    w: Workload,
+    samples: float,
+    head: bool,
+    calls: int,
+    passes: tuple[str, ...],
+    shapes: ShapeRates,
+) -> float:
+    """Seconds of ``samples``' matmuls in ``calls`` equal micro-batches at the model's own shape rates
+    (:mod:`verl_core.planning.rates`), ``passes`` of each; the attention's ``QKᵀ``/``AV`` at the
+    shapes' best rate."""
+    from verl_core.planning.memory_terms import chunk_tokens
+
+    if samples <= 0:
+        return 0.0
+    ell = w.prompt_tokens + w.response_tokens
+    t_b, t_h = stored_tokens(w, samples) / calls, samples * w.response_tokens / calls if head else 0.0
+    layers = matmul_seconds(g, shapes, t_b, t_h, chunk_tokens(g.vocab_rows), passes)
+    attention = forward_flops(g, 0.0, 0.0, samples, ell) * len(passes)
+    return calls * layers + attention / max(max(r) for r in shapes.rates.values())
+
+
 def phase_features(
-    g: Geometry, w: Workload, rate_flops: float, bandwidth: float = CPU_BANDWIDTH
+    g: Geometry,
+    w: Workload,
+    rate_flops: float,
+    bandwidth: float = CPU_BANDWIDTH,
+    shapes: ShapeRates | None = None,
+    write_bandwidth: float | None = None,
 ) -> dict[str, dict[str, float]]:
     """``{phase: {coefficient name: feature}}`` of one iteration (checkpoint phases: one checkpoint);
-    FLOP features in seconds at ``rate_flops``, memory ones at ``bandwidth`` (bytes/s)."""
+    FLOP features in seconds at ``rate_flops``, or, with ``shapes``, the forwards' and updates' at the
+    model's own matmul rates (:mod:`verl_core.planning.rates`; generation stays at ``rate_flops``);
+    memory ones at ``bandwidth`` (bytes/s); with ``write_bandwidth`` (bytes/s written and synced, a
+    measured disk) the checkpoint save in seconds of its disk bytes at it, else per byte."""
     ell = w.prompt_tokens + w.response_tokens
     tokens = w.samples * ell  # stored in the iteration's tables
     heads = w.samples * w.response_tokens  # the LM head runs on the response positions only
@@ -270,6 +313,15 @@ def phase_features(
     }
     critic_f = forward_flops(g, stored_tokens(w, w.samples), 0.0, w.samples, ell) / rate_flops
     train = train_factor(w)
+    fwd, actor_train, critic_train = dict(f), train * f[w.samples], 3.0 * critic_f
+    if shapes is not None:
+        grad: tuple[str, ...] = ("fwd", "dx") if w.lora_rank else ("fwd", "dx", "dw")
+        grad += ("fwd",) if w.gradient_checkpointing else ()
+        mb = w.micro_batches
+        fwd = {s: _matmul_s(g, w, s, True, 1, ("fwd",), shapes) for s in f}
+        critic_f = _matmul_s(g, w, w.samples, False, 1, ("fwd",), shapes)
+        actor_train = _matmul_s(g, w, w.samples, True, mb, grad, shapes)
+        critic_train = _matmul_s(g, w, w.samples, False, mb, ("fwd", "dx", "dw"), shapes)
     old_part = w.old_log_prob_samples / w.samples
     weights = g.n_params * w.dtype_bytes / bandwidth  # one pass over the weights
     critic_weights = trainable_params(g, w, critic=True) * w.dtype_bytes / bandwidth
@@ -279,30 +331,33 @@ def phase_features(
         "generation": {"gen_flop": f[w.samples], "gen_call": 1.0},
         "reward": {"reward_sample": w.samples, "reward_call": 1.0},
         "old_log_prob": {
-            "matmul_flop": f[w.old_log_prob_samples],
+            "matmul_flop": fwd[w.old_log_prob_samples],
             "logit": old_part * heads * v,
             "weight_pass": weights if old_part else 0.0,
             "fwd_call": 1.0 if old_part else 0.0,
         },
-        "ref": {"matmul_flop": f[w.samples], "logit": heads * v, "weight_pass": weights, "fwd_call": 1.0},
+        "ref": {"matmul_flop": fwd[w.samples], "logit": heads * v, "weight_pass": weights, "fwd_call": 1.0},
         "values": {"matmul_flop": critic_f, "weight_pass": critic_weights, "fwd_call": 1.0},
         "adv": {"adv_token": w.samples * w.response_tokens},
         "update_actor": {
-            "matmul_flop": train * f[w.samples],
+            "matmul_flop": actor_train,
             "logit": 3.0 * heads * v,
             "weight_pass": train_passes * weights,
             "opt_param": w.actor_steps * trainable_params(g, w) * w.dtype_bytes / bandwidth,
             "train_call": 1.0,
         },
         "update_critic": {
-            "matmul_flop": 3.0 * critic_f,
+            "matmul_flop": critic_train,
             "weight_pass": 3.0 * w.micro_batches * critic_weights,
             "opt_param": w.critic_steps * critic_weights,
             "train_call": 1.0,
         },
         "weight_sync": {"sync_byte": synced_bytes(g, w) / bandwidth, "sync_call": 1.0},
         "orchestration": {"stage_call": 3.0, "artifact_token": tokens},
-        "checkpoint_save": {"save_byte": ckpt, "ckpt_call": 1.0},
+        "checkpoint_save": {
+            "save_byte": ckpt if write_bandwidth is None else checkpoint_disk_bytes(g, w) / write_bandwidth,
+            "ckpt_call": 1.0,
+        },
         "checkpoint_load": {"load_byte": ckpt, "ckpt_call": 1.0},
     }
     if not w.has_ref:
@@ -379,32 +434,6 @@ def nnls(a: Tensor, b: Tensor, max_iter: int = 200) -> Tensor:
             passive &= x > 1e-15
             x[~passive] = 0.0
     return x / scale
-
-
-def measure_cpu_matmul_rate(n: int = 1024, seconds: float = 1.0) -> float:
-    """FLOP/s of fp32 ``n × n`` by ``n × n`` matmuls (``2·n³`` each) on the CPU with torch's current
-    threads, repeated for about ``seconds``: the denominator of the CPU features."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.matmul(a, b)  # warm-up
-    reps, t0 = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - t0) < seconds or reps < 2:
-        torch.matmul(a, b)
-        reps += 1
-    return 2.0 * n**3 * reps / elapsed
-
-
-def measure_cpu_copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
-    """Bytes read + written per second by ``b.copy_(a)`` of two ``nbytes`` fp32 tensors on the CPU
-    with torch's current threads (the best of ``repeats``, after a warm-up that touches every page):
-    the denominator of the memory features."""
-    a, b = torch.ones(nbytes // 4), torch.zeros(nbytes // 4)
-    b.copy_(a)
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        b.copy_(a)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * nbytes / best
 
 
 def gpu_peak_flops(device_name: str) -> float | None:

@@ -39,11 +39,10 @@ full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` q
   ``/dev/shm`` (machine RAM) and memory-mapped by the engine one bucket file at a time while it reloads;
   vLLM's CPU backend holds its linear layers as oneDNN-packed copies and restores them in their
   loading layout to reload (``L·layer·c`` more), and its LM head twice (the embedding's and a packed one).
-* checkpoint: the policy's safetensors file as bytes, ``P·b`` (a LoRA model from scratch: its
-  adapters, and its base rebuilt and read back, ``2·P·b``); the trainer state and a critic's weights
-  are streamed to files (no copy; :mod:`.memory_terms`).
+* checkpoint: its files stream to the store (trainer state, policy, critic: no copy); a LoRA model
+  from scratch rebuilds its base as a plain module to save it, ``P·b`` (:mod:`.memory_terms`).
 * on CPU, :data:`CPU_HEAP_RETAINED` of an update's freed activations and logits stays resident (glibc's
-  heap) under the checkpoint's file bytes, unless a weight sync trimmed it first (``malloc_trim`` before
+  heap) through the checkpoint, unless a weight sync trimmed it first (``malloc_trim`` before
   every sync to an engine with its own weights: vLLM, an HF engine's own copy).
 * a per-process baseline: Python, torch, transformers, Prefect, MLflow, pyarrow resident (measured, see
   :data:`TRAINER_BASELINE`), vLLM's engine process and its runtime (:data:`VLLM_BASELINE`).
@@ -256,7 +255,7 @@ def _trainer(cfg: VerlFlowConfig, run: _Run) -> tuple[Parts, Parts, dict[str, Pa
     # storage at a time to the host as it writes
     sharded = run.gpu and run.world > 1
     gathered = (_c("moments gathered to the host", moments, "full state dict"),) if sharded else ()
-    files = policy_file_parts(g, run.b, m.lora_rank, m.init == "scratch")  # the rest streams
+    files = policy_file_parts(g, run.b, m.lora_rank, m.init == "scratch")  # every file streams
     on_host("checkpoint", (*resident, *held), *gathered, *files)
     if ro.name == "vllm" or (ro.name == "auto" and run.gpu):
         bucket = min(ro.weight_sync_bucket_mb * MIB, _staged_bytes(run))

@@ -11,14 +11,14 @@ What the code does now, and so what is counted:
   at a time: two tensors of the largest (shard of a) parameter.
 * a checkpoint: the trainer state (moments, RNG, counters) is ``torch.save``'d straight from the
   tensors into a file staged in the attempt's folder (:func:`verl_core.models.checkpoint.save_state`,
-  ``StageWriter.staged_file``) and hard-linked into place; a critic's weights go from
-  ``save_pretrained``'s folder as paths (safetensors writes from the tensors' own memory). Neither
-  holds a copy. The policy (``stages.floor.artifacts.write_policy``) goes through
-  ``model_files``: its safetensors file read back whole as ``bytes`` while it is written, ``P·b``; a
-  LoRA model built from scratch also writes its frozen base, rebuilt as a plain module (``P·b``) and
-  read back as bytes (``P·b``) at once. Measured (a 18.5M-parameter Qwen2, fp32, RSS growth above the
-  live state, warm): ``model_files`` 1.02·P·b, ``saved_model`` 0.01, ``save_state`` of the moments
-  0.01, ``load_state`` (memory-mapped) + ``optimizer.load_state_dict`` 0.
+  ``StageWriter.staged_file``) and hard-linked into place; the policy's and a critic's weights go to
+  the store from ``save_pretrained``'s folder as paths (``stages.floor.artifacts.write_policy``,
+  :func:`verl_core.models.checkpoint.saved_model`; safetensors writes from the tensors' own memory).
+  None of them holds a copy. A LoRA model built from scratch also writes its frozen base, rebuilt
+  as a plain module first: ``P·b`` while it is written. Measured (an 18.5M-parameter Qwen2, fp32,
+  RSS growth above the live state, warm): ``saved_model`` 0.01·P·b, ``save_state`` of the moments
+  0.01, ``load_state`` (memory-mapped) + ``optimizer.load_state_dict`` 0; the former bytes path
+  (``model_files``) 1.02·P·b.
 """
 
 from __future__ import annotations
@@ -181,14 +181,8 @@ def trained(
 
 
 def policy_file_parts(g: Geometry, b: int, lora_rank: int, scratch: bool) -> Parts:
-    """What writing a policy checkpoint holds beside the live state (module docstring): its
-    safetensors file as bytes, ``P·b`` (LoRA: the adapters' ``P_a·b``, and from scratch the plain base
-    module ``P·b`` with its file's bytes ``P·b`` at once); the trainer state and a critic stream."""
-    if not lora_rank:
-        return (part("policy file as bytes", g.n_params * b, "P·b (model_files)"),)
-    adapters = g.lora_params(lora_rank)
-    out = [part("adapter file as bytes", adapters * b, f"P_a·b, P_a = {adapters:,}")]
-    if scratch:
-        out.append(part("plain base module", g.n_params * b, "P·b (the base rebuilt to be saved)"))
-        out.append(part("base file as bytes", g.n_params * b, "P·b (model_files)"))
-    return tuple(out)
+    """What writing a policy checkpoint holds beside the live state (module docstring): nothing but
+    the plain base module a LoRA model from scratch is rebuilt into, ``P·b``; every file streams."""
+    if lora_rank and scratch:
+        return (part("plain base module", g.n_params * b, "P·b (the base rebuilt to be saved)"),)
+    return ()

@@ -176,14 +176,21 @@ def test_on_a_gpu_vllm_takes_its_share_awake_and_the_checkpoint_lives_in_host_ra
     # awake (generation, reload): 0.4 × 80 GiB = 32 GiB; asleep during the updates: its CUDA context
     assert engine.at("generate") == int(0.4 * 80 * GIB)
     assert engine.at("actor update") < GIB
-    # the checkpoint's policy file (as bytes) is in the host's RAM, not on the GPU; one GPU's trainer
-    # state streams to its file one storage at a time: no moments gathered to the host
-    on_gpu, on_host = by_name["trainer"].components("checkpoint"), by_name["trainer, host RAM"]
-    assert not any("file" in c.name for c in on_gpu)
-    assert {c.name: c.nbytes for c in on_host.components("checkpoint")} == {
-        "baseline (Python, torch, libraries)": TRAINER_BASELINE,
-        "policy file as bytes": 4 * geometry_of(cfg.model).n_params,
-    }
+    # the checkpoint streams every file; one GPU's trainer state goes to its file one storage at a
+    # time: no moments gathered to the host (a sharded engine's are, into rank 0's RAM)
+    on_host = by_name["trainer, host RAM"]
+    assert {c.name for c in on_host.components("checkpoint")} == {"baseline (Python, torch, libraries)"}
+    sharded = _cfg(
+        *(
+            "trainer.device=cuda",
+            "trainer.n_gpus_per_node=2",
+            "actor.strategy=fsdp2",
+            "critic.strategy=fsdp2",
+        ),
+        *("rollout.name=vllm",),
+    )
+    host = next(p for p in plan_memory(sharded).processes if p.name.endswith("host RAM"))
+    assert "moments gathered to the host" in {c.name for c in host.components("checkpoint")}
 
 
 # TINY's parameters by hand: embedding V·h = 32·8 = 256 (tied); a layer: q 8·8 + 8, k and v 8·4 + 4
@@ -203,27 +210,25 @@ def _added(trainer: ProcessMemory, phase: str) -> dict[str, int]:
     return {c.name: c.nbytes for c in trainer.components(phase) if c.name not in idle}
 
 
-def test_a_checkpoint_holds_the_policy_file_as_bytes_and_streams_the_trainer_state() -> None:
+def test_a_checkpoint_streams_its_files_and_holds_no_copy() -> None:
     # the quickstart (HF engine sharing the live module: no trim, the update's heap is kept): the
-    # policy's safetensors file read back as bytes, P·b = 1,480·4 = 5,920; the moments (2·P·4 =
-    # 11,840 for the actor, the critic's too) stream to their file: no copy of them is counted
-    added = _added(_trainer(), "checkpoint")
-    assert added.pop("policy file as bytes") == 5_920
-    assert set(added) == {"heap kept from the update"}
-    # vLLM: the sync trimmed the heap; only the file's bytes are added
-    assert _added(_trainer("rollout.name=vllm"), "checkpoint") == {"policy file as bytes": 5_920}
+    # moments (2·P·4 = 11,840 bytes for the actor, the critic's too) and the policy's file (P·4 =
+    # 5,920) stream to the store: nothing but the kept heap is added to the resident state
+    assert set(_added(_trainer(), "checkpoint")) == {"heap kept from the update"}
+    # vLLM: the sync trimmed the heap; nothing is added
+    assert _added(_trainer("rollout.name=vllm"), "checkpoint") == {}
 
 
-def test_a_scratch_lora_checkpoint_rebuilds_its_base_and_reads_it_back() -> None:
-    # adapters P_a·4 = 4,096; the plain base module and its file's bytes, P·4 = 5,920 each, at once
+def test_a_scratch_lora_checkpoint_rebuilds_its_base_as_a_plain_module() -> None:
+    # the frozen base rebuilt to be saved under its own names: P·4 = 5,920 while its files stream
     added = _added(_trainer("rollout.name=vllm", "model.lora_rank=4"), "checkpoint")
-    assert added == {"adapter file as bytes": 4_096, "plain base module": 5_920, "base file as bytes": 5_920}
+    assert added == {"plain base module": 5_920}
 
 
-def test_the_sft_checkpoint_counts_the_same_file_not_its_moments() -> None:
+def test_the_sft_checkpoint_counts_no_copy_of_its_moments() -> None:
+    # (the SFT policy and its moments are its own, not the RL state's idle ones)
     added = _added(_trainer("rollout.name=vllm", "sft.enable=true"), "sft checkpoint")
-    assert added["policy file as bytes"] == 5_920
-    assert not any("serialised" in name or "trainer state" in name for name in added)
+    assert set(added) == {"SFT policy weights", "SFT policy AdamW moments", "heap kept from the step"}
 
 
 def test_adamw_step_temporaries_on_cpu_none_elsewhere_two_of_the_largest_parameter() -> None:
@@ -240,7 +245,8 @@ def test_adamw_step_temporaries_on_cpu_none_elsewhere_two_of_the_largest_paramet
 def test_05b_ppo_with_a_critic_is_no_longer_refused_on_20_gib() -> None:
     # full fine-tuning PPO + critic at 0.5B (scale_0.5b_cpu, SFT off, no reference): its floor was
     # 24.5 GiB at the checkpoint when the moments (3.7 GiB per model) were counted serialised again;
-    # streamed, the checkpoint adds the policy file (P·4 = 494.0M·4 = 1.84 GiB): under 20 GiB + 15%
+    # streamed, the checkpoint adds nothing to the two models' weights (2·1.84 GiB) and moments
+    # (2·3.68 GiB): the floor (its weight sync beside vLLM, 21.3 GiB) is within 20 GiB + 15%
     cfg = _cfg(
         *("algorithm.adv_estimator=gae", "actor.use_kl_loss=false", "sft.enable=false"),
         config="scale_0.5b_cpu.yaml",
@@ -248,4 +254,4 @@ def test_05b_ppo_with_a_critic_is_no_longer_refused_on_20_gib() -> None:
     capacity = Capacity({"cpu": 20 * GIB}, {"cpu": "given"})
     assert not any(s.refused for s in shortfalls(plan_memory(cfg, floor=True), capacity))
     trainer = next(p for p in plan_memory(cfg, floor=True).processes if p.role == "trainer")
-    assert _added(trainer, "checkpoint") == {"policy file as bytes": 4 * geometry_of(cfg.model).n_params}
+    assert _added(trainer, "checkpoint") == {}
