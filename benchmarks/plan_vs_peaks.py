@@ -128,12 +128,14 @@ def from_scale(path: Path) -> list[dict[str, object]]:
             cfg, prompt_tokens=round(last["prompt_tokens"]), response_tokens=round(last["response_tokens"])
         )
         by_role = {p.role: p for p in plan.processes}
-        peak = rec["peak_rss"]
+        # the peak within the flow (before the benchmark reads its checkpoint back and generates with
+        # the HF engine), where the record has it
+        peak = rec.get("peak_rss_flow") or rec["peak_rss"]
         for role, measured in (("trainer", peak["trainer"]), ("vllm", peak["vllm_tree"])):
             p = by_role[role]
             # the trainer's exact high-water mark also covers what the benchmark does after the run
             # (its checkpoint read back, the HF engine's generation)
-            hwm = peak.get("trainer_ru_maxrss") if role == "trainer" else None
+            hwm = rec["peak_rss"].get("trainer_ru_maxrss") if role == "trainer" else None
             rows.append({
                 "size": rec["size"], "algo": rec["algo"], "process": role,
                 "predicted_gib": p.peak_bytes / GIB, "phase": p.peak_phase,

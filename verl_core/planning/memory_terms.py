@@ -132,17 +132,20 @@ class Trained:
     head_grad: Component  # the LM head's, allocated first in a backward (the critic: none)
     step: Parts  # the optimizer step's temporaries
     extras: Parts  # compute copies, gathered units: through forward and backward
+    tied: Parts = ()  # a tied embedding's input gradient, beside every other at the backward's end
 
     def update(self, saved: Parts, several: bool) -> Parts:
         """What an update holds at its peak beside the resident state, ``saved`` being a micro-batch's
         activations: with ``several`` micro-batches per optimizer step the second runs forward beside
         the first's gradients (all of them); with one, gradients are freed after each step
         (``set_to_none``), so the peak is the larger of the forward-backward (activations and the LM
-        head's gradient) and the step (all gradients and its temporaries)."""
+        head's gradient) and the end of the backward and the step (all gradients; a tied embedding's
+        second gradient, from its input lookup, a fresh ``(V, h)`` tensor summed into the LM head's;
+        the step's temporaries)."""
         if several:
-            return (self.grads, *self.step, *self.extras, *saved)
+            return (self.grads, *self.tied, *self.step, *self.extras, *saved)
         fwd = (self.head_grad, *self.extras, *saved)
-        step = (self.grads, *self.step, *self.extras)
+        step = (self.grads, *self.tied, *self.step, *self.extras)
         return max(fwd, step, key=lambda parts: sum(c.nbytes for c in parts))
 
 
@@ -174,7 +177,10 @@ def trained(
         extras.append(part(f"{label} gathered units", gathered, "(V·h + 2 layers)·c"))
     held = (weights, moments)
     device, host = ((), held) if at.offload else (held, ())
-    return Trained(device, host, grads, head_grad, step_temporaries(label, largest, b, at), tuple(extras))
+    temps = step_temporaries(label, largest, b, at)
+    # the tied (V, h) weight gets two gradients in backward: the LM head's, then the lookup's
+    tied = (part(f"{label} tied embedding's input gradient", head * b / sg, f"V·h·b/{sg}"),) if head else ()
+    return Trained(device, host, grads, head_grad, temps, tuple(extras), tied if g.tied_embeddings else ())
 
 
 # -- checkpoint --------------------------------------------------------------------------------

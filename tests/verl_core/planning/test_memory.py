@@ -255,3 +255,15 @@ def test_05b_ppo_with_a_critic_is_no_longer_refused_on_20_gib() -> None:
     assert not any(s.refused for s in shortfalls(plan_memory(cfg, floor=True), capacity))
     trainer = next(p for p in plan_memory(cfg, floor=True).processes if p.role == "trainer")
     assert _added(trainer, "checkpoint") == {}
+
+
+def test_a_tied_embedding_gets_a_second_gradient_at_the_end_of_backward() -> None:
+    # the LM head's gradient of the tied (V, h) weight first, then the input lookup's, a fresh
+    # V·h·4 = 32·8·4 = 1,024 bytes summed into it, beside every other gradient; the critic (no head,
+    # one use of its embedding) and a LoRA actor (frozen embedding) have none
+    update = _added(_trainer("rollout.name=vllm"), "actor update")
+    assert update["actor tied embedding's input gradient"] == 1_024
+    assert not any("tied" in n for n in _added(_trainer("rollout.name=vllm"), "critic update"))
+    assert not any(
+        "tied" in n for n in _added(_trainer("rollout.name=vllm", "model.lora_rank=4"), "actor update")
+    )
