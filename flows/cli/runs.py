@@ -120,6 +120,7 @@ def runs_show(
         )
         _print_mlflow_location(st.url, run_id)
     _print_family(family)
+    out.print(f"browse: verl-flow browse {run_id} --store {st.url}", highlight=False, soft_wrap=True)
     if rescores:
         out.print("rescores (verl-flow rescore):")
         for r in rescores:

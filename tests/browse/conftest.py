@@ -2,7 +2,8 @@
 session in one process (the Prefect server it starts serves both flows).
 
 The run (``tiny`` in the store): the reliability suite's tiny pipeline (scratch 2-layer Qwen2,
-arithmetic prompts) without SFT, GRPO with 4 samples per prompt, 2 iterations of 2 prompts, scored
+arithmetic prompts) without SFT, GRPO with 4 samples per prompt, 2 iterations of 4 prompts, validation
+after each, an eval of the export with k=2 samples per held-out prompt; scored
 by ``tests/flows/rl_rewards.py:half_credit`` (1.0 or 0.5 from the text's parity: some samples
 correct, some not, groups with non-zero advantages). The rescore ``rule`` scores the training
 rollouts again with the default rule scorer (arithmetic answers, which the scratch model never gets
@@ -24,7 +25,8 @@ RESCORE = "rule"
 GROUP_SIZE = 4  # rollout.n
 RUN_ARGS = [
     "run", "tests/reliability/tiny.yaml", "sft.enable=false", "algorithm.adv_estimator=grpo",
-    f"rollout.n={GROUP_SIZE}", "reward.scorers=[function]",
+    f"rollout.n={GROUP_SIZE}", "data.train_batch_size=4", "trainer.test_freq=1", "eval.k=2",
+    "reward.scorers=[function]",
     "reward.function=tests/flows/rl_rewards.py:half_credit", "--run-id", RUN,
 ]  # fmt: skip
 RESCORE_ARGS = ["rescore", RUN, "reward.scorers=[rule]", "--iterations", "0:2", "--name", RESCORE]
@@ -43,11 +45,20 @@ class BrowseRun(NamedTuple):
     run_id: str
     rescore: str
 
+    @property
+    def store(self) -> str:
+        return self.store_url
+
 
 @pytest.fixture(scope="session")
 def browse_run(tmp_path_factory: pytest.TempPathFactory) -> BrowseRun:
-    """A finished run (``tiny``) and its rescore (``rule``) in a fresh store; ~45 s on 2 cores."""
-    store = tmp_path_factory.mktemp("browse-store")
+    """A finished run (``tiny``) and its rescore (``rule``) in a fresh store; ~45 s on 2 cores.
+    ``VERL_FLOW_BROWSE_STORE=DIR``: the store DIR that an earlier session made instead (made there
+    when it has no run yet), to iterate on the browser tests without the pipeline's minute."""
+    kept = os.environ.get("VERL_FLOW_BROWSE_STORE")
+    if kept and (Path(kept) / "runs" / RUN / "rescore").is_dir():
+        return BrowseRun(kept, RUN, RESCORE)
+    store = Path(kept) if kept else tmp_path_factory.mktemp("browse-store")
     code = MAKE.format(run=repr(RUN_ARGS), rescore=repr(RESCORE_ARGS))
     env = {**os.environ, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
     proc = subprocess.run(

@@ -1,0 +1,149 @@
+"""One prompt's samples: its GRPO/RLOO group in one set, side by side (``/run/RUN/group?kind=&key=
+&prompt=ID``), and its samples across the run's iterations (``/run/RUN/prompt?prompt=ID|TEXT``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from dash import dcc, html
+
+from browse.pages.common import error, fmt, href, records, run_path
+from browse.pages.runs import run_tabs
+from browse.queries import Catalog
+
+
+def _card(run_id: str, kind: str, key: str, r: dict[str, Any]) -> html.Div:
+    """One response of a group: reward, advantage, length, extracted answer against the truth."""
+    ok = bool(r.get("correct"))
+    facts = [
+        ("reward", fmt(r.get("reward"))),
+        ("advantage", fmt(r.get("advantage"))),
+        ("length", fmt(r.get("response_length"))),
+        ("finish", fmt(r.get("finish_reason"))),
+        ("extracted", fmt(r.get("extracted_answer"))),
+        ("truth", fmt(r.get("ground_truth"))),
+    ]
+    if r.get("garbled"):
+        facts.append(("garbled", r.get("garbled_reason") or "yes"))
+    rows = [html.Tr([html.Th(k), html.Td(v, className=f"fact-{k}")]) for k, v in facts]
+    title = f"sample {r.get('sample_index')}" + (" (baseline)" if r.get("is_baseline") else "")
+    return html.Div(
+        [
+            html.B(title),
+            " ",
+            html.Span("✓ correct" if ok else "✗ wrong", style={"color": "#16a34a" if ok else "#b91c1c"}),
+            html.Table(rows, className="plain"),
+            html.Pre(r.get("response") or ""),
+            dcc.Link(
+                "tokens",
+                href=href(
+                    run_id, "tokens", kind=kind, key=key, sample=r.get("sample_id"), prompt=r.get("prompt_id")
+                ),
+            ),
+        ],
+        className="group-response correct" if ok else "group-response",
+        id=f"group-response-{r.get('sample_index')}",
+        **{"data-sample-id": str(r.get("sample_id"))},
+    )
+
+
+def group_layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.Div:
+    kind, key, prompt = query.get("kind"), query.get("key"), query.get("prompt")
+    if not (kind and key and prompt):
+        return html.Div([run_tabs(run_id), error("a group needs kind, key and prompt in the URL")])
+    df = catalog.group(run_id, kind, key, int(prompt))  # type: ignore[arg-type]
+    if df.empty:
+        return html.Div([run_tabs(run_id), error(f"no samples of prompt {prompt} in {kind} {key}")])
+    rows = records(df)
+    first = rows[0]
+    rewards = [r.get("reward") for r in rows if r.get("reward") is not None]
+    spread = f"mean reward {fmt(sum(rewards) / len(rewards))}" if rewards else ""
+    return html.Div(
+        [
+            run_tabs(run_id),
+            html.H3(f"{kind} {key} · prompt {prompt} · {len(rows)} responses · {spread}"),
+            html.Div(
+                [
+                    html.B("prompt "),
+                    dcc.Link("(across iterations)", href=href(run_id, "prompt", prompt=prompt)),
+                    html.Pre(first.get("prompt") or "", id="group-prompt"),
+                    html.Span(f"ground truth: {fmt(first.get('ground_truth'))}", className="muted"),
+                ],
+                className="response",
+            ),
+            html.Div([_card(run_id, kind, key, r) for r in rows], className="group", id="group-responses"),
+        ]
+    )
+
+
+def _history_chart(df: pd.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(x=df["iteration"], y=df["reward"], mode="markers", name="reward per sample", opacity=0.6)
+    )
+    mean = df.groupby("iteration")["reward"].mean()
+    fig.add_trace(go.Scatter(x=mean.index, y=mean.values, mode="lines+markers", name="group mean"))
+    fig.update_layout(height=230, margin={"l": 40, "r": 10, "t": 20, "b": 30}, xaxis_title="iteration")
+    return fig
+
+
+def history_layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.Div:
+    prompt = query.get("prompt", "")
+    form = html.Form(
+        [
+            html.Label(
+                ["prompt id or text ", dcc.Input(id="prompt-query", name="prompt", value=prompt, type="text")]
+            ),
+            html.Button("show", type="submit"),
+        ],
+        action=run_path(run_id, "prompt"),
+        method="get",
+        className="filters",
+    )
+    if not prompt:
+        return html.Div(
+            [run_tabs(run_id), form, html.P("Give a prompt id or a piece of its text.", className="muted")]
+        )
+    df = catalog.prompt_history(run_id, int(prompt) if prompt.isdigit() else prompt)
+    if df.empty:
+        return html.Div([run_tabs(run_id), form, error(f"no training samples of prompt {prompt!r}")])
+    blocks: list[Any] = []
+    for iteration, part in df.groupby("iteration", sort=True):
+        rows = records(part)
+        key = f"iter-{int(iteration):04d}"
+        link = dcc.Link(
+            f"iteration {iteration}",
+            href=href(run_id, "group", kind="train", key=key, prompt=rows[0].get("prompt_id")),
+        )
+        cells = [
+            html.Div(
+                [
+                    html.Span(
+                        f"reward {fmt(r.get('reward'))} · {'✓' if r.get('correct') else '✗'} · "
+                        f"len {fmt(r.get('response_length'))}"
+                    ),
+                    html.Pre(r.get("response") or ""),
+                ],
+                className="group-response correct" if r.get("correct") else "group-response",
+            )
+            for r in rows
+        ]
+        blocks.append(
+            html.Div([html.H4(link), html.Div(cells, className="group")], className="history-iteration")
+        )
+    prompts = df["prompt_id"].unique().tolist()
+    return html.Div(
+        [
+            run_tabs(run_id),
+            form,
+            html.Pre(str(df["prompt"].iloc[0]), id="history-prompt"),
+            html.P(
+                f"prompt ids {prompts}; {len(df)} samples over {df['iteration'].nunique()} iterations",
+                className="muted",
+            ),
+            dcc.Graph(figure=_history_chart(df), config={"displayModeBar": False}, id="history-chart"),
+            html.Div(blocks, id="prompt-history"),
+        ]
+    )

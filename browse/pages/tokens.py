@@ -1,0 +1,132 @@
+"""One response token by token (``/run/RUN/tokens?kind=&key=&sample=G:S&colour=advantage``): each
+token a span whose background is the chosen value (advantage, KL to the reference, or the mismatch
+``behaviour_logprob - trainer_logprob``) on a diverging scale (blue < 0 < red, full colour at the
+response's largest magnitude); the span's ``title`` holds every value (shown on hover) and its
+``data-value`` the coloured one. Beside it, the set's samples with the largest mismatch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from dash import Dash, Input, Output, State, dcc, html
+
+from browse.pages.common import colour, error, fmt, href, records, table
+from browse.pages.runs import run_tabs
+from browse.queries import Catalog
+
+COLOURS = ("advantage", "kl", "mismatch")
+
+
+def title(r: dict[str, Any]) -> str:
+    """A token's hover text: position, text, id and every per-token value."""
+    values = " · ".join(
+        f"{k} {fmt(r.get(k), 6)}"
+        for k in ("advantage", "kl", "behaviour_logprob", "trainer_logprob", "mismatch")
+    )
+    tool = "" if r.get("model_token", True) else " (tool output)"
+    return f"#{r['position']} {r.get('token')!r} id {r.get('token_id')}{tool} · {values}"
+
+
+def spans(df: pd.DataFrame, by: str) -> list[html.Span]:
+    """The tokens as spans coloured by column ``by``."""
+    rows = records(df)
+    vals = [r.get(by) for r in rows]
+    scale = max((abs(v) for v in vals if v is not None), default=0.0)
+    out = []
+    for r, v in zip(rows, vals, strict=True):
+        style = {"background": colour(v, scale)}
+        if not r.get("model_token", True):
+            style["textDecoration"] = "underline dotted"
+        out.append(
+            html.Span(
+                r.get("token") or "",
+                className="tok",
+                title=title(r),
+                style=style,
+                **{"data-value": "" if v is None else repr(float(v)), "data-position": str(r["position"])},
+            )
+        )
+    return out
+
+
+def _mismatch_list(catalog: Catalog, run_id: str, kind: str, key: str) -> html.Div:
+    top = catalog.top_mismatch(run_id, kind, key)  # type: ignore[arg-type]
+    if top.empty:
+        return html.Div(
+            "no trainer log-probs stored for this set: no mismatch to list",
+            id="mismatch-list",
+            className="muted",
+        )
+    top = top.copy()
+    top["sample_id"] = [
+        (s, href(run_id, "tokens", kind=kind, key=key, sample=s, colour="mismatch")) for s in top["sample_id"]
+    ]
+    return html.Div(
+        [html.H4("largest mismatch (behaviour − trainer log-prob)"), table(top, "mismatch-table")],
+        id="mismatch-list",
+    )
+
+
+def layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.Div:
+    kind, key, sample = query.get("kind"), query.get("key"), query.get("sample")
+    if not (kind and key):
+        sets = catalog.sample_sets(run_id)
+        train = sets[sets["kind"] == "train"] if not sets.empty else sets
+        if train.empty:
+            return html.Div([run_tabs(run_id), error("no training samples to show tokens of")])
+        kind, key = "train", str(train["key"].iloc[-1])
+    if not sample:
+        first, _ = catalog.samples(run_id, kind, key, None, None, 0, 1)  # type: ignore[arg-type]
+        if first.empty:
+            return html.Div([run_tabs(run_id), error(f"no samples in {kind} {key}")])
+        sample = str(first["sample_id"].iloc[0])
+    by = query.get("colour", "advantage")
+    by = by if by in COLOURS else "advantage"
+    prompt = query.get("prompt")  # the samples' links carry it
+    group = (
+        [dcc.Link("its group", href=href(run_id, "group", kind=kind, key=key, prompt=prompt))]
+        if prompt
+        else []
+    )
+    toks = catalog.tokens(run_id, kind, key, sample)  # type: ignore[arg-type]
+    return html.Div(
+        [
+            run_tabs(run_id),
+            html.H3(f"{kind} {key} · sample {sample}", id="tokens-title"),
+            dcc.Store(id="tokens-ref", data={"run": run_id, "kind": kind, "key": key, "sample": sample}),
+            html.Div(
+                [
+                    html.Label(
+                        [
+                            "colour by ",
+                            dcc.RadioItems(id="tokens-colour", options=list(COLOURS), value=by, inline=True),
+                        ]
+                    ),
+                    *group,
+                ],
+                className="filters",
+            ),
+            html.P(
+                "blue < 0 < red, full colour at the response's largest magnitude; "
+                "hover a token for its values",
+                className="muted",
+            ),
+            html.Div(spans(toks, by), id="tokens-view", className="tokens"),
+            _mismatch_list(catalog, run_id, kind, key),
+        ]
+    )
+
+
+def register(app: Dash, catalog: Catalog) -> None:
+    """The colour choice re-colours the spans (the URL keeps its first choice)."""
+
+    @app.callback(
+        Output("tokens-view", "children"),
+        Input("tokens-colour", "value"),
+        State("tokens-ref", "data"),
+        prevent_initial_call=True,
+    )
+    def _recolour(by: str, ref: dict[str, str]) -> list[html.Span]:
+        toks = catalog.tokens(ref["run"], ref["kind"], ref["key"], ref["sample"])  # type: ignore[arg-type]
+        return spans(toks, by)
