@@ -246,7 +246,7 @@ def test_uncommitted_files_stay_invisible(catalog: Catalog, browse_run: BrowseRu
     rec = catalog.store.read_run_record(browse_run.run_id)
     catalog.store.write_run_record("writing", rec.config, rec.config_hash)
     attempt = Path(browse_run.store) / "runs" / "writing" / "iter-0000" / "rollout" / "attempt-x"
-    attempt.mkdir(parents=True)
+    attempt.mkdir(parents=True, exist_ok=True)
     rollout = catalog.store.committed(browse_run.run_id, "iter-0000/rollout")
     assert rollout is not None
     (attempt / "rollouts.parquet").write_bytes(catalog.store.read_bytes(rollout, "rollouts.parquet"))
