@@ -305,7 +305,7 @@ class Catalog:
         behaviour = _padded(row[1], n)
         mask = row[2]
         tok = self._tokenizer(s)
-        texts = [tok.decode([i]) for i in ids] if tok is not None else [str(i) for i in ids]
+        texts = [tok.decode([i], skip_special_tokens=False) for i in ids] if tok else [str(i) for i in ids]
         frame = pd.DataFrame(
             {
                 "position": np.arange(n),
@@ -437,15 +437,18 @@ class Catalog:
         return ("old_log_probs",) in names
 
     def _tokenizer(self, s: SampleSet) -> Any:
-        """The run's tokenizer (its template_pack stage's), None when the set names none."""
+        """The run's tokenizer: its template_pack stage's ``tokenizer.json`` read with ``tokenizers``
+        (no torch import); None when the set names no template_pack stage."""
         uri = s.template_pack_uri
         if uri is None:
             return None
         with self._lock:
             if uri not in self._tokenizers:
-                from stages.floor.artifacts import load_tokenizer  # torch and transformers: on first use
+                from tokenizers import Tokenizer
 
-                self._tokenizers[uri] = load_tokenizer(self.store, uri)
+                tp = self.store.read_manifest(uri)
+                text = self.store.read_bytes(tp, "tokenizer/tokenizer.json").decode()
+                self._tokenizers[uri] = Tokenizer.from_str(text)
             return self._tokenizers[uri]
 
 
