@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from browse.record import browser_url
 from tests.browse.conftest import GROUP_SIZE, REPO, BrowseRun
 from verl_core.store import ArtifactStore
 
@@ -120,6 +121,25 @@ def test_runs_page_lists_the_run(browser: Browser, browse_run: BrowseRun) -> Non
     browser.open(f"/run/{browse_run.run_id}", "#iteration-charts .js-plotly-plot")
     assert browser.page.locator("#iteration-charts .js-plotly-plot").count() == 4
     browser.shot("iterations")
+
+
+def test_the_run_finds_the_browser_and_a_chart_point_opens_its_samples(
+    browser: Browser, served: tuple[str, Path], browse_run: BrowseRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(served[1]))  # where the served browser wrote its record
+    page_url = browser_url(ArtifactStore(browse_run.store_url).url, browse_run.run_id)
+    assert page_url == f"{served[0]}/run/{browse_run.run_id}"  # the run's Prefect link artifact
+    browser.page.goto(page_url)
+    browser.page.wait_for_selector("#iteration-charts .js-plotly-plot .scatterlayer .point")
+    # iteration 0 of the reward chart (the first chart, its first trace, its first point)
+    point = (
+        browser.page.locator("#iteration-charts .js-plotly-plot").first.locator(".scatterlayer .point").first
+    )
+    box = point.bounding_box()
+    assert box is not None
+    browser.page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    browser.page.wait_for_url(f"**/run/{browse_run.run_id}/samples?kind=train&key=iter-0000", timeout=15_000)
+    browser.page.wait_for_selector("#samples-grid .ag-row")
 
 
 def test_filter_to_incorrect_samples(browser: Browser, browse_run: BrowseRun) -> None:
