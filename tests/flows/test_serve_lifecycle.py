@@ -61,6 +61,9 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, s
     fake.chmod(0o755)
     monkeypatch.setenv(records.STATE_ENV, str(tmp_path / "state"))
     monkeypatch.setenv("VERL_FLOW_VLLM_PYTHON", str(fake))
+    (tmp_path / "tmp").mkdir()  # the temporary directory of this process and the ones it starts
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     yield {**os.environ}
     for record, _ in records.read_records():
         records.stop_record(record, timeout_s=5)
@@ -141,7 +144,6 @@ def test_another_servers_models_are_not_taken_for_ours(env: dict[str, str], tmp_
     """A server that answers /health and /v1/models, but not with our names: not ready; the start
     fails after the timeout, its process group is stopped and nothing but the log is left."""
     model = _model(tmp_path / "tiny", b"w")
-    before = set(os.listdir(tempfile.gettempdir()))
     done = runner.invoke(
         app,
         ["serve", str(model), "--port", str(_free_port()), "--health-timeout-s", "3"],
@@ -152,7 +154,7 @@ def test_another_servers_models_are_not_taken_for_ours(env: dict[str, str], tmp_
     assert not group_alive(pid)  # the server and its child
     assert records.read_records() == []
     assert sorted(p.name for p in records.record_dir("tiny").iterdir()) == [records.LOG]
-    assert set(os.listdir(tempfile.gettempdir())) - before == set()
+    assert os.listdir(tempfile.gettempdir()) == []  # no directory left behind
 
 
 def test_serve_reports_a_dying_server_with_its_log(env: dict[str, str], tmp_path: Path) -> None:
@@ -187,7 +189,6 @@ def test_a_signal_to_a_foreground_serve_stops_its_group(
 ) -> None:
     """What `timeout`, systemd, `docker stop` or a Prefect cancellation send (SIGTERM), or Ctrl-C."""
     model = _model(tmp_path / "tiny", b"w")
-    before = set(os.listdir(tempfile.gettempdir()))
     cli = subprocess.Popen(
         [str(REPO / ".venv/bin/verl-flow"), "serve", str(model), "--port", str(_free_port())],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -202,7 +203,7 @@ def test_a_signal_to_a_foreground_serve_stops_its_group(
     assert cli.returncode == 0 and output.rstrip().endswith("stopped"), output
     assert not group_alive(rec.pid)  # the server and its child: no orphan
     assert records.read_record("tiny") is None and not Path(rec.root).is_symlink()
-    assert set(os.listdir(tempfile.gettempdir())) - before == set()
+    assert os.listdir(tempfile.gettempdir()) == []  # no directory left behind
 
 
 def test_a_served_name_is_refused_then_replaced(env: dict[str, str], tmp_path: Path) -> None:

@@ -1,29 +1,36 @@
-"""Serving: one real vLLM server (``.venv-vllm``) on the export of a tiny run, started once for the module
-through ``flows.serving`` (run id → its latest export), and what talks to it: ``/v1/completions``,
-``/v1/chat/completions`` with the export's chat template, ``verl-flow eval --endpoint`` against the
-in-process eval of the same export, the judge scorer, and the remote scorer (whose wire format vLLM
-does not serve). The tiny policy (hidden 64, 2 heads: CPU attention needs head size >= 32) memorises
-the answers of half the held-out prompts, so greedy accuracy is strictly between 0 and 1.
+"""Serving: one real vLLM server (``.venv-vllm``) for the module, started the way a user starts it:
+``verl-flow serve models:/serve-model@champion`` as a subprocess (foreground), the registered version
+being the export of a tiny run (registered here with the tags the export stage writes). What talks to
+it: the official ``openai`` SDK (models, completions, chat, streaming, tool-call settings, errors),
+``/v1/completions`` and ``/v1/chat/completions`` with the export's chat template, ``verl-flow eval
+--endpoint`` against the in-process eval of the same export, the judge scorer, the remote scorer
+(whose wire format vLLM does not serve), a second serve on the busy port; the last test stops the
+server with SIGTERM and checks that nothing is left (no process of its group, no record, no
+directory). The tiny policy (hidden 64, 2 heads: CPU attention needs head size >= 32) memorises the
+answers of half the held-out prompts, so greedy accuracy is strictly between 0 and 1.
 
-The server starts in ~60 s on 2 idle cores (the health wait allows 300 s); the module runs ~2 min.
-Failure paths of ``verl-flow serve`` run without vLLM (a stand-in interpreter that dies)."""
+The server starts in ~60 s on 2 idle cores (the readiness wait allows 300 s); the module runs ~2-3 min.
+The lifecycle without vLLM (detach, status/stop, replacement, failures): test_serve_lifecycle.py."""
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import re
+import signal
 import socket
-import stat
+import subprocess
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.serving import resolve_model, serve
 from stages.export import export_model
 from stages.floor.artifacts import load_tokenizer, write_policy
 from stages.floor.builders import build_policy
@@ -33,13 +40,17 @@ from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from tests.memorised import Replay, memorise
 from tests.vllm_env import vllm_python
-from verl_core.config import RolloutConfig, VerlFlowConfig, validate_config
+from verl_core.config import VerlFlowConfig, validate_config
 from verl_core.reward import HttpOptions, JudgeScorer, RemoteScorer, RewardBatch
+from verl_core.runtime import serve_records as records
 from verl_core.runtime.run import RunContext, start_run
-from verl_core.runtime.serving import ServeConfig, ServerHandle
+from verl_core.runtime.serving import group_alive, serves
 
 RUN = "serve-run"
+MODEL = "serve-model"  # the registered model; version 1 is the run's export, alias champion
+SERVED = f"{MODEL}/1"  # the name responses carry
 MEMORISED = 4  # of the 8 held-out prompts, the first 4 are trained on
+REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
@@ -89,23 +100,84 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, VerlFlowConfig]
     return root, cfg
 
 
+def _register(root: Path) -> str:
+    """Register the run's export as version 1 of MODEL, alias champion, with the tags the export stage
+    writes (run id, export manifest URI); returns the tracking URI."""
+    from mlflow.tracking import MlflowClient
+
+    from verl_core.store import ArtifactStore
+
+    st = ArtifactStore(str(root))
+    tracking = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=tracking)
+    client.create_registered_model(MODEL)
+    tags = {"verl_flow.run_id": RUN, "verl_flow.export_uri": st.manifest_uri(RUN, "export/iter-0001")}
+    client.create_model_version(MODEL, source=str(root), tags=tags)
+    client.set_registered_model_alias(MODEL, "champion", "1")
+    return tracking
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
+@dataclass
+class Served:
+    """The module's server: the foreground ``verl-flow serve`` process and the record it wrote."""
+
+    cli: subprocess.Popen[str]
+    record: records.ServeRecord
+    env: dict[str, str]
+    tmp: Path  # the serve process's TMPDIR
+
+    @property
+    def url(self) -> str:
+        return self.record.url
+
+    @property
+    def model(self) -> str:
+        return self.record.names[0]
+
+
 @pytest.fixture(scope="module")
-def server(
-    run: tuple[Path, VerlFlowConfig], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerHandle]:
-    """The one vLLM server of the module, on the run's latest export (fp32 like the export, eager)."""
+def server(run: tuple[Path, VerlFlowConfig], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """``verl-flow serve models:/MODEL@champion`` (fp32 like the export, eager, hermes tool calls)."""
     root, _ = run
-    work = tmp_path_factory.mktemp("serve-work")
-    vllm = RolloutConfig(vllm_enforce_eager=True, cpu_kv_cache_gib=1, vllm_python=vllm_python())
-    settings = ServeConfig(port=_free_port(), dtype="float32", rollout=vllm)
-    with serve(resolve_model(RUN, str(root), work), settings, work / "server.log") as handle:
-        yield handle
+    tracking = _register(root)
+    state = tmp_path_factory.mktemp("serve-state")
+    tmp = tmp_path_factory.mktemp("serve-tmp")
+    env = {
+        **os.environ,
+        records.STATE_ENV: str(state),
+        "VERL_FLOW_VLLM_PYTHON": vllm_python(),
+        "TMPDIR": str(tmp),
+    }
+    cmd = [
+        str(REPO / ".venv/bin/verl-flow"), "serve", f"models:/{MODEL}@champion", "--store", str(root),
+        "--tracking-uri", tracking, "--port", str(_free_port()), "--dtype", "float32",
+        "--vllm-enforce-eager", "--cpu-kv-cache-gib", "1", "--tool-call-parser", "hermes",
+    ]  # fmt: skip
+    cli = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    old = os.environ.get(records.STATE_ENV)
+    os.environ[records.STATE_ENV] = str(state)  # this process reads the same records
+    try:
+        deadline = time.monotonic() + 420  # CLI imports + the readiness wait (300 s)
+        while (record := records.read_record(MODEL)) is None:
+            if cli.poll() is not None or time.monotonic() > deadline:
+                cli.kill()
+                pytest.fail(f"verl-flow serve did not start:\n{cli.communicate()[0]}")
+            time.sleep(1)
+        yield Served(cli, record, env, tmp)
+    finally:
+        if cli.poll() is None:
+            cli.send_signal(signal.SIGTERM)
+            cli.wait(120)
+        if old is None:
+            os.environ.pop(records.STATE_ENV, None)
+        else:
+            os.environ[records.STATE_ENV] = old
 
 
 def _val_rows(root: Path) -> list[dict]:
@@ -118,15 +190,16 @@ def _val_rows(root: Path) -> list[dict]:
 
 
 def test_server_answers_completions_and_chat_with_the_export_template(
-    run: tuple[Path, VerlFlowConfig], server: ServerHandle
+    run: tuple[Path, VerlFlowConfig], server: Served
 ) -> None:
     root, _ = run
-    assert server.model == RUN  # served under the run id by default
-    assert "--chat-template" in server.command  # the export's chat_template.jinja
+    assert server.model == SERVED  # the version first: every response names it
+    command = Path(f"/proc/{server.record.pid}/cmdline").read_bytes().split(b"\0")
+    assert b"--chat-template" in command  # the export's chat_template.jinja
     row = _val_rows(root)[0]
     done = httpx.post(
         f"{server.url}/v1/completions",
-        json={"model": RUN, "prompt": row["prompt_text"], "max_tokens": 8, "temperature": 0,
+        json={"model": SERVED, "prompt": row["prompt_text"], "max_tokens": 8, "temperature": 0,
               "add_special_tokens": False, "return_token_ids": True},
         timeout=120,
     ).json()  # fmt: skip
@@ -137,7 +210,7 @@ def test_server_answers_completions_and_chat_with_the_export_template(
     # rendering (template_pack's prompt_text, tokenized by the run's tokenizer)
     chat = httpx.post(
         f"{server.url}/v1/chat/completions",
-        json={"model": RUN, "messages": row["prompt"], "max_tokens": 8, "temperature": 0,
+        json={"model": f"{MODEL}@champion", "messages": row["prompt"], "max_tokens": 8, "temperature": 0,
               "return_token_ids": True},
         timeout=120,
     ).json()  # fmt: skip
@@ -146,7 +219,7 @@ def test_server_answers_completions_and_chat_with_the_export_template(
 
 
 def test_eval_endpoint_gives_the_in_process_accuracy(
-    run: tuple[Path, VerlFlowConfig], server: ServerHandle
+    run: tuple[Path, VerlFlowConfig], server: Served
 ) -> None:
     from verl_core.store import ArtifactStore
 
@@ -191,10 +264,12 @@ HTTP = HttpOptions(
 )  # fmt: skip
 
 
-def test_judge_scorer_against_the_server(run: tuple[Path, VerlFlowConfig], server: ServerHandle) -> None:
+def test_judge_scorer_against_the_server(run: tuple[Path, VerlFlowConfig], server: Served) -> None:
     root, cfg = run
     j = cfg.reward.judge
-    scorer = JudgeScorer(f"{server.url}/v1", RUN, j.template, j.score_pattern, j.score_scale, 0.0, 16, HTTP)
+    scorer = JudgeScorer(
+        f"{server.url}/v1", SERVED, j.template, j.score_pattern, j.score_scale, 0.0, 16, HTTP
+    )
     out = scorer(_batch(root, ["#### 1", "#### 2"]))
     # both requests reached the server and came back as chat answers (no failed request); the tiny
     # arithmetic model does not write "Score: N", so each sample is either scored in [0, 1] or errored
@@ -206,9 +281,7 @@ def test_judge_scorer_against_the_server(run: tuple[Path, VerlFlowConfig], serve
         ), (score, error)
 
 
-def test_remote_scorer_cannot_use_a_vllm_server(
-    run: tuple[Path, VerlFlowConfig], server: ServerHandle
-) -> None:
+def test_remote_scorer_cannot_use_a_vllm_server(run: tuple[Path, VerlFlowConfig], server: Served) -> None:
     """The remote scorer's wire format ({"samples": [...]} → {"scores": [...]}) is not an OpenAI or vLLM
     endpoint: pointed at the server's /v1/completions, the request is refused (HTTP 400) and every
     sample errors with the server's answer, counted as one failed request."""
@@ -219,31 +292,89 @@ def test_remote_scorer_cannot_use_a_vllm_server(
     assert out.metrics == {"requests": 1.0, "retries": 0.0, "failed_requests": 1.0}
 
 
-# ------------------------------------------------------------------ failure paths, without vLLM
+def test_openai_sdk_sees_the_version_and_weights(run: tuple[Path, VerlFlowConfig], server: Served) -> None:
+    """What a user's client reads: the served names (version, alias) and, as each model's root, the
+    sha256 of the weights, which is that of the store's model.safetensors (the record says the same).
+    The export is served from the store itself (a local store: no copy)."""
+    root, _ = run
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    models = client.models.list().data
+    assert [m.id for m in models] == [SERVED, f"{MODEL}@champion"]
+    [weights] = root.glob(f"runs/{RUN}/export/iter-0001/*/model/model.safetensors")
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert {(m.model_extra or {})["root"] for m in models} == {server.record.root}
+    assert server.record.root.endswith(f"/sha256-{digest}") and server.record.digest == digest
+    assert Path(server.record.model_dir) == weights.parent and server.record.version == "1"
+    status = runner.invoke(app, ["serve", "status", MODEL])
+    assert status.exit_code == 0 and "running" in status.output and digest[:16] in status.output
 
 
-def test_serve_reports_a_dying_server_with_its_log(tmp_path: Path) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
-    fake = tmp_path / "python"
-    fake.write_text(
-        "#!/bin/sh\necho 'loading...'\necho 'RuntimeError: no CPU kernels for head size 8' >&2\nexit 3\n"
+def test_openai_sdk_completions_chat_streaming_and_errors(
+    run: tuple[Path, VerlFlowConfig], server: Served
+) -> None:
+    root, _ = run
+    row = _val_rows(root)[0]
+    answer = f"#### {row['ground_truth']}"  # memorised; <|im_end|> is eos
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    done = client.completions.create(model=SERVED, prompt=row["prompt_text"], max_tokens=8, temperature=0)
+    assert done.model == SERVED and done.choices[0].text == answer
+    chat = client.chat.completions.create(
+        model=f"{MODEL}@champion", messages=row["prompt"], max_tokens=8, temperature=0
     )
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    done = runner.invoke(
-        app,
-        ["serve", str(model), "--health-timeout-s", "30"],
-        env={**os.environ, "VERL_FLOW_VLLM_PYTHON": str(fake)},
+    assert chat.model == SERVED and chat.choices[0].message.content == answer  # by alias, answered by v1
+    stream = client.chat.completions.create(
+        model=SERVED, messages=row["prompt"], max_tokens=8, temperature=0, stream=True
     )
-    assert done.exit_code == 1
-    assert "exited with code 3 before it was healthy" in done.output
-    assert "no CPU kernels for head size 8" in done.output  # the log's tail
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == answer
+    # tool calling is on (--tool-call-parser hermes): tool_choice=auto is accepted (vLLM answers 400
+    # without --enable-auto-tool-choice); the tiny model answers in text, without a tool call
+    calculator = {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic",
+                  "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                                 "required": ["expression"]}}}  # fmt: skip
+    tooled = client.chat.completions.create(
+        model=SERVED,
+        messages=row["prompt"],
+        max_tokens=8,
+        temperature=0,
+        tools=[calculator],
+        tool_choice="auto",
+    )
+    assert tooled.choices[0].message.content == answer and not tooled.choices[0].message.tool_calls
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model=RUN, prompt="1+1=", max_tokens=2)  # not a served name
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=SERVED, prompt="1+1=", max_tokens=10**6)  # past max_model_len
 
 
-def test_serve_refuses_an_unknown_target(tmp_path: Path) -> None:
-    done = runner.invoke(app, ["serve", "no-such-run", "--store", str(tmp_path)])
+def test_busy_port_is_refused_in_one_line(run: tuple[Path, VerlFlowConfig], server: Served) -> None:
+    """A second serve on the server's port: one line, nothing started; the running server is intact
+    (and readiness would not have taken it for the new one: it does not list that name)."""
+    root, _ = run
+    done = runner.invoke(app, ["serve", RUN, "--store", str(root), "--port", str(server.record.port)])
     assert done.exit_code == 1
-    assert "neither a model directory (config.json) nor a run" in done.output
-    bad = runner.invoke(app, ["serve", str(tmp_path), "--port", "0"])
-    assert bad.exit_code == 2 and "port" in bad.output
+    assert done.stderr.strip().splitlines() == [
+        f"error: port {server.record.port} on 127.0.0.1 is in use: choose another --port, or stop what "
+        "holds it (verl-flow serve status lists the servers started here)"
+    ]
+    assert records.read_record(RUN) is None
+    assert serves(server.url, [SERVED], server.record.root)
+    assert not serves(server.url, [RUN], server.record.root)  # another name: not ours
+    assert not serves(server.url, [SERVED], "/elsewhere")  # another model directory: not ours
+
+
+def test_sigterm_stops_the_server_and_leaves_nothing(server: Served) -> None:
+    """Last of the module: SIGTERM to the foreground serve (timeout, systemd, docker stop) stops vLLM
+    and its engine process (its process group), removes the record and the weights link, and leaves
+    no directory behind."""
+    pid = server.record.pid
+    members = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split()
+    assert len(members) >= 2  # the API server and the engine core
+    server.cli.send_signal(signal.SIGTERM)
+    output = server.cli.communicate(timeout=120)[0]
+    assert server.cli.returncode == 0 and output.rstrip().endswith("stopped"), output
+    assert not group_alive(pid)
+    assert subprocess.run(["pgrep", "-g", str(pid)], capture_output=True).stdout == b""
+    assert records.read_record(MODEL) is None and not Path(server.record.root).is_symlink()
+    assert Path(server.record.log).is_file()  # the log stays
+    left = [p for p in server.tmp.rglob("*") if p.name == "config.json" or "verl-flow" in p.name]
+    assert left == [], sorted(os.listdir(server.tmp))  # no copy of the model, no directory of ours
