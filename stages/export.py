@@ -59,10 +59,11 @@ def export_model(
     store = ctx.store()
     # 1. Source checkpoint and tokenizer; skip when this very checkpoint was exported already
     source = resolve_source(store, ctx.run_id, iteration)
+    sampling = _generation_params(cfg)
     params = {
         "iteration": source.iteration,
         "model": cfg.model.model_dump(mode="json"),
-        "generation": _generation_params(cfg),
+        "generation": sampling,
     }
     inputs = {"policy": source.manifest_uri, "tokenizer": template_pack_uri}
     stage = store.open_stage(ctx.run_id, export_stage(source.stage), params=params, inputs=inputs)
@@ -100,15 +101,16 @@ def export_model(
     summary: dict[str, Any] = {"source": source.stage, "iteration": source.iteration, "lineage": lineage}
     if cfg.export.register_model and ctx.tracking_uri and ctx.mlflow_run_id:
         # MLflow's copy is save_pretrained of the same model: the same config.json as model_files'
-        merged.generation_config, merged.config.use_cache = generation, True
+        merged.generation_config = generation
+        merged.config.use_cache = True  # type: ignore[union-attr]
 
         def card(mlflow: dict[str, str]) -> Any:
-            return render_card(cfg, replace(facts, mlflow=mlflow), params["generation"])
+            return render_card(cfg, replace(facts, mlflow=mlflow), sampling)
 
-        registered = register_model(ctx, merged, tokenizer, registered_name(cfg), lineage, card)
+        registered = register_model(ctx, merged, tokenizer, registered_name(cfg), lineage, card, sampling)
         summary["registered_model"] = registered
         facts = replace(facts, mlflow=registered)
-    files[CARD_FILE] = str(render_card(cfg, facts, params["generation"])).encode()
+    files[CARD_FILE] = str(render_card(cfg, facts, sampling)).encode()
 
     # 5. Write, commit
     for name, data in sorted(files.items()):
@@ -168,10 +170,12 @@ def register_model(
     name: str,
     tags: dict[str, str],
     card: Callable[[dict[str, str]], Any],
+    sampling: dict[str, Any],
 ) -> dict[str, str]:
     """Log ``model`` and ``tokenizer`` to the run's MLflow run with MLflow's ``transformers`` flavour
     (a logged model) and register it as a new version of ``name`` with ``tags``; ``card(facts)``
-    gives the model card for the facts known before the version exists. Returns the facts:
+    gives the model card for the facts known before the version exists; ``sampling``: the defaults
+    of the per-request params (:func:`_signature`). Returns the facts:
     ``name``, ``version``, ``source``, ``logged_model``, ``run_id``, ``tracking_uri``."""
     import mlflow.transformers
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
@@ -204,6 +208,7 @@ def register_model(
             model_card=card(facts),
             mlflow_model=meta,
             prompt_template=_prompt_template(tokenizer),
+            signature=_signature(sampling),
             pip_requirements=_pip_requirements(),
         )
         client.log_model_artifacts(logged.model_id, str(path))
@@ -221,6 +226,24 @@ def register_model(
     version = client.create_model_version(name, source, run_id=run_id, tags=tags, model_id=logged.model_id)
     client.set_tag(run_id, "verl_flow.registered_model", f"{name}/{version.version}")
     return {**facts, "version": str(version.version), "source": source}
+
+
+def _signature(sampling: dict[str, Any]) -> Any:
+    """One string in (the user's message), one string out (the answer); per-request params
+    (``{"inputs": [...], "params": {"max_new_tokens": 16}}`` to ``mlflow models serve``) whose
+    defaults are the run's sampling, as in generation_config.json."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    sampled = sampling["temperature"] > 0
+    params = [
+        ParamSpec("max_new_tokens", "long", sampling["max_new_tokens"]),
+        ParamSpec("do_sample", "boolean", sampled),
+        ParamSpec("temperature", "double", float(sampling["temperature"]) if sampled else 1.0),
+        ParamSpec("top_p", "double", float(sampling["top_p"])),
+    ]
+    text = Schema([ColSpec("string")])
+    return ModelSignature(inputs=text, outputs=text, params=ParamSchema(params))
 
 
 def _pip_requirements() -> list[str]:

@@ -56,10 +56,16 @@ def test_registered_version_loads_and_generates_with_mlflows_own_loaders(
     out = pipe("12 + 7 = ?", max_new_tokens=4)
     assert isinstance(out[0]["generated_text"], str) and out[0]["generated_text"].startswith("12 + 7 = ?")
     # pyfunc: one string in, one string out (the chat template applied around it)
-    answers = mlflow.pyfunc.load_model(f"models:/{NAME}/{reg['version']}").predict(
-        ["12 + 7 = ?", "3 - 1 = ?"]
-    )
+    pyfunc = mlflow.pyfunc.load_model(f"models:/{NAME}/{reg['version']}")
+    answers = pyfunc.predict(["12 + 7 = ?", "3 - 1 = ?"])
     assert len(answers) == 2 and all(isinstance(a, str) for a in answers)
+    # per-request params (what `mlflow models serve` takes), by default the run's sampling
+    params = {p.name: p.default for p in pyfunc.metadata.get_params_schema().params}
+    assert params["max_new_tokens"] == cfg.data.max_response_length
+    assert params["temperature"] == cfg.rollout.temperature and params["do_sample"]
+    assert isinstance(
+        pyfunc.predict(["12 + 7 = ?"], params={"max_new_tokens": 2, "do_sample": False})[0], str
+    )
 
     # MLflow's copy holds the export's weights (save_pretrained of the same merged model) and its card
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{NAME}/{reg['version']}"))
