@@ -231,7 +231,8 @@ def fingerprint(store_url: str, run_id: str) -> dict[str, str]:
       producer's pid and time and the input key (a hash of input manifests, which hold the same);
     * ``report/metrics.json``: without the wall-clock series (``stage_seconds``, ``iteration_s``,
       ``timing_s/*``, ``perf/*``); ``report/report.md`` and ``report/plots/timing.png`` render those
-      and are left out.
+      and are left out, and so is an export's model card (``model/README.md``), which names the
+      store's manifest URIs and the MLflow run and model version.
     """
     store = ArtifactStore(store_url)
     out = {}
@@ -246,6 +247,8 @@ def fingerprint(store_url: str, run_id: str) -> dict[str, str]:
                 out[key] = _digest([r for r in rows if not str(r["name"]).startswith("perf/")])
             elif key in WALL_CLOCK_RENDERINGS:
                 continue
+            elif m.stage.startswith("export/") and f.name == "model/README.md":
+                continue  # the model card names the store's URIs and the MLflow run and version
             elif key == "report/metrics.json":
                 series = json.loads(data)["series"]
                 out[key] = _digest({k: v for k, v in series.items() if not _wall_clock(k)})
