@@ -14,7 +14,8 @@ and report whatever the source. Writes under ``eval/{label}``::
                                                         (:class:`~stages.floor.reports.EvalReport`,
                                                         also the manifest summary)
 
-and logs ``eval/accuracy``, ``eval/pass@k`` and ``eval/accuracy/{data_source}`` to MLflow.
+and logs ``eval/accuracy``, ``eval/pass@k`` and ``eval/accuracy/{data_source}`` to MLflow (the gate's
+evaluation of the registry's champion, ``eval/champion-v{version}``: under ``gate/champion/``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from stages.floor.artifacts import (
     read_policy,
 )
 from stages.floor.builders import build_scorers, engine_kwargs
-from stages.floor.champion import HELDOUT_PROMPTS, eval_inputs, eval_params
+from stages.floor.champion import HELDOUT_PROMPTS, eval_inputs, eval_params, is_champion_label
 from stages.floor.heldout import Scored, generate_passes, greedy_sampling, sampled_sampling, score_passes
 from stages.floor.locations import eval_stage, parse_export_stage
 from stages.floor.logging import stage_logger
@@ -98,7 +99,9 @@ def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sourc
     report = _report(source.label, prompts.column("data_source").to_pylist(), scored, e.k)
     stage.write_json("report.json", report.summary())
     uri = stage.commit(summary=report.summary())
-    ctx.tracker().log_metrics(_metrics(report), step=0)
+    # the registry's champion evaluated on this run's prompts (the gate) is not this run's policy
+    prefix = "gate/champion" if is_champion_label(source.label) else "eval"
+    ctx.tracker().log_metrics(_metrics(report, prefix), step=0)
     log.info("eval %s: greedy accuracy %.3f over %d prompts", source.label, report.accuracy, report.prompts)
     return uri
 
@@ -160,12 +163,12 @@ def _report(label: str, sources: list[str], scored: dict[str, Scored], k: int) -
     )
 
 
-def _metrics(report: EvalReport) -> dict[str, float]:
-    out = {"eval/accuracy": report.accuracy}
+def _metrics(report: EvalReport, prefix: str) -> dict[str, float]:
+    out = {f"{prefix}/accuracy": report.accuracy}
     if report.pass_at_1 is not None:  # MLflow names: no '@'
-        out["eval/pass_at_1"] = report.pass_at_1
+        out[f"{prefix}/pass_at_1"] = report.pass_at_1
     if report.pass_at_k is not None:
-        out[f"eval/pass_at_{report.k}"] = report.pass_at_k
+        out[f"{prefix}/pass_at_{report.k}"] = report.pass_at_k
     for s, a in report.by_source.items():
-        out[f"eval/accuracy/{s}"] = a.accuracy
+        out[f"{prefix}/accuracy/{s}"] = a.accuracy
     return out

@@ -31,6 +31,7 @@ from verl_core.store import ArtifactStore
 from verl_core.store.manifest import stage_input_key
 
 HELDOUT_PROMPTS = "prompt_tokens/val.parquet"  # the template_pack file eval answers
+CHAMPION_LABEL = "champion-v"  # eval/champion-v{version}: the champion evaluated in a challenger's run
 SOURCE_STAGE_TAG = "verl_flow.source_stage"  # export lineage tag: the checkpoint stage exported
 
 
@@ -45,6 +46,11 @@ def eval_params(cfg: VerlFlowConfig, source: EvalSource) -> dict[str, Any]:
         **({"engine": cfg.rollout.name} if cfg.rollout.name != "hf" else {}),  # hf: the keys of before
         **({"endpoint": source.endpoint, "served_model": source.served_model} if source.endpoint else {}),
     }
+
+
+def is_champion_label(label: str) -> bool:
+    """Whether ``eval/{label}`` is the registry's champion evaluated in another run (the gate's)."""
+    return label.startswith(CHAMPION_LABEL)
 
 
 def eval_inputs(template_pack_uri: str, source: EvalSource) -> dict[str, str]:
@@ -91,7 +97,7 @@ def find_champion(
 ) -> Champion:
     """The champion ``ref`` with its export and, when it can be reused (module docstring), its eval."""
     export_uri = champion_export(store, ref)
-    source = EvalSource(f"champion-v{ref.version}", manifest_uri=export_uri)
+    source = EvalSource(f"{CHAMPION_LABEL}{ref.version}", manifest_uri=export_uri)
     return Champion(ref, export_uri, source, reusable_eval(store, cfg, template_pack_uri, export_uri))
 
 

@@ -142,6 +142,9 @@ def test_gate_floor_promotion_reuse_reject_and_reevaluation(runs: dict[str, Run]
     again = evaluate.fn(c.ctx, c.cfg, c.tp, found.source)
     assert store.read_manifest(again).stage == f"eval/champion-v{b.version}"
     assert store.read_manifest(again).run_id == "c"  # on c's prompts, in c's run
+    c_metrics = client.get_run(c.ctx.mlflow_run_id).data.metrics
+    assert "gate/champion/accuracy" in c_metrics  # c's own eval/accuracy stays c's policy's
+    assert len(client.get_metric_history(c.ctx.mlflow_run_id, "eval/accuracy")) == 1
     c_bad = _doctored(store, c.eval, "export-bad", [False] * 6)
     b_on_c = _doctored(store, again, "champion-good", [True] * 6)
     rejected = gate.fn(c.ctx, c.cfg, c_bad, found, b_on_c)
