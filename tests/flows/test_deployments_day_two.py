@@ -154,9 +154,11 @@ def test_deploy_all_without_the_team_variables_leaves_nothing_that_fires(
     assert [(s["schedule"]["cron"], s["active"]) for s in nightly["schedules"]] == [("0 3 * * *", False)]
     ours = [d for name, ds in deployed.items() if name != "every-5s" for d in ds]  # not the test's above
     assert not [s for d in ours for s in d["schedules"] if s["active"]]
-    [automation] = _api(api, "/automations/filter", {})
-    assert automation["name"] == "rescore-on-verifier-published" and automation["enabled"] is False
-    assert "verl-flow.verifier.published" in automation["description"]
+    automations = {a["name"]: a for a in _api(api, "/automations/filter", {})}
+    assert sorted(automations) == ["rescore-on-verifier-published", "serve-on-model-promoted"]
+    assert not [a for a in automations.values() if a["enabled"]]
+    assert "verl-flow.verifier.published" in automations["rescore-on-verifier-published"]["description"]
+    assert "verl-flow.model.promoted" in automations["serve-on-model-promoted"]["description"]
 
 
 def test_a_run_form_edit_applies_on_top_of_the_config_file(
