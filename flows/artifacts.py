@@ -6,10 +6,12 @@ What Prefect's UI (3.8) does with them, checked in Chromium by ``tests/flows/tes
 it renders markdown artifacts and every cell of a table artifact as markdown, HTML included, and
 loads ``data:`` image URIs, not ``file://`` ones (a page served over http). So the plots are inlined
 as PNG data URIs (:func:`image_markdown`), and sample texts are escaped (:func:`markdown_cell`): a
-response's ``#### 42`` stays text, not a heading. Paths are shown relative to the run's directory
-(:func:`in_run`): the default store is ``./runs`` and holds each run under ``runs/{run_id}``, so a
-full path reads ``.../runs/runs/{run_id}/...``; the summary names the store once, then the run's
-files in it. The store's layout stays as it is: existing runs are found where they are.
+response's ``#### 42`` stays text, not a heading, and its lines stay on one wrapped line.
+
+Paths are shown relative to the run's directory (:func:`in_run`): the default store is ``./runs``
+and holds each run under ``runs/{run_id}``, so a full path reads ``.../runs/runs/{run_id}/...``; the
+summary names the store once, then the run's files in it. The store's layout stays as it is:
+existing runs are found where they are.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ _MARK = "\x00verl-flow-user-text\x00"
 
 def markdown_cell(text: str) -> str:
     """``text`` as a table cell that Prefect's markdown renders as written: punctuation escaped
-    (``#`` headings, ``|``, ``*``, ``<think>`` tags stay text), line breaks as ``<br>``."""
-    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", text).replace("\r\n", "\n").replace("\n", "<br>")
+    (``#`` headings, ``|``, ``*``, ``<think>`` tags stay text), each line break shown as `` ↵ `` (a
+    row as tall as its wrapped text, not one line per line of a response)."""
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", text).replace("\r\n", "\n").replace("\n", " ↵ ")
 
 
 def user_text(tokenizer: Any, prompt_text: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from prefect import flow
 
 from flows.dispatch import heartbeat
+from flows.progress import to_pipeline
 from flows.rl import rl_iterations
 from launcher.spmd import SpmdJob, needs_spmd, run_job
 from stages.export import export_model
@@ -38,7 +39,8 @@ def sft_flow(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str) ->
         config: The run's resolved config.
         template_pack_uri: The template_pack stage's manifest (tokenizer and packed SFT data).
     """
-    with heartbeat(ctx, config):  # dispatched: the pipeline tells it alive from preempted by this
+    # dispatched: the pipeline tells it alive from preempted by the heartbeat; its steps in the pipeline's log
+    with heartbeat(ctx, config), to_pipeline():
         check_environment(config)  # this worker's packages and torch build can run the config (no network)
         if needs_spmd(config):  # every rank runs sft_rank (launcher.spmd), rank 0 as this flow run's task
             job = SpmdJob(

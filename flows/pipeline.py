@@ -90,7 +90,7 @@ def rlhf_pipeline(
     check_parent(store, cfg, run_id or default_run_id(cfg))  # a fork or replay: before any work
     ctx = start_run_task(cfg, run_id, origin)
     get_run_logger().info(
-        "run %s (%s mode), artifacts under %s/runs/%s",
+        "run %s (%s mode): store %s, the run's files under runs/%s",
         ctx.run_id,
         cfg.execution.mode,
         ctx.store_url,

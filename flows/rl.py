@@ -42,6 +42,7 @@ from prefect.cache_policies import NONE
 
 from flows.dispatch import heartbeat
 from flows.loop import Loop, LoopStages
+from flows.progress import stage_line, to_pipeline
 from flows.sampling import sample_iteration
 from launcher.spmd import SpmdJob, needs_spmd, run_job
 from stages.floor.environment import check_environment
@@ -108,6 +109,7 @@ def run_iteration(loop: Loop, iteration: int) -> IterationArtifacts:
         )
     set_prompt_cursor(state, (iteration + 1) * cfg.data.train_batch_size)  # one batch per iteration
     r = _rollout_call(loop, iteration)
+    _stage_line(loop, iteration, "reward")
     with timed(loop.timings, "reward"), watched(ctx, "reward", cfg.execution.stall_timeout_s, iteration):
         w = on_main(
             lambda: loop.stages.reward(
@@ -120,6 +122,7 @@ def run_iteration(loop: Loop, iteration: int) -> IterationArtifacts:
 def _update(loop: Loop, iteration: int, rollouts: str | list[str], rewards: str | list[str]) -> str:
     """Iteration ``iteration``'s update stage (timed, watched)."""
     ctx, cfg = loop.ctx, loop.config
+    _stage_line(loop, iteration, "update")
     with timed(loop.timings, "update"), watched(ctx, "ppo_update", cfg.execution.stall_timeout_s, iteration):
         return loop.stages.update(ctx, cfg, rollouts, rewards, iteration)
 
@@ -134,7 +137,8 @@ def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft
         template_pack_uri: The template_pack stage's manifest (tokenizer and prompts).
         sft_uri: The SFT stage's manifest the policy starts from (empty: the model as configured).
     """
-    with heartbeat(ctx, config):  # dispatched: the pipeline tells it alive from preempted by this
+    # dispatched: the pipeline tells it alive from preempted by the heartbeat, and logs its progress
+    with heartbeat(ctx, config), to_pipeline():
         check_environment(config)  # this worker's packages and torch build can run the config (no network)
         if needs_spmd(config):
             job = SpmdJob(
@@ -205,11 +209,17 @@ def _rollout_call(loop: Loop, iteration: int) -> str:
     """Iteration ``iteration``'s rollout stage (timed, watched), the one call of it: run_iteration and
     the ahead rollout make the same call, so run_iteration finds an ahead rollout committed and skips it."""
     ctx, cfg = loop.ctx, loop.config
+    _stage_line(loop, iteration, "rollout")
     with timed(loop.timings, "rollout"), watched(ctx, "rollout", cfg.execution.stall_timeout_s, iteration):
         return loop.stages.rollout(
             ctx, cfg.data, cfg.rollout, loop.template_pack_uri, iteration, loop.lineage,
             cfg.algorithm.greedy_baseline, sandbox=cfg.sandbox,
         )  # fmt: skip
+
+
+def _stage_line(loop: Loop, iteration: int, stage: str) -> None:
+    """``rl: iteration 3/10: reward`` (iteration index 2 in progress), rate-limited (flows.progress)."""
+    stage_line(loop.ctx.run_id, f"rl: iteration {iteration + 1}/{get_state(loop.ctx).iterations}: {stage}")
 
 
 def _ahead_rollout_body(loop: Loop, iteration: int, threads: int | None) -> tuple[str, float]:
