@@ -322,3 +322,28 @@ def test_serve_model_deployment_follows_promotions() -> None:
     payload = {"name": "gsm8k-ppo", "version": "3", "previous": "2", "by": "gate"}
     target = jinja2.Template(trigger["parameters"]["target"]).render(event={"payload": payload})
     assert target == "models:/gsm8k-ppo@champion"
+
+
+def test_a_remote_stores_export_is_written_out_once_and_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a local store (memory:// here, S3 in production): the export is written into the state
+    directory's cache, named by its manifest's sha256, once; later serves reuse it; no partial copy."""
+    monkeypatch.setenv(records.STATE_ENV, str(tmp_path / "state"))
+    store = ArtifactStore("memory://serve-remote-store")
+    stage = store.open_stage("r2", "export/iter-0002", params={})
+    stage.write_bytes("model/config.json", json.dumps({"model_type": "qwen2"}).encode())
+    stage.write_bytes("model/model.safetensors", b"remote weights")
+    uri = stage.commit()
+    first = serving.resolve_model("r2", store.url)
+    assert first.model_dir == records.cache_dir() / store.manifest_sha256(uri)
+    assert (first.model_dir / "model.safetensors").read_bytes() == b"remote weights"
+    assert (
+        first.digest == hashlib.sha256(b"remote weights").hexdigest() and first.tool_call_parser(None) is None
+    )
+    stamp = (first.model_dir / "config.json").stat().st_mtime_ns
+    again = serving.resolve_model("r2", store.url)
+    assert (
+        again.model_dir == first.model_dir and (again.model_dir / "config.json").stat().st_mtime_ns == stamp
+    )
+    assert [p.name for p in records.cache_dir().iterdir()] == [first.model_dir.name]
