@@ -139,7 +139,7 @@ def create_app(catalog: Catalog) -> Dash:
     app = Dash(
         __name__,
         title="verl-flow browse",
-        update_title=None,
+        update_title=None,  # type: ignore[arg-type]  # None: no "Updating..." title (Dash's documented value)
         suppress_callback_exceptions=True,  # the pages' components exist only while shown
         serve_locally=True,
     )

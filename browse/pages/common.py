@@ -4,11 +4,13 @@ diverging colour scale of the token view."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, quote, urlencode
 
 import pandas as pd
 from dash import dcc, html
+
+from browse.queries import SampleKind
 
 # One set of a run's samples: (kind, key) as browse.queries.Catalog.sample_sets lists them
 SetRef = tuple[str, str]
@@ -91,3 +93,15 @@ def colour(value: float | None, scale: float) -> str:
     alpha = min(abs(value) / scale, 1.0) * 0.85
     rgb = "214, 39, 40" if value > 0 else "31, 119, 180"
     return f"rgba({rgb}, {alpha:.3f})"
+
+
+def kind_of(text: str) -> SampleKind:
+    """A sample set's kind as a URL gives it; ValueError for anything else (an error page)."""
+    if text not in ("train", "val", "eval"):
+        raise ValueError(f"no sample kind {text!r}: train, val or eval")
+    return cast(SampleKind, text)
+
+
+def data_attrs(**attrs: object) -> dict[str, Any]:
+    """HTML ``data-*`` attributes for a Dash component (``data_attrs(value=1)`` → ``data-value``)."""
+    return {f"data-{k.replace('_', '-')}": str(v) for k, v in attrs.items()}

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import dcc, html
 
-from browse.pages.common import error, fmt, href, records, run_path
+from browse.pages.common import data_attrs, error, fmt, href, kind_of, records, run_path
 from browse.pages.runs import run_tabs
 from browse.queries import Catalog
 
@@ -45,7 +45,7 @@ def _card(run_id: str, kind: str, key: str, r: dict[str, Any]) -> html.Div:
         ],
         className="group-response correct" if ok else "group-response",
         id=f"group-response-{r.get('sample_index')}",
-        **{"data-sample-id": str(r.get("sample_id"))},
+        **data_attrs(sample_id=r.get("sample_id")),
     )
 
 
@@ -53,12 +53,12 @@ def group_layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.D
     kind, key, prompt = query.get("kind"), query.get("key"), query.get("prompt")
     if not (kind and key and prompt):
         return html.Div([run_tabs(run_id), error("a group needs kind, key and prompt in the URL")])
-    df = catalog.group(run_id, kind, key, int(prompt))  # type: ignore[arg-type]
+    df = catalog.group(run_id, kind_of(kind), key, int(prompt))
     if df.empty:
         return html.Div([run_tabs(run_id), error(f"no samples of prompt {prompt} in {kind} {key}")])
     rows = records(df)
     first = rows[0]
-    rewards = [r.get("reward") for r in rows if r.get("reward") is not None]
+    rewards = [float(r["reward"]) for r in rows if r.get("reward") is not None]
     spread = f"mean reward {fmt(sum(rewards) / len(rewards))}" if rewards else ""
     return html.Div(
         [

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import ALL, Dash, Input, Output, callback_context, dcc, html, no_update
 
-from browse.pages.common import error, fmt, href, records, run_path, table
+from browse.pages.common import data_attrs, error, fmt, href, records, run_path, table
 from browse.queries import Catalog
 
 # the charts of a run's page: (title, [(column of Catalog.iterations, trace name)])
@@ -62,7 +62,7 @@ def layout(catalog: Catalog) -> html.Div:
             _link("MLflow run", r.get("mlflow_run_url")),
             _link("flow run", r.get("prefect_flow_run_url")),
         ]
-        rows.append(html.Tr([html.Td(c) for c in cells], **{"data-run-id": r["run_id"]}))
+        rows.append(html.Tr([html.Td(c) for c in cells], **data_attrs(run_id=r["run_id"])))
     tbl = html.Table(
         [html.Thead(html.Tr([html.Th(h) for h in head])), html.Tbody(rows)],
         id="runs-table",

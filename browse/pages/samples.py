@@ -4,23 +4,24 @@ DuckDB; the grid holds one page), and links from each row to its group and its t
 
 The query string presets the filters, so a filtered view can be linked:
 ``?kind=train&key=iter-0003&correct=false&text=carry``. Keys: data_source, correct, reward_min,
-reward_max, length_min, length_max, truncated, tools, policy_version, text, garbled."""
+reward_max, length_min, length_max, truncated, tools, policy_version, text, garbled; page_size."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import dash_ag_grid as dag
 from dash import Dash, Input, Output, State, callback_context, dcc, html
 
-from browse.pages.common import error, href, records
+from browse.pages.common import error, href, kind_of, records
 from browse.pages.runs import run_tabs
 from browse.queries import Catalog, SampleFilter
 
-PAGE_SIZE = 50
+PAGE_SIZE = 50  # rows of one page (the query string's page_size, up to MAX_PAGE_SIZE)
+MAX_PAGE_SIZE = 500
 TRI = [{"label": "any", "value": ""}, {"label": "yes", "value": "true"}, {"label": "no", "value": "false"}]
 # (control id, query key, label, input type) of the numeric and text filters
-INPUTS = (
+INPUTS: tuple[tuple[str, str, str, Literal["text", "number"]], ...] = (
     ("f-data-source", "data_source", "data source", "text"),
     ("f-reward-min", "reward_min", "reward ≥", "number"),
     ("f-reward-max", "reward_max", "reward ≤", "number"),
@@ -84,6 +85,10 @@ def build_filter(values: dict[str, Any]) -> SampleFilter:
     )
 
 
+def _page_size(text: str | None) -> int:
+    return min(int(text), MAX_PAGE_SIZE) if text and text.isdigit() and int(text) > 0 else PAGE_SIZE
+
+
 def _set_value(kind: str, key: str) -> str:
     return f"{kind}|{key}"
 
@@ -121,6 +126,7 @@ def layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.Div:
             run_tabs(run_id),
             dcc.Store(id="samples-run", data=run_id),
             dcc.Store(id="samples-page", data=0),
+            dcc.Store(id="samples-size", data=_page_size(query.get("page_size"))),
             html.Div(controls, className="filters"),
             html.Div(
                 [
@@ -182,30 +188,33 @@ def register(app: Dash, catalog: Catalog) -> None:
         Input("samples-grid", "columnState"),
         *inputs,
         State("samples-page", "data"),
+        State("samples-size", "data"),
         State("samples-run", "data"),
     )
     def _page(set_value: str, _prev: Any, _next: Any, column_state: Any, *rest: Any) -> tuple[Any, ...]:
-        values, page, run_id = dict(zip(keys, rest[:-2], strict=True)), rest[-2] or 0, rest[-1]
+        values, page, size, run_id = (
+            dict(zip(keys, rest[:-3], strict=True)),
+            rest[-3] or 0,
+            rest[-2],
+            rest[-1],
+        )
         trigger = callback_context.triggered_id
         if trigger == "samples-prev":
             page = max(page - 1, 0)
         elif trigger == "samples-next":
             page += 1
-        elif trigger != "samples-grid":
-            page = 0  # a new filter or set starts at the first page
+        else:
+            page = 0  # a new filter, sort or set starts at the first page
         kind, key = set_value.split("|", 1)
         try:
             filters = build_filter(values)
         except ValueError as e:
             return [], f"bad filter: {e}", "", page
-        df, total = catalog.samples(
-            run_id, kind, key, filters, _sort(column_state), page * PAGE_SIZE, PAGE_SIZE
-        )  # type: ignore[arg-type]
-        pages = max((total + PAGE_SIZE - 1) // PAGE_SIZE, 1)
+        sort = _sort(column_state)
+        df, total = catalog.samples(run_id, kind_of(kind), key, filters, sort, page * size, size)
+        pages = max((total + size - 1) // size, 1)
         if page >= pages:  # "next" past the end
             page = pages - 1
-            df, total = catalog.samples(
-                run_id, kind, key, filters, _sort(column_state), page * PAGE_SIZE, PAGE_SIZE
-            )  # type: ignore[arg-type]
+            df, total = catalog.samples(run_id, kind_of(kind), key, filters, sort, page * size, size)
         rows = _rows(run_id, kind, key, records(df))
         return rows, f"{total} matching samples", f"page {page + 1} of {pages}", page

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 from dash import Dash, Input, Output, State, dcc, html
 
-from browse.pages.common import colour, error, fmt, href, records, table
+from browse.pages.common import colour, data_attrs, error, fmt, href, kind_of, records, table
 from browse.pages.runs import run_tabs
 from browse.queries import Catalog
 
@@ -44,14 +44,14 @@ def spans(df: pd.DataFrame, by: str) -> list[html.Span]:
                 className="tok",
                 title=title(r),
                 style=style,
-                **{"data-value": "" if v is None else repr(float(v)), "data-position": str(r["position"])},
+                **data_attrs(value="" if v is None else repr(float(v)), position=r["position"]),
             )
         )
     return out
 
 
 def _mismatch_list(catalog: Catalog, run_id: str, kind: str, key: str) -> html.Div:
-    top = catalog.top_mismatch(run_id, kind, key)  # type: ignore[arg-type]
+    top = catalog.top_mismatch(run_id, kind_of(kind), key)
     if top.empty:
         return html.Div(
             "no trainer log-probs stored for this set: no mismatch to list",
@@ -77,7 +77,7 @@ def layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.Div:
             return html.Div([run_tabs(run_id), error("no training samples to show tokens of")])
         kind, key = "train", str(train["key"].iloc[-1])
     if not sample:
-        first, _ = catalog.samples(run_id, kind, key, None, None, 0, 1)  # type: ignore[arg-type]
+        first, _ = catalog.samples(run_id, kind_of(kind), key, None, None, 0, 1)
         if first.empty:
             return html.Div([run_tabs(run_id), error(f"no samples in {kind} {key}")])
         sample = str(first["sample_id"].iloc[0])
@@ -89,7 +89,7 @@ def layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.Div:
         if prompt
         else []
     )
-    toks = catalog.tokens(run_id, kind, key, sample)  # type: ignore[arg-type]
+    toks = catalog.tokens(run_id, kind_of(kind), key, sample)
     return html.Div(
         [
             run_tabs(run_id),
@@ -128,5 +128,5 @@ def register(app: Dash, catalog: Catalog) -> None:
         prevent_initial_call=True,
     )
     def _recolour(by: str, ref: dict[str, str]) -> list[html.Span]:
-        toks = catalog.tokens(ref["run"], ref["kind"], ref["key"], ref["sample"])  # type: ignore[arg-type]
+        toks = catalog.tokens(ref["run"], kind_of(ref["kind"]), ref["key"], ref["sample"])
         return spans(toks, by)

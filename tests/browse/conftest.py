@@ -52,13 +52,27 @@ class BrowseRun(NamedTuple):
 
 @pytest.fixture(scope="session")
 def browse_run(tmp_path_factory: pytest.TempPathFactory) -> BrowseRun:
-    """A finished run (``tiny``) and its rescore (``rule``) in a fresh store; ~45 s on 2 cores.
-    ``VERL_FLOW_BROWSE_STORE=DIR``: the store DIR that an earlier session made instead (made there
-    when it has no run yet), to iterate on the browser tests without the pipeline's minute."""
+    """A finished run (``tiny``) and its rescore (``rule``) in a fresh store; ~45 s on 2 cores, made
+    once per session: under pytest-xdist the first worker that asks makes it in the session's shared
+    temporary folder, the others wait for it and read it (the test files using it may land on
+    different workers). ``VERL_FLOW_BROWSE_STORE=DIR``: the store DIR that an earlier session made
+    instead (made there when it has no run yet), to iterate on the tests without the pipeline."""
+    from filelock import FileLock
+
     kept = os.environ.get("VERL_FLOW_BROWSE_STORE")
-    if kept and (Path(kept) / "runs" / RUN / "rescore").is_dir():
-        return BrowseRun(kept, RUN, RESCORE)
-    store = Path(kept) if kept else tmp_path_factory.mktemp("browse-store")
+    if kept:
+        store = Path(kept)
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        store = tmp_path_factory.getbasetemp().parent / "browse-store"  # shared by the session's workers
+    else:
+        store = tmp_path_factory.mktemp("browse-store")
+    with FileLock(str(store) + ".lock"):
+        if not (store / "runs" / RUN / "rescore" / RESCORE / "report" / "manifest.json").is_file():
+            _make(store)
+    return BrowseRun(str(store), RUN, RESCORE)
+
+
+def _make(store: Path) -> None:
     code = MAKE.format(run=repr(RUN_ARGS), rescore=repr(RESCORE_ARGS))
     env = {**os.environ, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
     proc = subprocess.run(
@@ -66,4 +80,3 @@ def browse_run(tmp_path_factory: pytest.TempPathFactory) -> BrowseRun:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return BrowseRun(str(store), RUN, RESCORE)

@@ -164,6 +164,36 @@ def test_filter_to_incorrect_samples(browser: Browser, browse_run: BrowseRun) ->
     browser.shot("samples")
 
 
+def test_sorting_and_paging_happen_on_the_server(browser: Browser, browse_run: BrowseRun) -> None:
+    store = ArtifactStore(browse_run.store_url)
+    rewards = sorted(r["score"] for r in _table(store, browse_run.run_id, f"{KEY}/reward", "rewards.parquet"))
+    page = browser.page
+    browser.open(
+        f"/run/{browse_run.run_id}/samples?kind=train&key={KEY}&page_size=5", "#samples-grid .ag-row"
+    )
+    label = page.locator("#samples-page-label")
+    pages = (len(rewards) + 4) // 5
+
+    def shown(expected: list[float], at: int) -> None:
+        """The page's rewards are ``expected`` (as a multiset) and the label says page ``at``."""
+        cells = page.locator('#samples-grid .ag-center-cols-container [col-id="reward"]')
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            got = sorted(float(t) for t in cells.all_inner_texts())
+            if got == pytest.approx(sorted(expected)) and label.inner_text() == f"page {at} of {pages}":
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"page {label.inner_text()}: {got} != {sorted(expected)}")
+
+    header = page.locator('#samples-grid .ag-header-cell[col-id="reward"] .ag-header-cell-label')
+    header.click()  # ascending: page 1 holds the 5 lowest rewards of all 16, not of the first 5 rows
+    shown(rewards[:5], 1)
+    page.locator("#samples-next").click()
+    shown(rewards[5:10], 2)
+    header.click()  # descending, back to the first page
+    shown(rewards[::-1][:5], 1)
+
+
 def test_group_view_shows_the_n_responses(browser: Browser, browse_run: BrowseRun) -> None:
     store = ArtifactStore(browse_run.store_url)
     rollouts = _table(store, browse_run.run_id, f"{KEY}/rollout", "rollouts.parquet")
