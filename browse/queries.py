@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ import pyarrow as pa
 
 from browse.garbled import garbled_reasons
 from browse.sets import SampleKind, SampleSet, list_sets
-from browse.sql import order_clause, set_query, where_clause
+from browse.sql import mismatch_stats, order_clause, set_query, where_clause
 from stages.floor.locations import REPORT, rescore_report_stage
 from stages.floor.parent import run_link
 from stages.floor.reports import collect_series
@@ -233,13 +234,23 @@ class Catalog:
             self._fill_garbled(table)
         where, params = where_clause(f)
         order = order_clause(sort or [], SAMPLE_COLUMNS)
+        keys = ", ".join(dict.fromkeys(["group_id", "sample_index", *(f'"{c}"' for c, _ in sort or [])]))
         cur = self._db.cursor()
-        total = cur.execute(f"SELECT count(*) FROM {table} WHERE {where}", params).fetchone()
+        # one scan: the matching rows' keys and sort columns, then the page's whole rows by key
         page = cur.execute(
-            f"SELECT * FROM {table} WHERE {where} ORDER BY {order} LIMIT ? OFFSET ?",
+            f"""WITH m AS MATERIALIZED (SELECT {keys} FROM {table} WHERE {where}),
+                     p AS (SELECT group_id, sample_index FROM m ORDER BY {order} LIMIT ? OFFSET ?)
+                SELECT t.*, (SELECT count(*) FROM m) AS _total
+                FROM p JOIN {table} t USING (group_id, sample_index) ORDER BY {order}""",
             [*params, int(limit), int(offset)],
         ).df()
-        return self._with_garbled(table, page), int(total[0]) if total else 0
+        if len(page):
+            total = int(page.pop("_total").iloc[0])
+        else:  # a page past the end
+            page = page.drop(columns="_total")
+            found = cur.execute(f"SELECT count(*) FROM {table} WHERE {where}", params).fetchone()
+            total = int(found[0]) if found else 0
+        return self._with_garbled(table, page), total
 
     def group(self, run_id: str, kind: SampleKind, key: str, prompt_id: int) -> pd.DataFrame:
         """The samples of prompt ``prompt_id`` in the set (its group: the n responses), by
@@ -334,28 +345,23 @@ class Catalog:
         if s.update is None or not self._has_trainer_logprobs(s):
             return pd.DataFrame(columns=cols)
         table = self._table(s)
-        frame = (
-            self._db.cursor()
-            .execute(
-                f"""WITH d AS (
-                        SELECT b.sample_id, b.prompt_id, b.reward, b.response_length, b.group_id,
-                               b.sample_index,
-                               list_transform(
-                                   range(1, least(len(r.logprobs), len(u.old_log_probs)) + 1),
-                                   lambda i: abs(r.logprobs[i] - u.old_log_probs[i])::DOUBLE
-                               ) AS diff
-                        FROM read_parquet(?) r JOIN read_parquet(?) u USING (group_id, sample_index)
-                        JOIN {table} b USING (group_id, sample_index))
-                    SELECT sample_id, prompt_id, reward, response_length,
-                           list_max(diff) AS max_abs_mismatch, list_avg(diff) AS mean_abs_mismatch,
-                           list_position(diff, list_max(diff)) - 1 AS argmax_position
-                    FROM d WHERE len(diff) > 0
-                    ORDER BY max_abs_mismatch DESC, group_id, sample_index LIMIT ?""",
-                [s.rollouts, s.update, int(limit)],
+        got = _arrow(
+            self._db.cursor().execute(
+                f"""SELECT b.sample_id, b.prompt_id, b.reward, b.response_length,
+                           r.logprobs AS behaviour, u.old_log_probs AS trainer
+                    FROM read_parquet(?) r JOIN read_parquet(?) u USING (group_id, sample_index)
+                    JOIN {table} b USING (group_id, sample_index)
+                    ORDER BY b.group_id, b.sample_index""",
+                [s.rollouts, s.update],
             )
-            .df()
         )
-        return frame[cols]
+        frame = got.select(cols[:4]).to_pandas()
+        frame["max_abs_mismatch"], frame["mean_abs_mismatch"], frame["argmax_position"] = mismatch_stats(
+            got["behaviour"], got["trainer"]
+        )
+        frame = frame[frame["argmax_position"] >= 0]
+        frame = frame.sort_values("max_abs_mismatch", ascending=False, kind="stable")
+        return frame.head(limit).reset_index(drop=True)[cols]
 
     # ---------------------------------------------------------------------------------------- rescores
     def rescores(self, run_id: str) -> list[str]:
@@ -403,15 +409,9 @@ class Catalog:
             if table in self._garbled:
                 return
             cur = self._db.cursor()
-            rows = cur.execute(f"SELECT group_id, sample_index, response, truncated FROM {table}").df()
-            reasons = garbled_reasons(rows["response"].tolist(), rows["truncated"].tolist())
-            flags = pa.table(
-                {
-                    "group_id": rows["group_id"].to_numpy(),
-                    "sample_index": rows["sample_index"].to_numpy(),
-                    "reason": pa.array(reasons, pa.string()),
-                }
-            )
+            rows = _arrow(cur.execute(f"SELECT group_id, sample_index, response, truncated FROM {table}"))
+            reasons = garbled_reasons(rows["response"], rows["truncated"].to_pylist())
+            flags = rows.select(["group_id", "sample_index"]).append_column("reason", pa.array(reasons))
             cur.register("garbled_flags", flags)
             cur.execute(
                 f"""CREATE OR REPLACE TABLE {table} AS
@@ -450,6 +450,15 @@ class Catalog:
                 text = self.store.read_bytes(tp, "tokenizer/tokenizer.json").decode()
                 self._tokenizers[uri] = Tokenizer.from_str(text)
             return self._tokenizers[uri]
+
+
+def _arrow(result: Any) -> pa.Table:
+    """A DuckDB result as an Arrow table (duckdb 1.x ``fetch_arrow_table``, 2.x ``to_arrow_table``)."""
+    fetch = getattr(result, "fetch_arrow_table", None) or result.to_arrow_table
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # 2.x: "an extra copy of the rows"
+        table: pa.Table = fetch()
+    return table
 
 
 def _parse_sample_id(sample_id: str) -> tuple[int, int]:

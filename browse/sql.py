@@ -4,7 +4,12 @@ User text only ever reaches DuckDB as a parameter; column names are checked agai
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from browse.sets import SampleSet
 
@@ -77,9 +82,9 @@ def where_clause(f: SampleFilter) -> tuple[str, list[Any]]:
         add("(tool_calls > 0) = ?", f.has_tool_calls)
     if f.policy_version is not None:
         add("policy_version = ?", int(f.policy_version))
-    if f.text:
-        needle = f.text.lower()
-        add("(contains(lower(response), ?) OR contains(lower(prompt), ?))", needle, needle)
+    if f.text:  # case-insensitive literal: RE2 with the text escaped (no lower() copy of every text)
+        pattern = "(?i)" + re.escape(f.text)
+        add("(regexp_matches(response, ?) OR regexp_matches(prompt, ?))", pattern, pattern)
     if f.garbled is not None:
         add("garbled = ?", f.garbled)
     return (" AND ".join(conds) or "TRUE"), params
@@ -93,3 +98,33 @@ def order_clause(sort: list[tuple[str, bool]], columns: tuple[str, ...]) -> str:
             raise ValueError(f"cannot sort by {col!r}: not one of {', '.join(columns)}")
         parts.append(f'"{col}" {"ASC" if ascending else "DESC"} NULLS LAST')
     return ", ".join([*parts, "group_id", "sample_index"])
+
+
+def mismatch_stats(
+    behaviour: pa.ChunkedArray, trainer: pa.ChunkedArray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of two list columns of log-probs: max and mean of |behaviour - trainer| over the
+    positions both hold, and the position of the max; ``(rows,)`` each, NaN / -1 for a row with
+    none. Vectorised over rows of equal lengths (every row the pipeline writes); others one by one."""
+    a, t = behaviour.combine_chunks(), trainer.combine_chunks()
+    la = pc.list_value_length(a).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    lt = pc.list_value_length(t).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    rows = len(la)
+    mx, mean, arg = np.full(rows, np.nan), np.full(rows, np.nan), np.full(rows, -1, np.int64)
+    av = pc.list_flatten(a).to_numpy(zero_copy_only=False).astype(np.float64)
+    tv = pc.list_flatten(t).to_numpy(zero_copy_only=False).astype(np.float64)
+    sa, st = np.concatenate([[0], np.cumsum(la)]), np.concatenate([[0], np.cumsum(lt)])
+    if ((la == lt) & (la > 0)).all():  # one array of |differences|, reduced per row
+        diff, starts = np.abs(av - tv), sa[:-1]
+        if np.isfinite(diff).all():
+            mx = np.maximum.reduceat(diff, starts)
+            mean = np.add.reduceat(diff, starts) / la
+            idx = np.flatnonzero(diff == np.repeat(mx, la))  # the first index of each row's max
+            return mx, mean, idx[np.searchsorted(idx, starts)] - starts
+    for i in range(rows):
+        n = int(min(la[i], lt[i]))
+        if n:
+            d = np.abs(av[sa[i] : sa[i] + n] - tv[st[i] : st[i] + n])
+            j = int(np.argmax(d))
+            mx[i], mean[i], arg[i] = d[j], float(d.mean()), j
+    return mx, mean, arg
