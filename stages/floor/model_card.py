@@ -26,6 +26,7 @@ trained with another theta). The card states the requirement (:data:`TRANSFORMER
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,7 +229,7 @@ def _training_section(cfg: VerlFlowConfig, facts: CardFacts) -> str:
     return f"## Training\n\n{table}\n\nThe full resolved config is the run's `run.json`."
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     lines = [header, tuple("---" for _ in header), *rows]
     return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
 
