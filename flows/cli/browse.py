@@ -6,6 +6,7 @@ to the run's page."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from types import FrameType
@@ -37,7 +38,7 @@ def browse_cmd(
         list[str] | None, typer.Argument(help="Runs to show (default: every run of the store)")
     ] = None,
     store: StoreOpt = None,
-    port: Annotated[int, typer.Option(help="Port to serve on")] = DEFAULT_PORT,
+    port: Annotated[int, typer.Option(help="Port to serve on (0: any free port)")] = DEFAULT_PORT,
     host: Annotated[
         str, typer.Option(help="Address to bind (127.0.0.1: this machine only; 0.0.0.0: every interface)")
     ] = "127.0.0.1",
@@ -61,10 +62,12 @@ def browse_cmd(
     except VerlFlowError as e:
         fail(e, 1)
     app = create_app(catalog)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     try:
         server = make_server(host, port, app.server, threaded=True)
     except OSError as e:
         fail(f"cannot listen on {host}:{port}: {e}", 1)
+    port = server.server_port  # --port 0: a free port the system chose
     url = browse_url(host, port, ids)
     record = write_record(f"http://{host if host != '0.0.0.0' else '127.0.0.1'}:{port}", st.url, ids)
     signal.signal(signal.SIGTERM, _stop)
