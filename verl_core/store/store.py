@@ -162,13 +162,10 @@ class ArtifactStore:
     def write_run_record(
         self, run_id: str, config: dict[str, Any], config_hash: str, origin: dict[str, Any] | None = None
     ) -> RunRecord:
-        """Create or update ``runs/{run_id}/run.json`` (created_at is kept across reruns; ``origin``
-        written only when given)."""
+        """Create or update ``runs/{run_id}/run.json`` (created_at kept across reruns; origin if given)."""
         path = posixpath.join(self.run_dir(run_id), "run.json")
         now = _now()
-        created = now
-        if self.exists(path):
-            created = self.read_run_record(run_id).created_at
+        created = self.read_run_record(run_id).created_at if self.exists(path) else now
         record = RunRecord(run_id, config, config_hash, code_version(), created, now, origin)
         fields = {k: v for k, v in record.__dict__.items() if k != "origin" or v is not None}
         self.put_atomic(path, json.dumps(fields, indent=2, sort_keys=True).encode())
