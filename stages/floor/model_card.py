@@ -292,6 +292,7 @@ def _usage_section(name: str, generation: dict[str, Any], mlflow: dict[str, str]
     if g["temperature"] > 0:
         top_k = f", top_k {g['top_k']}" if g["top_k"] > 0 else ""
         sampling = f"temperature {g['temperature']}, top_p {g['top_p']}{top_k}"
+    sampling += f", at most {g['max_new_tokens']} new tokens"
     ref = f"models:/{name}/{mlflow['version']}" if mlflow.get("version") else f"models:/{name}@champion"
     return f"""## How to use
 
@@ -299,8 +300,8 @@ Requires `{TRANSFORMERS_REQUIREMENT}`: transformers 4.x cannot load this tokeniz
 (`tokenizer_class: TokenizersBackend`) and reads `config.json` without its `rope_parameters`.
 
 `generation_config.json` carries the run's rollout sampling: {sampling},
-at most {g["max_new_tokens"]} new tokens, stopping at the end of the assistant turn. A bare `generate()`
-samples that way; `do_sample=False` gives the greedy answers the held-out accuracy measures:
+stopping at the end of the assistant turn. A bare `generate()` samples that way; `do_sample=False`
+gives the greedy answers the held-out accuracy measures:
 
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
