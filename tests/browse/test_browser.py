@@ -8,8 +8,8 @@ Screenshots of every view go to the test's tmp dir, and also to ``$VERL_FLOW_SCR
 from __future__ import annotations
 
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,12 +40,6 @@ def _table(store: ArtifactStore, run_id: str, stage: str, name: str) -> list[dic
     return pq.read_table(store.file_uri(m, name).removeprefix("file://")).to_pylist()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Browser:
     """The served app and a Chromium page on it; ``shot(name)`` saves a full-page screenshot."""
 
@@ -73,11 +67,10 @@ def served(browse_run: BrowseRun, tmp_path_factory: pytest.TempPathFactory) -> I
     """``verl-flow browse RUN`` on a free port: ``(base URL, state dir)``; stopped with SIGTERM,
     which must exit 0 and remove the browser's record."""
     state = tmp_path_factory.mktemp("state")
-    port = _free_port()
     cmd = [sys.executable, "-m", "flows.cli", "browse", browse_run.run_id, "--store", browse_run.store_url]
     env = {**os.environ, "XDG_STATE_HOME": str(state)}
     proc = subprocess.Popen(
-        [*cmd, "--port", str(port)],
+        [*cmd, "--port", "0"],  # a free port: the printed URL says which
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -85,8 +78,12 @@ def served(browse_run: BrowseRun, tmp_path_factory: pytest.TempPathFactory) -> I
         text=True,
     )
     assert proc.stdout is not None
-    line = proc.stdout.readline()  # "browsing STORE at URL  (Ctrl-C stops)", printed once it listens
-    assert f"http://localhost:{port}/run/{browse_run.run_id}" in line, line + proc.stdout.read()
+    seen = ""  # up to "browsing STORE at URL  (Ctrl-C stops)", printed once it listens
+    while not (found := re.search(rf"http://localhost:(\d+)/run/{browse_run.run_id}\b", seen)):
+        line = proc.stdout.readline()
+        assert line, seen  # it exited
+        seen += line
+    port = int(found.group(1))
     records = list((state / "verl-flow" / "browsers").glob("*.json"))
     assert len(records) == 1  # what a pipeline run on this store reads (browse.record)
     try:
