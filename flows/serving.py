@@ -165,7 +165,7 @@ def _model_dir(store: ArtifactStore, manifest: Manifest, shas: dict[str, str]) -
             return config.parent
     cached = records.cache_dir() / store.manifest_sha256(store.manifest_uri(manifest.run_id, manifest.stage))
     if (cached / "config.json").is_file():
-        return cached  # written by an earlier serve (config.json is written last)
+        return cached  # written by an earlier serve (a copy appears whole: written beside, renamed)
     partial = cached.with_name(f".{cached.name}.partial-{uuid.uuid4().hex[:8]}")
     try:
         materialise_export(store, manifest, partial)
@@ -247,19 +247,23 @@ class Stopped(BaseException):
 
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP (``timeout``, systemd, ``docker stop``, a Prefect cancellation) raise
-    :class:`Stopped` in the main thread, so that ``finally`` blocks stop the server (it runs in its
-    own session and would outlive us); SIGINT raises KeyboardInterrupt as always."""
+    """SIGTERM and SIGHUP (``timeout``, systemd, ``docker stop``) raise :class:`Stopped` in the main
+    thread, so that ``finally`` blocks stop the server (it runs in its own session and would outlive
+    us); SIGINT raises KeyboardInterrupt as always. A handler already installed is left in place:
+    Prefect's flow engine turns a cancellation's SIGTERM into ``TerminationSignal``, which unwinds the
+    same way (and marks the flow run Cancelled)."""
+    ours = [signal.SIGTERM, signal.SIGHUP]
 
     def stop(signum: int, _frame: object) -> None:
-        for s in (signal.SIGTERM, signal.SIGHUP):  # once: a second signal does not cut the cleanup short
+        for s in ours:  # once: a second signal does not cut the cleanup short
             signal.signal(s, signal.SIG_IGN)
         raise Stopped(signal.Signals(signum).name)
 
     if not _main_thread():
         yield
         return
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    ours = [s for s in ours if signal.getsignal(s) is signal.SIG_DFL]
+    old = {s: signal.signal(s, stop) for s in ours}
     try:
         yield
     finally:
