@@ -125,6 +125,9 @@ def _word_repetition(arr: pa.Array) -> np.ndarray:
             + ids[2:] * np.uint64(0x165667B19E3779F9)
             + row[:-2].astype(np.uint64) * np.uint64(0x27D4EB2F165667C5)
         )
+        key ^= key >> np.uint64(31)  # splitmix64's finaliser: every bit of the key mixed into the low
+        key *= np.uint64(0xBF58476D1CE4E5B9)  # ones, which pandas' hash table buckets by
+        key ^= key >> np.uint64(29)
     valid = row[:-2] == row[2:]  # the three words are of one text
     start = row[:-2][valid]
     dup = pd.Series(key[valid]).duplicated().to_numpy()
