@@ -30,6 +30,7 @@ from dash.development.base_component import Component
 
 from browse.pages import common, config, prompts, rescores, runs, samples, tokens
 from browse.queries import Catalog
+from verl_core.errors import VerlFlowError
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 0; color: #222; }
@@ -121,9 +122,14 @@ def route(catalog: Catalog, pathname: str | None, search: str | None) -> Compone
     page = VIEWS.get(view)
     if page is None:
         return common.error(f"no view {view!r}: one of {', '.join(v for v in VIEWS if v)}")
+    if catalog.run_ids is not None and run_id not in catalog.run_ids:
+        return common.error(
+            f"run {run_id!r} is not one of this browser's runs ({', '.join(catalog.run_ids)})"
+        )
     try:
+        catalog.store.read_run_record(run_id)
         return page(catalog, run_id, query)
-    except (KeyError, ValueError, FileNotFoundError) as e:  # an unknown run, set or sample
+    except (KeyError, ValueError, FileNotFoundError, VerlFlowError) as e:  # an unknown run, set or sample
         return common.error(f"{type(e).__name__}: {e}")
 
 

@@ -85,7 +85,9 @@ def _history_chart(df: pd.DataFrame) -> go.Figure:
     )
     mean = df.groupby("iteration")["reward"].mean()
     fig.add_trace(go.Scatter(x=mean.index, y=mean.values, mode="lines+markers", name="group mean"))
-    fig.update_layout(height=230, margin={"l": 40, "r": 10, "t": 20, "b": 30}, xaxis_title="iteration")
+    fig.update_layout(
+        height=230, margin={"l": 40, "r": 10, "t": 20, "b": 30}, xaxis={"title": "iteration", "dtick": 1}
+    )
     return fig
 
 
@@ -93,8 +95,9 @@ def history_layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html
     prompt = query.get("prompt", "")
     form = html.Form(
         [
-            html.Label(
-                ["prompt id or text ", dcc.Input(id="prompt-query", name="prompt", value=prompt, type="text")]
+            html.Div(
+                [html.Span("prompt id or text"), dcc.Input(id="prompt-query", name="prompt", value=prompt)],
+                className="control",
             ),
             html.Button("show", type="submit"),
         ],

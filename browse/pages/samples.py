@@ -104,6 +104,10 @@ def layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.Div:
     chosen = (
         _set_value(query["kind"], query["key"]) if "kind" in query and "key" in query else options[0]["value"]
     )
+    if chosen not in {o["value"] for o in options}:
+        return html.Div(
+            [run_tabs(run_id), error(f"no committed sample set {chosen.replace('|', ' ')} in this run")]
+        )
     controls: list[Any] = [
         html.Div(
             [
