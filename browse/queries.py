@@ -270,6 +270,7 @@ class Catalog:
         id of the train set (an int, or a text of digits) or a text the prompt contains (case
         ignored). Columns: iteration, then :data:`SAMPLE_COLUMNS`; by iteration, sample_index."""
         text = str(prompt).strip()
+        params: list[Any]
         if text.isdigit():
             cond, params = "prompt_id = ?", [int(text)]
         else:
