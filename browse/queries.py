@@ -129,6 +129,7 @@ class Catalog:
         self._garbled: set[str] = set()  # tables whose garbled column is filled
         self._manifests: dict[str, tuple[float, list[Manifest]]] = {}
         self._tokenizers: dict[str, Any] = {}
+        self._set_lists: dict[str, tuple[list[Manifest], list[SampleSet]]] = {}
 
     # ---------------------------------------------------------------------------------------- runs
     def runs(self) -> pd.DataFrame:
@@ -208,7 +209,7 @@ class Catalog:
     def sample_sets(self, run_id: str) -> pd.DataFrame:
         """The run's committed sample sets: kind, key, iteration (-1 for eval), stage, rows, uri
         (the rollouts file), has_update (advantages and trainer log-probs joined)."""
-        sets = list_sets(self.store, run_id, self.manifests(run_id))
+        sets = self._sets(run_id)
         cols = ["kind", "key", "iteration", "stage", "rows", "uri", "has_update"]
         return pd.DataFrame(
             [(s.kind, s.key, s.iteration, s.stage, s.rows, s.rollouts, s.update is not None) for s in sets],
@@ -276,7 +277,7 @@ class Catalog:
         else:
             cond, params = "contains(lower(prompt), ?)", [text.lower()]
         parts = []
-        for s in list_sets(self.store, run_id, self.manifests(run_id)):
+        for s in self._sets(run_id):
             if s.kind != "train":
                 continue
             table = self._table(s)
@@ -387,8 +388,17 @@ class Catalog:
         return agreement, dis
 
     # ---------------------------------------------------------------------------------------- internals
+    def _sets(self, run_id: str) -> list[SampleSet]:
+        """The run's sample sets, found again only when its manifests were listed again."""
+        manifests = self.manifests(run_id)
+        cached = self._set_lists.get(run_id)
+        if cached is None or cached[0] is not manifests:
+            cached = (manifests, list_sets(self.store, run_id, manifests))
+            self._set_lists[run_id] = cached
+        return cached[1]
+
     def _find(self, run_id: str, kind: SampleKind, key: str) -> SampleSet:
-        for s in list_sets(self.store, run_id, self.manifests(run_id)):
+        for s in self._sets(run_id):
             if s.kind == kind and s.key == key:
                 return s
         raise ArtifactNotFoundError(f"run {run_id!r} has no committed {kind} sample set {key!r}")

@@ -57,13 +57,13 @@ def list_sets(store: ArtifactStore, run_id: str, manifests: list[Manifest]) -> l
         elif gen is not None and gen[1] == "reward":
             found += _train(store, by_stage, m, gen[0], gen[2])
         elif it is not None and it[1] == "val":
-            tp = _prompts_input(m)
+            tp = _prompts_input(store, m)
             key = f"iter-{it[0]:04d}"
             for sub, name in (("", key), ("sampled/", f"{key}/sampled")):
                 if _has(m, f"{sub}rollouts.parquet", f"{sub}rewards.parquet"):
                     found.append(_set(store, "val", name, it[0], m, m, sub, None, tp))
         elif m.stage.startswith("eval/"):
-            tp = _prompts_input(m)
+            tp = _prompts_input(store, m)
             label = m.stage.removeprefix("eval/")
             for sub in ("greedy", "sampled"):
                 if _has(m, f"{sub}/rollouts.parquet", f"{sub}/rewards.parquet"):
@@ -84,7 +84,7 @@ def _train(
         key = f"iter-{iteration:04d}/gen-{gen}"
     if rollout is None or not _has(reward, "rewards.parquet"):
         return []
-    tp = _prompts_input(rollout)
+    tp = _prompts_input(store, rollout)
     return [_set(store, "train", key, iteration, rollout, reward, "", update, tp)]
 
 
@@ -129,6 +129,14 @@ def _has(m: Manifest, *names: str) -> bool:
     return all(n in have for n in names)
 
 
-def _prompts_input(m: Manifest) -> str | None:
+def _prompts_input(store: ArtifactStore, m: Manifest) -> str | None:
     found = m.inputs.get("prompts")
-    return found["uri"] if found else None
+    return in_store(store, found["uri"]) if found else None
+
+
+def in_store(store: ArtifactStore, uri: str) -> str:
+    """``uri`` of a manifest as this store names it: a store copied elsewhere (a local run synced to
+    a bucket) keeps its manifests' input URIs, which point to ``.../runs/{run}/...`` of the old place."""
+    if uri.startswith(store.url + "/") or "/runs/" not in uri:
+        return uri
+    return store.uri(store.path(uri[uri.rindex("/runs/") + 1 :]))
