@@ -70,7 +70,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
         "PREFECT_API_URL": api,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_UI_ENABLED": "true",  # the server serves Prefect's UI at /
-        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_LOGGING_LEVEL": "INFO",  # the run loggers send INFO lines to the API (conftest: WARNING)
     }
     procs = Processes(env, tmp)
     try:
