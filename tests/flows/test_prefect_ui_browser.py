@@ -169,6 +169,9 @@ def test_the_ui_describes_parameters_and_shows_the_run_summary(
     assert "<|im_start|>" in first["prompt_text"]  # the rollouts hold the templated prompt
     assert first["extra_info"]["question"] in table, table[:1000]
     assert page.locator("table td :is(h1, h2, h3, h4, h5, h6)").count() == 0
+    # a response's lines do not stack up: every row about one line of text tall (was ~350 px)
+    heights = page.evaluate("[...document.querySelectorAll('table tbody tr')].map(r => r.offsetHeight)")
+    assert heights and max(heights) < 120, heights
     page.shot("eval-samples")
     assert time.monotonic() - t0 < 60  # the pages themselves; the server and the run are the fixture's
 
