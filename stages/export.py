@@ -197,21 +197,25 @@ def register_model(
         "logged_model": logged.model_id,
         "name": name,
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model"
-        meta = Model(artifact_path=logged.artifact_location, run_id=run_id, model_id=logged.model_id)
-        meta.model_uuid = logged.model_id
-        mlflow.transformers.save_model(
-            {"model": model, "tokenizer": tokenizer},
-            str(path),
-            task="text-generation",
-            model_card=card(facts),
-            mlflow_model=meta,
-            prompt_template=_prompt_template(tokenizer),
-            signature=_signature(sampling),
-            pip_requirements=_pip_requirements(),
-        )
-        client.log_model_artifacts(logged.model_id, str(path))
+    try:  # a logged model whose artifacts did not all arrive is marked FAILED, not left PENDING
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model"
+            meta = Model(artifact_path=logged.artifact_location, run_id=run_id, model_id=logged.model_id)
+            meta.model_uuid = logged.model_id
+            mlflow.transformers.save_model(
+                {"model": model, "tokenizer": tokenizer},
+                str(path),
+                task="text-generation",
+                model_card=card(facts),
+                mlflow_model=meta,
+                prompt_template=_prompt_template(tokenizer),
+                signature=_signature(sampling),
+                pip_requirements=_pip_requirements(),
+            )
+            client.log_model_artifacts(logged.model_id, str(path))
+    except BaseException:
+        client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
+        raise
     client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
     client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=iteration)])
     if not client.search_registered_models(filter_string=f"name = '{name}'"):
