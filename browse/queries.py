@@ -13,14 +13,14 @@ Sample sets (``kind``, ``key``), as :meth:`Catalog.sample_sets` lists them:
     eval    export-iter-0002/greedy, export-iter-0002/sampled     eval/{label}
 
 A sample's id is ``"{group_id}:{sample_index}"`` (unique within a set).
+The columns (:data:`SAMPLE_COLUMNS`, :data:`TOKEN_COLUMNS`) and :class:`SampleFilter` are defined
+in :mod:`browse.sql` and imported from here.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -30,7 +30,18 @@ import pyarrow as pa
 
 from browse.garbled import garbled_reasons
 from browse.sets import SampleKind, SampleSet, list_sets
-from browse.sql import mismatch_stats, order_clause, set_query, where_clause
+from browse.sql import (
+    SAMPLE_COLUMNS,
+    TOKEN_COLUMNS,
+    SampleFilter,
+    arrow_of,
+    mismatch_stats,
+    order_clause,
+    padded,
+    parse_sample_id,
+    set_query,
+    where_clause,
+)
 from stages.floor.locations import REPORT, rescore_report_stage
 from stages.floor.parent import run_link
 from stages.floor.reports import collect_series
@@ -54,60 +65,6 @@ ITERATION_METRICS = {
     "truncated_frac": ("response_length/clip_ratio",),
     "val_accuracy": ("val/accuracy",),
 }
-
-# Columns of Catalog.samples / Catalog.group (one row per sample)
-SAMPLE_COLUMNS = (
-    "sample_id",  # "{group_id}:{sample_index}"
-    "group_id",  # the prompt's position in the iteration's batch (its GRPO group)
-    "sample_index",  # the sample's index in its group (ReMax's greedy baseline: rollout.n)
-    "prompt_id",  # the prompt row's index in its prompt set (the same prompt across iterations)
-    "data_source",
-    "prompt",  # the user's text, without the chat template
-    "response",
-    "reward",  # the reward stage's score
-    "correct",
-    "advantage",  # mean over the response tokens (null: no update stage, e.g. val/eval)
-    "response_length",
-    "truncated",  # finish_reason == "length"
-    "tool_calls",  # number of tool calls (multi-turn), 0 otherwise
-    "policy_version",
-    "extracted_answer",
-    "ground_truth",
-    "garbled",
-    "garbled_reason",  # "" when not garbled (browse.garbled)
-    "is_baseline",
-    "finish_reason",
-)
-# Columns of Catalog.tokens (one row per response token)
-TOKEN_COLUMNS = (
-    "position",
-    "token_id",
-    "token",  # the token's text (the run's tokenizer)
-    "advantage",  # null without an update stage
-    "kl",  # null when the update stored no KL (no KL in the reward)
-    "behaviour_logprob",  # the rollout engine's
-    "trainer_logprob",  # the trainer's recomputed pi_old (null when the update did not store it)
-    "mismatch",  # behaviour_logprob - trainer_logprob
-    "model_token",  # False on tool-output tokens (multi-turn)
-)
-
-
-@dataclass(frozen=True)
-class SampleFilter:
-    """Filters of :meth:`Catalog.samples`; None: no filter on that column. ``text``: a
-    case-insensitive substring of the prompt or the response (matched literally)."""
-
-    data_source: str | None = None
-    correct: bool | None = None
-    reward_min: float | None = None
-    reward_max: float | None = None
-    length_min: int | None = None
-    length_max: int | None = None
-    truncated: bool | None = None
-    has_tool_calls: bool | None = None
-    policy_version: int | None = None
-    text: str | None = None
-    garbled: bool | None = None
 
 
 class Catalog:
@@ -295,7 +252,7 @@ class Catalog:
         """Per response token of one sample (:data:`TOKEN_COLUMNS`). Raises ArtifactNotFoundError
         for a sample the set does not hold."""
         s = self._find(run_id, kind, key)
-        group_id, index = _parse_sample_id(sample_id)
+        group_id, index = parse_sample_id(sample_id)
         cur = self._db.cursor()
         row = cur.execute(
             "SELECT response_ids, logprobs, loss_mask FROM read_parquet(?) "
@@ -314,8 +271,8 @@ class Catalog:
                 [s.update, group_id, index],
             ).fetchone()
             if upd is not None:
-                adv, kl, trainer = (_padded(v, n) for v in upd)
-        behaviour = _padded(row[1], n)
+                adv, kl, trainer = (padded(v, n) for v in upd)
+        behaviour = padded(row[1], n)
         mask = row[2]
         tok = self._tokenizer(s)
         texts = [tok.decode([i], skip_special_tokens=False) for i in ids] if tok else [str(i) for i in ids]
@@ -347,7 +304,7 @@ class Catalog:
         if s.update is None or not self._has_trainer_logprobs(s):
             return pd.DataFrame(columns=cols)
         table = self._table(s)
-        got = _arrow(
+        got = arrow_of(
             self._db.cursor().execute(
                 f"""SELECT b.sample_id, b.prompt_id, b.reward, b.response_length,
                            r.logprobs AS behaviour, u.old_log_probs AS trainer
@@ -420,7 +377,7 @@ class Catalog:
             if table in self._garbled:
                 return
             cur = self._db.cursor()
-            rows = _arrow(cur.execute(f"SELECT group_id, sample_index, response, truncated FROM {table}"))
+            rows = arrow_of(cur.execute(f"SELECT group_id, sample_index, response, truncated FROM {table}"))
             reasons = garbled_reasons(rows["response"], rows["truncated"].to_pylist())
             flags = rows.select(["group_id", "sample_index"]).append_column("reason", pa.array(reasons))
             cur.register("garbled_flags", flags)
@@ -461,33 +418,6 @@ class Catalog:
                 text = self.store.read_bytes(tp, "tokenizer/tokenizer.json").decode()
                 self._tokenizers[uri] = Tokenizer.from_str(text)
             return self._tokenizers[uri]
-
-
-def _arrow(result: Any) -> pa.Table:
-    """A DuckDB result as an Arrow table (duckdb 1.x ``fetch_arrow_table``, 2.x ``to_arrow_table``)."""
-    fetch = getattr(result, "fetch_arrow_table", None) or result.to_arrow_table
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # 2.x: "an extra copy of the rows"
-        table: pa.Table = fetch()
-    return table
-
-
-def _parse_sample_id(sample_id: str) -> tuple[int, int]:
-    try:
-        group_id, index = str(sample_id).split(":")
-        return int(group_id), int(index)
-    except ValueError:
-        raise ValueError(f"sample id {sample_id!r}: expected 'GROUP:INDEX', e.g. '3:1'") from None
-
-
-def _padded(values: Any, n: int) -> np.ndarray | None:
-    """``values`` as ``(n,)`` float64 (NaN where missing), None for a null or empty list."""
-    if values is None or len(values) == 0:
-        return None
-    out = np.full(n, np.nan)
-    got = np.asarray(values[:n], dtype=np.float64)
-    out[: len(got)] = got
-    return out
 
 
 def _last(frame: pd.DataFrame, col: str) -> float | None:

@@ -1,11 +1,14 @@
 """The SQL of the rollout browser's sample tables (DuckDB): the query making a set's table from
-its Parquet files, and the WHERE / ORDER BY of a :class:`~browse.queries.SampleFilter` and a sort.
+its Parquet files, the WHERE / ORDER BY of a :class:`~browse.queries.SampleFilter` and a sort, and
+the small conversions of results (Arrow, sample ids, per-token lists).
 User text only ever reaches DuckDB as a parameter; column names are checked against a fixed list."""
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+import warnings
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -13,14 +16,66 @@ import pyarrow.compute as pc
 
 from browse.sets import SampleSet
 
-if TYPE_CHECKING:
-    from browse.queries import SampleFilter
-
 # -------------------------------------------------------------------------------------------- SQL
 _PROMPT_TEXT = (
     "array_to_string(list_transform(list_filter(prompt, lambda m: m.role <> 'system'), "
     "lambda m: m.content), '\\n\\n')"
 )
+
+
+# Columns of Catalog.samples / Catalog.group (one row per sample)
+SAMPLE_COLUMNS = (
+    "sample_id",  # "{group_id}:{sample_index}"
+    "group_id",  # the prompt's position in the iteration's batch (its GRPO group)
+    "sample_index",  # the sample's index in its group (ReMax's greedy baseline: rollout.n)
+    "prompt_id",  # the prompt row's index in its prompt set (the same prompt across iterations)
+    "data_source",
+    "prompt",  # the user's text, without the chat template
+    "response",
+    "reward",  # the reward stage's score
+    "correct",
+    "advantage",  # mean over the response tokens (null: no update stage, e.g. val/eval)
+    "response_length",
+    "truncated",  # finish_reason == "length"
+    "tool_calls",  # number of tool calls (multi-turn), 0 otherwise
+    "policy_version",
+    "extracted_answer",
+    "ground_truth",
+    "garbled",
+    "garbled_reason",  # "" when not garbled (browse.garbled)
+    "is_baseline",
+    "finish_reason",
+)
+# Columns of Catalog.tokens (one row per response token)
+TOKEN_COLUMNS = (
+    "position",
+    "token_id",
+    "token",  # the token's text (the run's tokenizer)
+    "advantage",  # null without an update stage
+    "kl",  # null when the update stored no KL (no KL in the reward)
+    "behaviour_logprob",  # the rollout engine's
+    "trainer_logprob",  # the trainer's recomputed pi_old (null when the update did not store it)
+    "mismatch",  # behaviour_logprob - trainer_logprob
+    "model_token",  # False on tool-output tokens (multi-turn)
+)
+
+
+@dataclass(frozen=True)
+class SampleFilter:
+    """Filters of :meth:`Catalog.samples`; None: no filter on that column. ``text``: a
+    case-insensitive substring of the prompt or the response (matched literally)."""
+
+    data_source: str | None = None
+    correct: bool | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    length_min: int | None = None
+    length_max: int | None = None
+    truncated: bool | None = None
+    has_tool_calls: bool | None = None
+    policy_version: int | None = None
+    text: str | None = None
+    garbled: bool | None = None
 
 
 def set_query(s: SampleSet) -> tuple[str, list[Any]]:
@@ -128,3 +183,30 @@ def mismatch_stats(
             j = int(np.argmax(d))
             mx[i], mean[i], arg[i] = d[j], float(d.mean()), j
     return mx, mean, arg
+
+
+def arrow_of(result: Any) -> pa.Table:
+    """A DuckDB result as an Arrow table (duckdb 1.x ``fetch_arrow_table``, 2.x ``to_arrow_table``)."""
+    fetch = getattr(result, "fetch_arrow_table", None) or result.to_arrow_table
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # 2.x: "an extra copy of the rows"
+        table: pa.Table = fetch()
+    return table
+
+
+def parse_sample_id(sample_id: str) -> tuple[int, int]:
+    try:
+        group_id, index = str(sample_id).split(":")
+        return int(group_id), int(index)
+    except ValueError:
+        raise ValueError(f"sample id {sample_id!r}: expected 'GROUP:INDEX', e.g. '3:1'") from None
+
+
+def padded(values: Any, n: int) -> np.ndarray | None:
+    """``values`` as ``(n,)`` float64 (NaN where missing), None for a null or empty list."""
+    if values is None or len(values) == 0:
+        return None
+    out = np.full(n, np.nan)
+    got = np.asarray(values[:n], dtype=np.float64)
+    out[: len(got)] = got
+    return out
