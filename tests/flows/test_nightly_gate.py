@@ -14,8 +14,12 @@ suite's tiny config and a new dated data snapshot each night (issue 40, "Done wh
 "Worse" and "better" are asserted as the decision following from the paired per-prompt answers the
 gate wrote (discordant counts and McNemar's p), not as particular accuracies.
 
-Serving that follows the champion (the served digest) is not driven here: the serve-model trigger
-needs a vLLM server per night, beyond this test's time on a 2-core box (tests/flows/test_serving*).
+Serving follows the champion through ``models:/NAME@champion``: after each night the weights digest
+that ``verl-flow serve models:/NAME@champion`` (and the serve-model deployment the promoted event
+triggers) resolves to is checked (:func:`flows.serving.resolve_model`, the digest the server reports
+in ``/v1/models``): unchanged by night 2, night 3's after night 3, night 1's after the rollback. No vLLM
+server is started here (one per night is beyond this test's time on a 2-core box); the real server's
+report of that digest is tests/vllm's.
 """
 
 from __future__ import annotations
@@ -131,7 +135,9 @@ def run_night(server: Server, night: int) -> tuple[str, str]:
         parameters = {"overrides": [*nightly(root), *NIGHTS[night]]}
         flow_run = client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
     worker = [str(BIN / "prefect"), "worker", "start", "--pool", "nightly", "--run-once", "--limit", "1"]
+    started = time.monotonic()
     out = subprocess.run(worker, cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
+    print(f"night {night}: {time.monotonic() - started:.0f} s")  # shown with pytest -s
     deadline = time.monotonic() + 30
     while (state := _state(api, str(flow_run.id))) not in TERMINAL:
         assert time.monotonic() < deadline, (
@@ -159,16 +165,25 @@ def gate_of(root: Path, night: int) -> tuple[dict[str, Any], tuple[int, int] | N
 
 
 def aliases(server: Server) -> dict[str, str]:
-    env, _, _, root = server
-    out = _verl(env, "models", NAME, "--store", str(root / "store"), "--json")
-    assert out.returncode == 0, out.stderr
-    return {a: row["version"] for row in json.loads(out.stdout) for a in row["aliases"].split(",") if a}
+    """The registered model's aliases → versions (what ``verl-flow models NAME`` lists)."""
+    from stages.floor.registry import versions
+
+    uri = f"sqlite:///{server[3] / 'store' / 'mlflow.db'}"
+    return {a: ref.version for ref in versions(uri, NAME) for a in ref.aliases}
 
 
 def _verl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(BIN / "verl-flow"), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=420
     )
+
+
+def champion_digest(root: Path, version: str = "") -> str:
+    """The weights digest ``verl-flow serve models:/NAME@champion`` serves now (or of ``version``)."""
+    from flows.serving import resolve_model
+
+    target = f"models:/{NAME}/{version}" if version else f"models:/{NAME}@champion"
+    return resolve_model(target, str(root / "store")).digest
 
 
 def promoted_events(api: str, n: int) -> list[dict[str, Any]]:
@@ -192,11 +207,10 @@ def test_three_nights_gate_promote_reject_rollback(server: Server) -> None:
     assert aliases(server) == {"champion": "1"}
     [event] = promoted_events(api, 1)
     assert event["resource"]["prefect.resource.id"] == f"verl-flow.model.{NAME}"
-    assert (event["payload"]["version"], event["payload"]["by"], event["payload"]["previous"]) == (
-        "1",
-        "gate",
-        "",
-    )
+    payload = event["payload"]
+    assert (payload["version"], payload["by"], payload["previous"]) == ("1", "gate", "")
+    night1 = champion_digest(root)
+    assert night1 == champion_digest(root, "1")
 
     # night 2: from the champion's export, no better → rejected, alias unmoved, the flow run Failed
     state, message = run_night(server, 2)
@@ -206,6 +220,7 @@ def test_three_nights_gate_promote_reject_rollback(server: Server) -> None:
     assert not (c > b and mcnemar_exact(b, c) < ALPHA)  # the paired answers say: not better
     assert state == "FAILED" and record["line"] in message
     assert aliases(server) == {"champion": "1"}
+    assert champion_digest(root) == night1  # serving unchanged
     store = ArtifactStore(str(root / "store"))
     runs = {(store.read_run_record(r).origin or {}).get("data_snapshot"): r for r in store.list_runs()}
     origin = store.read_run_record(runs[str(root / "snapshots/2026-11-22")]).origin
@@ -227,12 +242,14 @@ def test_three_nights_gate_promote_reject_rollback(server: Server) -> None:
     b, c = pairs
     assert c > b and mcnemar_exact(b, c) < ALPHA  # the paired answers say: better
     assert aliases(server) == {"champion": "3", "previous-champion": "1"}
+    assert champion_digest(root) == champion_digest(root, "3") != night1  # serving follows
 
     # rollback: night 1's version serves again, recorded, announced
     out = _verl(env, "rollback", NAME, "--store", str(root / "store"))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"{NAME} rolled back: version 1 is the champion (was version 3)"
     assert aliases(server) == {"champion": "1"}
+    assert champion_digest(root) == night1  # serving follows the rollback
     events = promoted_events(api, 3)
     assert [(e["payload"]["version"], e["payload"]["by"]) for e in events] == [
         ("1", "gate"),
