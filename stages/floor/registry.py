@@ -22,8 +22,12 @@ both. The event goes to the configured Prefect API (``PREFECT_API_URL``); with n
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import os
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +49,7 @@ RUN_ID_TAG = "verl_flow.run_id"  # export lineage tag: the verl-flow run that pr
 EXPORT_URI_TAG = "verl_flow.export_uri"  # export lineage tag: the export stage's manifest URI
 PROMOTED_EVENT = "verl-flow.model.promoted"
 MODELS_SCHEME = "models:/"
+CHAMPION_CACHE = Path.home() / ".verl-flow" / "champions"  # local copies of champions from remote stores
 
 
 class RegistryError(VerlFlowError):
@@ -318,7 +323,8 @@ def start_from(
     parent's iteration count, prompt cursor and optimizer state on the parent's data, while a nightly
     run trains the configured iterations on a new snapshot (and a scratch-tokenizer config trains a
     new vocabulary on it); the export needs none of that and is what the registry points at. Without
-    a champion yet (the first night) the run starts from the config's model."""
+    a champion yet (the first night) the run starts from the config's model. Where the export's
+    directory comes from: :func:`champion_export`."""
     origin: dict[str, Any] = {"data_snapshot": data_snapshot} if data_snapshot else {}
     if cfg.retrain.start_from == "config":
         return cfg, ({"start_from": "config", **origin} if origin else None)
@@ -343,7 +349,7 @@ def start_from(
     store = ArtifactStore(
         cfg.store.url, max_attempts=cfg.store.max_attempts, outage_budget_s=cfg.store.outage_budget_s
     )
-    export_uri, path = champion_export(store, ref)
+    export_uri, path = champion_export(store, ref, local_mode=cfg.execution.mode == "local")
     started = with_overrides(cfg, [f"model.path={path}", "model.init=pretrained", "sft.enable=false"])
     stage_logger(__name__).info("retrain.start_from=champion: %s (%s) starts the run", ref.uri, path)
     return started, {
@@ -357,10 +363,14 @@ def start_from(
     }
 
 
-def champion_export(store: Any, ref: ModelVersionRef) -> tuple[str, str]:
+def champion_export(store: Any, ref: ModelVersionRef, *, local_mode: bool = True) -> tuple[str, str]:
     """The export manifest URI of a registered version (its ``verl_flow.export_uri`` tag, else its
-    run id and source stage tags) and its model directory in the (local) store."""
-    from stages.floor.artifacts import MODEL_PREFIX
+    run id and source stage tags) and a local model directory holding it: the export's own directory
+    in a local store; for another store (S3), in ``execution.mode=local`` (every stage in this
+    process), a copy under :data:`CHAMPION_CACHE` named by the manifest's sha256 (written once,
+    beside then renamed). A remote store in deployments mode is refused in one line: the workers of
+    the other pools load ``model.path`` from their own disks."""
+    from stages.floor.artifacts import MODEL_PREFIX, materialise_export
     from stages.floor.locations import export_stage
     from verl_core.errors import ConfigError
 
@@ -372,11 +382,23 @@ def champion_export(store: Any, ref: ModelVersionRef) -> tuple[str, str]:
                 f"{ref.uri}: no {EXPORT_URI_TAG} tag nor run id and source stage tags: not a verl-flow export"
             )
         uri = store.manifest_uri(run, export_stage(stage))
-    if not store.url.startswith("file://"):
-        raise ConfigError(
-            f"retrain.start_from=champion: the champion's export is in {store.url}, not a local directory; "
-            f"copy it (verl-flow export RUN --to DIR) and set model.path=DIR instead"
-        )
     manifest = store.read_manifest(uri)
-    config = store.file_uri(manifest, f"{MODEL_PREFIX}/config.json")
-    return uri, str(Path(config.removeprefix("file://")).parent)
+    if store.url.startswith("file://"):
+        config = store.file_uri(manifest, f"{MODEL_PREFIX}/config.json")
+        return uri, str(Path(config.removeprefix("file://")).parent)
+    if not local_mode:
+        raise ConfigError(
+            f"retrain.start_from=champion: the champion's export is in {store.url}, which the other pools' "
+            "workers cannot load as model.path; use a shared-filesystem store, execution.mode=local, or copy "
+            "it (verl-flow export RUN --to DIR) and set model.path=DIR"
+        )
+    cached = CHAMPION_CACHE / store.manifest_sha256(uri)
+    if not (cached / "config.json").is_file():
+        partial = cached.with_name(f".{cached.name}.partial-{uuid.uuid4().hex[:8]}")
+        try:
+            materialise_export(store, manifest, partial)
+            with contextlib.suppress(OSError):  # another run finished the same copy first
+                os.replace(partial, cached)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    return uri, str(cached)

@@ -234,3 +234,36 @@ def test_start_from_champion_uses_its_export(tmp_path: Path, uri: str) -> None:
     assert store.read_run_record("night2").origin == origin
     store.write_run_record("plain", {}, "h")
     assert "origin" not in (Path(str(tmp_path / "store")) / "runs" / "plain" / "run.json").read_text()
+
+
+def test_start_from_a_champion_in_a_remote_store(
+    tmp_path: Path, uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export in a store that is not a local directory (memory:// stands for S3): copied once under
+    the champion cache in local mode (a second start reuses the copy); refused in deployments mode."""
+    from mlflow.tracking import MlflowClient
+
+    from verl_core.errors import ConfigError
+    from verl_core.store import ArtifactStore
+
+    monkeypatch.setattr(registry, "CHAMPION_CACHE", tmp_path / "cache")
+    name = _model(uri, 0)
+    store = ArtifactStore(f"memory://champ-{name}")
+    stage = store.open_stage("night1", "export/iter-0001", params={})
+    stage.write_bytes("model/config.json", b'{"a": 1}')
+    stage.write_bytes("model/model.safetensors", b"weights")
+    export_uri = stage.commit(summary={})
+    tags = {"verl_flow.run_id": "night1", "verl_flow.export_uri": export_uri}
+    MlflowClient(tracking_uri=uri).create_model_version(name, source="/fake", tags=tags)
+    registry.promote(uri, name, "1", decision={"verdict": "promote"}, by="gate")
+    cfg = load_config(None, [f"store.url={store.url}", f"tracking.uri={uri}", "retrain.start_from=champion"])
+    cfg = cfg.model_copy(update={"export": cfg.export.model_copy(update={"registered_model_name": name})})
+
+    started, origin = registry.start_from(cfg, None)
+    local = Path(str(started.model.path))
+    assert local.parent == tmp_path / "cache" and (local / "model.safetensors").read_bytes() == b"weights"
+    assert origin is not None and origin["export_uri"] == export_uri and origin["model_path"] == str(local)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [local.name]  # no partial copy left
+    assert registry.start_from(cfg, None)[0].model.path == str(local)  # the same copy again
+    with pytest.raises(ConfigError, match="the other pools' workers cannot load"):
+        registry.champion_export(store, registry.resolve(uri, f"models:/{name}@champion"), local_mode=False)
