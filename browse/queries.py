@@ -31,11 +31,11 @@ import pyarrow as pa
 from browse.garbled import garbled_reasons
 from browse.sets import SampleKind, SampleSet, list_sets
 from browse.sql import (
+    MISMATCH_SQL,
     SAMPLE_COLUMNS,
     TOKEN_COLUMNS,
     SampleFilter,
     arrow_of,
-    mismatch_stats,
     order_clause,
     padded,
     parse_sample_id,
@@ -304,23 +304,17 @@ class Catalog:
         if s.update is None or not self._has_trainer_logprobs(s):
             return pd.DataFrame(columns=cols)
         table = self._table(s)
-        got = arrow_of(
-            self._db.cursor().execute(
-                f"""SELECT b.sample_id, b.prompt_id, b.reward, b.response_length,
-                           r.logprobs AS behaviour, u.old_log_probs AS trainer
-                    FROM read_parquet(?) r JOIN read_parquet(?) u USING (group_id, sample_index)
-                    JOIN {table} b USING (group_id, sample_index)
-                    ORDER BY b.group_id, b.sample_index""",
-                [s.rollouts, s.update],
-            )
-        )
-        frame = got.select(cols[:4]).to_pandas()
-        frame["max_abs_mismatch"], frame["mean_abs_mismatch"], frame["argmax_position"] = mismatch_stats(
-            got["behaviour"], got["trainer"]
-        )
-        frame = frame[frame["argmax_position"] >= 0]
-        frame = frame.sort_values("max_abs_mismatch", ascending=False, kind="stable")
-        return frame.head(limit).reset_index(drop=True)[cols]
+        sql = f"""WITH d AS (SELECT group_id, sample_index, {MISMATCH_SQL} AS d
+                            FROM read_parquet(?) r JOIN read_parquet(?) u USING (group_id, sample_index)),
+                       m AS (SELECT group_id, sample_index, list_max(d) AS mx, list_avg(d) AS mean,
+                                    list_position(d, list_max(d)) - 1 AS arg
+                             FROM d WHERE coalesce(len(d), 0) > 0)
+                  SELECT b.sample_id, b.prompt_id, b.reward, b.response_length, m.mx AS max_abs_mismatch,
+                         m.mean AS mean_abs_mismatch, m.arg AS argmax_position
+                  FROM m JOIN {table} b USING (group_id, sample_index)
+                  ORDER BY isnan(m.mx), m.mx DESC, b.group_id, b.sample_index LIMIT ?"""
+        frame = self._db.cursor().execute(sql, [s.rollouts, s.update, int(limit)]).df()
+        return frame[cols]
 
     # ---------------------------------------------------------------------------------------- rescores
     def rescores(self, run_id: str) -> list[str]:
@@ -381,11 +375,10 @@ class Catalog:
             reasons = garbled_reasons(rows["response"], rows["truncated"].to_pylist())
             flags = rows.select(["group_id", "sample_index"]).append_column("reason", pa.array(reasons))
             cur.register("garbled_flags", flags)
-            cur.execute(
-                f"""CREATE OR REPLACE TABLE {table} AS
-                    SELECT t.* REPLACE (g.reason <> '' AS garbled, g.reason AS garbled_reason)
-                    FROM {table} t JOIN garbled_flags g USING (group_id, sample_index)
-                    ORDER BY t.group_id, t.sample_index"""
+            cur.execute(  # only the two columns rewritten, not the texts
+                f"""UPDATE {table} t SET garbled = g.reason <> '', garbled_reason = g.reason
+                    FROM garbled_flags g
+                    WHERE t.group_id = g.group_id AND t.sample_index = g.sample_index"""
             )
             cur.unregister("garbled_flags")
             self._garbled.add(table)

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from browse.sets import SampleSet
 
@@ -155,34 +154,22 @@ def order_clause(sort: list[tuple[str, bool]], columns: tuple[str, ...]) -> str:
     return ", ".join([*parts, "group_id", "sample_index"])
 
 
-def mismatch_stats(
-    behaviour: pa.ChunkedArray, trainer: pa.ChunkedArray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row of two list columns of log-probs: max and mean of |behaviour - trainer| over the
-    positions both hold, and the position of the max; ``(rows,)`` each, NaN / -1 for a row with
-    none. Vectorised over rows of equal lengths (every row the pipeline writes); others one by one."""
-    a, t = behaviour.combine_chunks(), trainer.combine_chunks()
-    la = pc.list_value_length(a).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    lt = pc.list_value_length(t).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    rows = len(la)
-    mx, mean, arg = np.full(rows, np.nan), np.full(rows, np.nan), np.full(rows, -1, np.int64)
-    av = pc.list_flatten(a).to_numpy(zero_copy_only=False).astype(np.float64)
-    tv = pc.list_flatten(t).to_numpy(zero_copy_only=False).astype(np.float64)
-    sa, st = np.concatenate([[0], np.cumsum(la)]), np.concatenate([[0], np.cumsum(lt)])
-    if ((la == lt) & (la > 0)).all():  # one array of |differences|, reduced per row
-        diff, starts = np.abs(av - tv), sa[:-1]
-        if np.isfinite(diff).all():
-            mx = np.maximum.reduceat(diff, starts)
-            mean = np.add.reduceat(diff, starts) / la
-            idx = np.flatnonzero(diff == np.repeat(mx, la))  # the first index of each row's max
-            return mx, mean, idx[np.searchsorted(idx, starts)] - starts
-    for i in range(rows):
-        n = int(min(la[i], lt[i]))
-        if n:
-            d = np.abs(av[sa[i] : sa[i] + n] - tv[st[i] : st[i] + n])
-            j = int(np.argmax(d))
-            mx[i], mean[i], arg[i] = d[j], float(d.mean()), j
-    return mx, mean, arg
+# |behaviour - trainer| log-prob at each position both lists hold (``r``: rollouts, ``u``: update)
+MISMATCH_SQL = (
+    "list_transform(list_zip(r.logprobs, u.old_log_probs, true), lambda p: abs(p[1]::DOUBLE - p[2]::DOUBLE))"
+)
+
+
+def mismatch_stats(behaviour: list[float] | None, trainer: list[float] | None) -> tuple[float, float, int]:
+    """The readable reference of ``Catalog.top_mismatch``'s SQL for one sample: max and mean of
+    |behaviour - trainer| over the positions both lists hold, and the first position of the max;
+    ``(nan, nan, -1)`` when there are none. NaN counts as the largest difference (DuckDB's order)."""
+    diffs = [abs(float(b) - float(t)) for b, t in zip(behaviour or [], trainer or [], strict=False)]
+    if not diffs:
+        return float("nan"), float("nan"), -1
+    nan = [i for i, d in enumerate(diffs) if d != d]
+    top = nan[0] if nan else max(range(len(diffs)), key=lambda i: (diffs[i], -i))
+    return diffs[top], sum(diffs) / len(diffs), top
 
 
 def arrow_of(result: Any) -> pa.Table:

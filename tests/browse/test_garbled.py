@@ -1,7 +1,11 @@
-"""browse.garbled's heuristics on hand-made strings, each on both sides of its threshold."""
+"""browse.garbled's heuristics on hand-made strings, each on both sides of its threshold, and the
+vectorised pass against the readable reference."""
 
 from __future__ import annotations
 
+import pytest
+
+from browse import garbled
 from browse.garbled import (
     NONPRINT_SHARE,
     REPEAT_SHARE,
@@ -53,3 +57,29 @@ def test_length_cap_and_reasons_combine() -> None:
         f"repetition {repetition(both):.2f}; non-printable {nonprintable(both):.2f}; length cap"
     )
     assert garbled_reasons([ARITHMETIC, None], [False, None]) == ["", ""]
+
+
+def test_vectorised_reasons_equal_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    # garbled_reasons (Arrow split, hashed 3-grams sorted per chunk) against garbled_reason, text by
+    # text; CHUNK_ROWS=3 puts the texts in several chunks run on threads
+    monkeypatch.setattr(garbled, "CHUNK_ROWS", 3)
+    texts = [
+        "the answer is 4 " * 10,  # a loop with a trailing space (an empty last "word")
+        "  \tleading\nspace " + "so the answer is 7\n" * 6,  # leading whitespace, newlines
+        ARITHMETIC,
+        "a b c " * 4 + "d e f g h i j k l m n",  # 23 words: 21 3-grams, 14 distinct: share 1/3, not flagged
+        "x y z " * 5 + "q",  # 16 words: 14 3-grams, 4 distinct: share 5/7, flagged
+        "1" * 50,  # no word 3-grams: character 8-grams
+        "4 4 4 4 4",  # too short for either
+        "\x01\x02 the end " * 10,
+        "ab\acd\ufffdef\tg",
+        "héllo wörld ünïcode " * 4,  # non-ASCII words
+        "",
+        None,
+        "one\u00a0two three four five six seven eight nine ten eleven twelve",  # NBSP is not a separator
+        "a\vb\fc " * 8,  # vertical tab and form feed separate words
+    ]
+    truncated = [i % 3 == 0 for i in range(len(texts))]
+    want = [garbled_reason(t or "", c) for t, c in zip(texts, truncated, strict=True)]
+    assert garbled_reasons(texts, truncated) == want
+    assert sum(bool(w) for w in want) >= 6  # both sides of the thresholds are covered
