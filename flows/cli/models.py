@@ -114,7 +114,7 @@ def promote_cmd(
     uri = tracking_uri(tracking, store)
     try:
         old = registry.champion(uri, name)
-        registry.promote(uri, name, version, decision={"verdict": "promote", "reason": reason}, by="hand")
+        registry.promote(uri, name, version, decision={"verdict": "pass", "reason": reason}, by="hand")
     except VerlFlowError as e:
         fail(e, 1)
     was = f" (was version {old.version})" if old is not None and old.version != version else ""

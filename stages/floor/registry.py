@@ -262,7 +262,7 @@ def rollback(tracking_uri: str, name: str) -> ModelVersionRef:
         missing = CHAMPION if current is None else PREVIOUS
         raise RegistryError(f"cannot roll back {name!r}: it has no {missing!r} alias in {tracking_uri}")
     when = _now()
-    decision = {"verdict": "promote", "reason": f"rollback from version {current.version}", "time": when}
+    decision = {"verdict": "pass", "reason": f"rollback from version {current.version}", "time": when}
     record_decision(tracking_uri, name, prev.version, {**decision, "by": "rollback"})
     client.set_model_version_tag(name, current.version, ROLLED_BACK_TAG, f"{when} to version {prev.version}")
     client.set_registered_model_alias(name, CHAMPION, prev.version)

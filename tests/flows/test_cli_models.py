@@ -57,7 +57,7 @@ def test_promote_rollback_and_the_table(store: Path) -> None:
     assert rows["3"]["aliases"] == "champion" and rows["1"]["aliases"] == "previous-champion"
     assert (rows["3"]["by"], rows["3"]["verdict"], rows["3"]["reason"]) == (
         "hand",
-        "promote",
+        "pass",
         "night 3 by hand",
     )
     assert rows["3"]["run_id"] == "night3" and rows["2"]["verdict"] == ""  # never decided

@@ -63,18 +63,18 @@ def test_registered_name_default_and_override() -> None:
 def test_promote_moves_champion_and_previous(uri: str) -> None:
     name = _model(uri, 3)
     assert registry.champion(uri, name) is None
-    registry.promote(uri, name, "1", decision={"verdict": "promote", "reason": "floor passed"}, by="gate")
+    registry.promote(uri, name, "1", decision={"verdict": "pass", "reason": "floor passed"}, by="gate")
     assert _aliases(uri, name) == {CHAMPION: "1"}  # first champion: no previous
-    registry.promote(uri, name, "2", decision={"verdict": "promote", "p-value": 0.01}, by="gate")
+    registry.promote(uri, name, "2", decision={"verdict": "pass", "p-value": 0.01}, by="gate")
     assert _aliases(uri, name) == {CHAMPION: "2", PREVIOUS: "1"}
     champ = registry.champion(uri, name)
     assert champ is not None and champ.version == "2" and champ.mlflow_run_id
     # the decision as tags: dash → underscore, floats JSON, by and time added
     assert champ.decision["p_value"] == "0.01" and champ.decision["by"] == "gate" and champ.decision["time"]
-    registry.promote(uri, name, "3", decision={"verdict": "promote"}, by="hand")
+    registry.promote(uri, name, "3", decision={"verdict": "pass"}, by="hand")
     assert _aliases(uri, name) == {CHAMPION: "3", PREVIOUS: "2"}
     # promoting the champion again moves nothing
-    registry.promote(uri, name, "3", decision={"verdict": "promote"}, by="hand")
+    registry.promote(uri, name, "3", decision={"verdict": "pass"}, by="hand")
     assert _aliases(uri, name) == {CHAMPION: "3", PREVIOUS: "2"}
 
 
@@ -83,9 +83,9 @@ def test_record_decision_replaces_the_previous_decision(uri: str) -> None:
     registry.record_decision(
         uri, name, "1", {"verdict": "reject", "reason": "worse", "p_value": 0.9, "by": "gate"}
     )
-    registry.record_decision(uri, name, "1", {"verdict": "promote", "by": "hand"})
+    registry.record_decision(uri, name, "1", {"verdict": "pass", "by": "hand"})
     (ref,) = registry.versions(uri, name)
-    assert set(ref.decision) == {"verdict", "by", "time"} and ref.decision["verdict"] == "promote"
+    assert set(ref.decision) == {"verdict", "by", "time"} and ref.decision["verdict"] == "pass"
     assert ref.tags["verl_flow.run_id"] == "r0"  # lineage tags untouched
     assert ref.aliases == ()  # tags only
 
@@ -94,10 +94,10 @@ def test_rollback_restores_previous_and_records_it(uri: str) -> None:
     name = _model(uri, 2)
     with pytest.raises(RegistryError, match="has no 'champion' alias"):
         registry.rollback(uri, name)
-    registry.promote(uri, name, "1", decision={"verdict": "promote"}, by="gate")
+    registry.promote(uri, name, "1", decision={"verdict": "pass"}, by="gate")
     with pytest.raises(RegistryError, match="has no 'previous-champion' alias"):
         registry.rollback(uri, name)
-    registry.promote(uri, name, "2", decision={"verdict": "promote"}, by="gate")
+    registry.promote(uri, name, "2", decision={"verdict": "pass"}, by="gate")
     restored = registry.rollback(uri, name)
     assert restored.version == "1" and restored.decision["by"] == "rollback"
     assert "from version 2" in restored.decision["reason"]
@@ -109,7 +109,7 @@ def test_rollback_restores_previous_and_records_it(uri: str) -> None:
 
 def test_resolve_uris_and_clear_errors(uri: str) -> None:
     name = _model(uri, 2)
-    registry.promote(uri, name, "2", decision={"verdict": "promote"}, by="gate")
+    registry.promote(uri, name, "2", decision={"verdict": "pass"}, by="gate")
     assert registry.resolve(uri, f"models:/{name}@champion").version == "2"
     assert registry.resolve(uri, f"models:/{name}/1").version == "1"
     with pytest.raises(RegistryError, match=r"no alias 'staging' \(aliases: champion→2\)"):
@@ -213,7 +213,7 @@ def test_start_from_champion_uses_its_export(tmp_path: Path, uri: str) -> None:
     client = MlflowClient(tracking_uri=uri)
     tags = {"verl_flow.run_id": "night1", "verl_flow.source_stage": "ckpt/iter-0002"}
     client.create_model_version(name, source="/fake", tags=tags)
-    registry.promote(uri, name, "1", decision={"verdict": "promote"}, by="gate")
+    registry.promote(uri, name, "1", decision={"verdict": "pass"}, by="gate")
 
     started, origin = registry.start_from(cfg, "/snap/2")
     model_dir = Path(store.file_uri(store.read_manifest(export_uri), "model/config.json")[7:]).parent
@@ -255,7 +255,7 @@ def test_start_from_a_champion_in_a_remote_store(
     export_uri = stage.commit(summary={})
     tags = {"verl_flow.run_id": "night1", "verl_flow.export_uri": export_uri}
     MlflowClient(tracking_uri=uri).create_model_version(name, source="/fake", tags=tags)
-    registry.promote(uri, name, "1", decision={"verdict": "promote"}, by="gate")
+    registry.promote(uri, name, "1", decision={"verdict": "pass"}, by="gate")
     cfg = load_config(None, [f"store.url={store.url}", f"tracking.uri={uri}", "retrain.start_from=champion"])
     cfg = cfg.model_copy(update={"export": cfg.export.model_copy(update={"registered_model_name": name})})
 
