@@ -190,6 +190,7 @@ def _supervise(
         str(flow_run_id), execution.lost_after_s, execution.start_timeout_s, execution.redispatch_timeout_s
     )
     api_down_since: float | None = None
+    echoed: Any = None  # the timestamp of the last progress line echoed
     with get_client(sync_client=True) as client:
         while True:
             now = time.monotonic()
@@ -209,6 +210,8 @@ def _supervise(
                         f"{flow_run_id} ({type(e).__name__}); the stage's committed work is kept: rerun "
                         "the pipeline to resume"
                     ) from None
+            if state == "RUNNING":
+                echoed = echo_progress(client, flow_run_id, echoed)
             lease = _lease(store, run_id) if watch.claimed_at is not None or state in _CLAIMED else None
             online = _workers_online(client, pool) if state == "SCHEDULED" and pool else None
             verdict = watch.observe(now, state, lease, online)
@@ -237,6 +240,32 @@ def _supervise(
                 why = f"crashed{': ' + message if message else ''}"
             _give_up(store, run_id, str(flow_run_id))
             return verdict, why
+
+
+def echo_progress(client: Any, flow_run_id: Any, after: Any) -> Any:
+    """Print the progress lines (:data:`flows.progress.PROGRESS`) the dispatched flow run logged
+    after the timestamp ``after`` on this process's console (``verl-flow run`` in deployments mode);
+    not to the API: the flow run copies them into the pipeline's log itself. Returns the timestamp
+    of the last line read."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
+    from prefect.client.schemas.sorting import LogSort
+
+    from flows.progress import PROGRESS
+
+    since = LogFilterTimestamp(after_=after) if after is not None else None
+    try:
+        logs = client.read_logs(
+            LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]), timestamp=since),
+            limit=200,
+            sort=LogSort.TIMESTAMP_ASC,
+        )
+    except Exception:  # the API busy or restarting: the next poll reads them
+        return after
+    log = stage_logger(__name__)
+    for line in logs:
+        if line.timestamp != after and PROGRESS.match(line.message):
+            log.info(line.message, extra={"send_to_api": False})
+    return logs[-1].timestamp if logs else after
 
 
 def _give_up(store: ArtifactStore, run_id: str, flow_run_id: str) -> None:

@@ -55,3 +55,43 @@ def test_a_flow_run_started_on_its_own_copies_nothing(monkeypatch: pytest.Monkey
     with progress.to_pipeline():
         handlers = [h for name in progress.RUN_LOGGERS for h in logging.getLogger(name).handlers]
         assert not [h for h in handlers if isinstance(h, progress._ToPipeline)]
+
+
+def test_a_dispatched_runs_progress_is_echoed_on_the_console_once(caplog: pytest.LogCaptureFixture) -> None:
+    """``verl-flow run`` in deployments mode: each poll prints the dispatched flow run's new progress
+    lines (flows.dispatch.echo_progress), console only (the flow run sends its own copy to the API)."""
+    import uuid
+    from datetime import datetime, timedelta, timezone
+    from types import SimpleNamespace
+    from typing import Any
+
+    from flows.dispatch import echo_progress
+
+    lines = [(1, "sft: step 10/40 loss=2.0"), (2, "Finished in state Completed()"), (3, "sft: step 20/40")]
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def at(i: int) -> datetime:
+        return t0 + timedelta(seconds=i)
+
+    logs = [SimpleNamespace(timestamp=at(t), message=m) for t, m in lines]
+    child = uuid.uuid4()
+    asked: list[Any] = []
+
+    class Client:
+        def read_logs(self, log_filter: Any, **_: Any) -> list[Any]:
+            after = log_filter.timestamp.after_ if log_filter.timestamp else None
+            asked.append(after)
+            return [x for x in logs if after is None or x.timestamp >= after]  # the API: at or after
+
+    with caplog.at_level(logging.INFO):
+        last = echo_progress(Client(), child, None)
+        assert last == at(3)
+        logs.append(SimpleNamespace(timestamp=at(4), message="sft: step 30/40"))
+        assert echo_progress(Client(), child, last) == at(4)
+    echoed = [r for r in caplog.records if r.name == "flows.dispatch"]
+    assert [r.getMessage() for r in echoed] == [
+        "sft: step 10/40 loss=2.0",
+        "sft: step 20/40",
+        "sft: step 30/40",
+    ]
+    assert asked == [None, at(3)] and all(r.send_to_api is False for r in echoed)  # type: ignore[attr-defined]
