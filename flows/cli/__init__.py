@@ -1,7 +1,8 @@
 """``verl-flow``: run the pipeline, show resolved configs, list and inspect runs.
 
 One module per command group (:mod:`flows.cli.run`: run, replay, rescore, config show;
-:mod:`flows.cli.runs`: runs list/show; :mod:`flows.cli.policy`: export, eval; :mod:`flows.cli.serve`;
+:mod:`flows.cli.runs`: runs list/show; :mod:`flows.cli.policy`: export, eval; :mod:`flows.cli.serve`:
+serve, serve status/stop; :mod:`flows.cli.models`: models, promote, rollback; :mod:`flows.cli.browse`;
 :mod:`flows.cli.spmd`: spmd-command, spmd-follow; :mod:`flows.cli.doctor`; :mod:`flows.cli.plan`;
 :mod:`flows.cli.from_verl`);
 this module builds the app from them. Heavy modules (Prefect, torch, MLflow) are imported only by
