@@ -5,7 +5,9 @@ only; SFT and the RL loop are flow runs of their own (subflows in local mode, de
 deployments mode), so for the hours they run the pipeline's log stood silent. Within a stage flow,
 :func:`to_pipeline` copies its progress lines (:data:`PROGRESS`: ``sft: step 40/126 ...``,
 ``rl: iteration 3/10: reward``, ``rl: iteration 3/10 done ...``) into the logs of the flow run that
-started it, through Prefect's API log handler only (a local run's console shows each line once).
+started it, through Prefect's API log handler only (a local run's console shows each line once);
+in deployments mode the pipeline process also prints them on its console as it polls the stage
+(:func:`flows.dispatch.echo_progress`).
 
 The RL loop's per-stage lines (:func:`stage_line`) come at most every :data:`STAGE_LINE_EVERY_S`
 seconds per run: on a real run (minutes per stage) every stage, on the quickstart (seconds per
