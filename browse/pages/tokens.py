@@ -2,7 +2,8 @@
 token a span whose background is the chosen value (advantage, KL to the reference, or the mismatch
 ``behaviour_logprob - trainer_logprob``) on a diverging scale (blue < 0 < red, full colour at the
 response's largest magnitude); the span's ``title`` holds every value (shown on hover) and its
-``data-value`` the coloured one. Beside it, the set's samples with the largest mismatch."""
+``data-value`` the coloured one. Below it, the set's samples with the largest mismatch, filled in
+after the page shows (it reads every sample's log-probs)."""
 
 from __future__ import annotations
 
@@ -50,22 +51,16 @@ def spans(df: pd.DataFrame, by: str) -> list[html.Span]:
     return out
 
 
-def _mismatch_list(catalog: Catalog, run_id: str, kind: str, key: str) -> html.Div:
+def mismatch_list(catalog: Catalog, run_id: str, kind: str, key: str) -> list[Any]:
+    """The set's samples with the largest mismatch, each linking to its tokens coloured by it."""
     top = catalog.top_mismatch(run_id, kind_of(kind), key)
     if top.empty:
-        return html.Div(
-            "no trainer log-probs stored for this set: no mismatch to list",
-            id="mismatch-list",
-            className="muted",
-        )
+        return [html.Span("no trainer log-probs stored for this set: no mismatch to list", className="muted")]
     top = top.copy()
     top["sample_id"] = [
         (s, href(run_id, "tokens", kind=kind, key=key, sample=s, colour="mismatch")) for s in top["sample_id"]
     ]
-    return html.Div(
-        [html.H4("largest mismatch (behaviour − trainer log-prob)"), table(top, "mismatch-table")],
-        id="mismatch-list",
-    )
+    return [html.H4("largest mismatch (behaviour − trainer log-prob)"), table(top, "mismatch-table")]
 
 
 def layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.Div:
@@ -113,13 +108,15 @@ def layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.Div:
                 className="muted",
             ),
             html.Div(spans(toks, by), id="tokens-view", className="tokens"),
-            _mismatch_list(catalog, run_id, kind, key),
+            # filled by a callback once the tokens show: it reads every sample's log-probs of the set
+            html.Div("finding the samples with the largest mismatch…", id="mismatch-list", className="muted"),
         ]
     )
 
 
 def register(app: Dash, catalog: Catalog) -> None:
-    """The colour choice re-colours the spans (the URL keeps its first choice)."""
+    """The colour choice re-colours the spans (the URL keeps its first choice); the largest-mismatch
+    list arrives after the page."""
 
     @app.callback(
         Output("tokens-view", "children"),
@@ -130,3 +127,7 @@ def register(app: Dash, catalog: Catalog) -> None:
     def _recolour(by: str, ref: dict[str, str]) -> list[html.Span]:
         toks = catalog.tokens(ref["run"], kind_of(ref["kind"]), ref["key"], ref["sample"])
         return spans(toks, by)
+
+    @app.callback(Output("mismatch-list", "children"), Input("tokens-ref", "data"))
+    def _mismatch(ref: dict[str, str]) -> list[Any]:
+        return mismatch_list(catalog, ref["run"], ref["kind"], ref["key"])
