@@ -6,6 +6,7 @@ manifests."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +15,7 @@ import pytest
 
 from browse.garbled import garbled_reason
 from browse.queries import SAMPLE_COLUMNS, TOKEN_COLUMNS, Catalog, SampleFilter
+from browse.sql import mismatch_stats
 from tests.browse.conftest import BrowseRun
 from verl_core.store import ArtifactStore
 
@@ -205,6 +207,26 @@ def test_top_mismatch_ranks_samples_by_largest_token_gap(catalog: Catalog, brows
     assert catalog.top_mismatch(browse_run.run_id, "val", "iter-0001").empty  # no update, no trainer values
 
 
+def test_top_mismatch_sql_equals_the_reference(catalog: Catalog, browse_run: BrowseRun) -> None:
+    # every sample ranked by the SQL against browse.sql.mismatch_stats over the Parquet's lists
+    run = browse_run.run_id
+    got = catalog.top_mismatch(run, "train", "iter-0001", limit=10_000)
+    rollouts = _parquet(catalog, run, "iter-0001/rollout", "rollouts.parquet")
+    update = _parquet(catalog, run, "iter-0001/update", "update.parquet")
+    trainer = dict(zip(_ids(update), update["old_log_probs"].to_pylist(), strict=True))
+    want = []
+    for sid, behaviour in zip(_ids(rollouts), rollouts["logprobs"].to_pylist(), strict=True):
+        mx, mean, arg = mismatch_stats(behaviour, trainer.get(sid))
+        if arg >= 0:
+            group, index = map(int, sid.split(":"))
+            want.append((math.isnan(mx), -mx, group, index, sid, mx, mean, arg))
+    want.sort(key=lambda w: w[:4])
+    assert got["sample_id"].tolist() == [w[4] for w in want]
+    assert got["max_abs_mismatch"].tolist() == pytest.approx([w[5] for w in want], nan_ok=True)
+    assert got["mean_abs_mismatch"].tolist() == pytest.approx([w[6] for w in want], nan_ok=True)
+    assert got["argmax_position"].tolist() == [w[7] for w in want]
+
+
 def test_rescore_tables_are_its_report(catalog: Catalog, browse_run: BrowseRun) -> None:
     assert catalog.rescores(browse_run.run_id) == [browse_run.rescore]
     agreement, disagreements = catalog.rescore(browse_run.run_id, browse_run.rescore)
@@ -228,6 +250,10 @@ def test_garbled_flag_is_the_heuristics_on_every_row(catalog: Catalog, browse_ru
     for _, row in page.iterrows():
         assert row["garbled_reason"] == garbled_reason(row["response"], bool(row["truncated"]))
         assert row["garbled"] == (row["sample_id"] in flagged)
+    # after the filter, every row's stored flag (the vectorised pass) is the reference's
+    filled, _ = catalog.samples(run, "val", "iter-0001/sampled", None, None, 0, 10_000)
+    for _, row in filled.iterrows():
+        assert row["garbled_reason"] == garbled_reason(row["response"], bool(row["truncated"]))
 
 
 def test_config_is_redacted_as_tracking_redacts(catalog: Catalog, browse_run: BrowseRun) -> None:
