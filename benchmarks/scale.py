@@ -332,7 +332,6 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     setup_s = time.perf_counter() - t0
     rate_before = measure_cpu_matmul_rate()
     bandwidth_before = measure_cpu_copy_bandwidth()
-    shapes = measure_shape_rates(geometry_of(cfg.model))  # the model's own matmuls, in this run
     write_before = measure_write_bandwidth(str(root))
     rec = Recorder()
     store_dir = root / "store"
@@ -356,6 +355,9 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     rate_after = measure_cpu_matmul_rate()
     bandwidth_after = measure_cpu_copy_bandwidth()
     write_after = measure_write_bandwidth(str(root))
+    # the model's own matmuls, after the flow: their operands (GBs at 0.5B, medium tensors kept in
+    # glibc's heap) measured before it raised the flow's resident set by ~0.8 GiB
+    shapes = measure_shape_rates(geometry_of(cfg.model))
     store = ctx.store()
 
     iterations = []

@@ -381,12 +381,17 @@ def predict_seconds(
     calibration: Calibration,
     workload: Workload | None = None,
     bandwidth: float = CPU_BANDWIDTH,
+    shapes: ShapeRates | None = None,
+    write_bandwidth: float | None = None,
 ) -> dict[str, float]:
     """Seconds per phase of one iteration of ``cfg`` (the checkpoint phases: per checkpoint), plus
     ``iteration``: the per-iteration phases summed and one save per ``trainer.save_freq`` iterations.
-    ``workload`` None: :func:`workload_of` ``cfg`` at its maximum lengths."""
+    ``workload`` None: :func:`workload_of` ``cfg`` at its maximum lengths. ``shapes`` /
+    ``write_bandwidth``: measured (:mod:`verl_core.planning.rates`), with a calibration fitted on
+    features priced the same way (``benchmarks/scale_report.py``)."""
     w = workload or workload_of(cfg)
-    out = predict(phase_features(geometry, w, rate_flops, bandwidth), calibration)
+    features = phase_features(geometry, w, rate_flops, bandwidth, shapes, write_bandwidth)
+    out = predict(features, calibration)
     per_iteration = sum(s for p, s in out.items() if not p.startswith("checkpoint"))
     every = cfg.trainer.save_freq or cfg.trainer.total_iterations
     out["iteration"] = per_iteration + out["checkpoint_save"] / max(every, 1)

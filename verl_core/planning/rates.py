@@ -109,25 +109,29 @@ def _operands(i: int, o: int, t: int, kind: str) -> tuple[torch.Tensor, torch.Te
 
 
 def measure_shape_rates(
-    g: Geometry, tokens: tuple[int, ...] = ANCHOR_TOKENS, seconds: float = 0.15
+    g: Geometry, tokens: tuple[int, ...] = ANCHOR_TOKENS, seconds: float = 0.1, sweeps: int = 3
 ) -> ShapeRates:
     """fp32 rates of every shape of :func:`weight_shapes` and pass of :data:`PASSES` at ``tokens``,
-    on the CPU with torch's current threads: each the best of repeats for about ``seconds`` after a
-    warm-up call."""
-    rates: dict[tuple[str, str], tuple[float, ...]] = {}
-    for name, (i, o, _) in weight_shapes(g).items():
-        for kind in PASSES:
-            out = []
-            for t in tokens:
-                a, b = _operands(i, o, t, kind)
-                torch.matmul(a, b)
-                best, t0 = math.inf, time.perf_counter()
-                while time.perf_counter() - t0 < seconds:
-                    t1 = time.perf_counter()
+    on the CPU with torch's current threads: each the best of repeats for about ``seconds``, over
+    ``sweeps`` sweeps of every entry (a shared machine's load comes and goes: a sweep that caught it
+    for one entry misses it in another)."""
+    best: dict[tuple[str, str, int], float] = {}
+    for _ in range(sweeps):
+        for name, (i, o, _) in weight_shapes(g).items():
+            for kind in PASSES:
+                for t in tokens:
+                    a, b = _operands(i, o, t, kind)
                     torch.matmul(a, b)
-                    best = min(best, time.perf_counter() - t1)
-                out.append(2.0 * t * i * o / best)
-            rates[(name, kind)] = tuple(out)
+                    key, t0 = (name, kind, t), time.perf_counter()
+                    while time.perf_counter() - t0 < seconds:
+                        t1 = time.perf_counter()
+                        torch.matmul(a, b)
+                        best[key] = min(best.get(key, math.inf), time.perf_counter() - t1)
+    rates = {
+        (name, kind): tuple(2.0 * t * i * o / best[(name, kind, t)] for t in tokens)
+        for name, (i, o, _) in weight_shapes(g).items()
+        for kind in PASSES
+    }
     return ShapeRates(tuple(tokens), rates)
 
 
