@@ -10,7 +10,8 @@ model's prediction of the largest from the three smaller.
 from per-FLOP costs apart; each iteration's record also splits the training steps (backward, clipping,
 optimizer: seconds and the pages they first touch, ``ru_minflt``) and the weight sync (state dict,
 heap trim, staging, the engine's reload), and each run measures the copy bandwidth beside the matmul
-rate.)
+rate, and after the flow its model's matmul rates per shape and pass and the disk's fsync'd write
+bandwidth (:mod:`verl_core.planning.rates`; ``--rates`` adds them to older records).)
 
 (0.5B PPO with a critic needs two 0.5B models with AdamW moments beside vLLM: more than 23 GiB.)
 
