@@ -57,7 +57,7 @@ def main() -> None:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=args.chromium, headless=True, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 900})
-            total = "document.querySelector('#samples-total').innerText"
+            total = "(document.querySelector('#samples-total') || {innerText: ''}).innerText"
             t0 = time.perf_counter()
             page.goto(f"{base}/run/{args.run}/samples?kind=train&key={args.key}")
             page.wait_for_function(f"{total}.includes('matching')", timeout=300_000)
