@@ -128,6 +128,8 @@ def register(app: Dash, catalog: Catalog) -> None:
         toks = catalog.tokens(ref["run"], kind_of(ref["kind"]), ref["key"], ref["sample"])
         return spans(toks, by)
 
-    @app.callback(Output("mismatch-list", "children"), Input("tokens-ref", "data"))
-    def _mismatch(ref: dict[str, str]) -> list[Any]:
-        return mismatch_list(catalog, ref["run"], ref["kind"], ref["key"])
+    @app.callback(
+        Output("mismatch-list", "children"), Output("mismatch-list", "className"), Input("tokens-ref", "data")
+    )
+    def _mismatch(ref: dict[str, str]) -> tuple[list[Any], str]:
+        return mismatch_list(catalog, ref["run"], ref["kind"], ref["key"]), ""
