@@ -82,6 +82,7 @@ def make_run(store: ArtifactStore, rows: int, seed: int = 0) -> None:
     tokens = np.array([max(1, len(r) // 4) for r in responses])
     total = int(tokens.sum())
     group = np.arange(rows) // N
+    logprobs = -nrng.exponential(1.0, total).astype(np.float32)
     table = pa.table(
         {
             "iteration": pa.array(np.zeros(rows, np.int64)),
@@ -96,7 +97,7 @@ def make_run(store: ArtifactStore, rows: int, seed: int = 0) -> None:
             "prompt_ids": _lists(np.full(rows, 80), nrng.integers(0, 150000, rows * 80), pa.int32()),
             "response_ids": _lists(tokens, nrng.integers(0, 150000, total), pa.int32()),
             "response_text": pa.array(responses),
-            "logprobs": _lists(tokens, -nrng.exponential(1.0, total).astype(np.float32), pa.float32()),
+            "logprobs": _lists(tokens, logprobs, pa.float32()),
             "finish_reason": pa.array(finish),
             "prompt_length": pa.array(np.full(rows, 80, np.int32)),
             "response_length": pa.array(tokens.astype(np.int32)),
@@ -141,7 +142,10 @@ def make_run(store: ArtifactStore, rows: int, seed: int = 0) -> None:
             "advantages": _lists(tokens, adv, pa.float32()),
             "returns": _lists(tokens, adv, pa.float32()),
             "kl": _lists(np.zeros(rows, np.int64), np.zeros(0, np.float32), pa.float32()),
-            "old_log_probs": table.column("logprobs").combine_chunks(),
+            # the trainer's recomputation: the behaviour log-probs off by a little (top_mismatch ranks)
+            "old_log_probs": _lists(
+                tokens, logprobs + nrng.normal(0, 0.01, total).astype(np.float32), pa.float32()
+            ),
         }
     )
     w = store.open_stage(RUN, "iter-0000/update", inputs={"rollout": rollout_uri, "reward": reward_uri})
