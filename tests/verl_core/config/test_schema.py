@@ -66,11 +66,12 @@ def test_every_field_has_a_default_and_a_description() -> None:
 
 
 def test_sections_named_as_verl_users_know_them() -> None:
+    # retrain and gate are verl-flow's own (issue 40): verl has no counterpart
     assert list(VerlFlowConfig.model_fields) == [
         "data", "model", "sft", "actor", "critic", "ref", "rollout", "reward",
         "algorithm", "trainer", "store", "tracking", "export", "retrain", "eval", "gate", "execution",
         "sandbox", "parent",
-    ]  # fmt: skip (retrain, gate: verl-flow's own, issue 40; verl has no counterpart)
+    ]  # fmt: skip
 
 
 def test_ref_path_says_what_none_means() -> None:
