@@ -18,7 +18,8 @@ def test_config_hash_of_a_run_without_parent_is_unchanged() -> None:
     # 31016fd, and issue 39 renamed the stage deployments' defaults, commit f5b3965; 4dd70e5f... when
     # issue 38 added reward.function_kwargs, commit 9823b57; 88b02b8f... from issue 37's
     # model.vocab_pad_to and trainer.refuse_unfit, commits 1e6afe9 and c1c5808; ace9d800... from
-    # 6c60675 on, when issue 29 removed data.pack_token_budget, data.pack_algorithm and rollout.decode; ec9f7cc3... from 882181a on)
+    # 6c60675 on, when issue 29 removed data.pack_token_budget, data.pack_algorithm and
+    # rollout.decode; ec9f7cc3... from 882181a on)
     cfg = load_config(QUICKSTART)
     assert cfg.config_hash() == "0813274a06abe5946f85abf64acafdfb7b1acece80315f1fc0cea147a565be1f"
     fork = with_overrides(cfg, ["parent.run_id=quickstart-88b02b8f", "parent.iteration=10"])
