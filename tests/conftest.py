@@ -87,6 +87,7 @@ collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["vllm"
 # the two longest, one test each, to the end, the other worker idle meanwhile). Every other file
 # keeps its place after these.
 LONGEST_FIRST = (
+    "tests/flows/test_nightly_gate.py",
     "tests/flows/test_deployments.py",
     "tests/reliability/test_determinism.py",
     "tests/reliability/test_crash_resume.py",
@@ -94,6 +95,10 @@ LONGEST_FIRST = (
     "tests/reliability/test_server_restart.py",
     "tests/reliability/test_store_outage.py",
     "tests/flows/test_serving.py",
+    "tests/browse/test_browser.py",
+    "tests/flows/test_gate_flow.py",
+    "tests/flows/test_prefect_ui_browser.py",
+    "tests/stages/test_gate.py",
     "tests/reliability/test_disk_full.py",
     "tests/reliability/test_spmd.py",
     "tests/flows/test_pipeline_vllm.py",
