@@ -24,7 +24,7 @@ from browse.record import browser_url
 from flows.results import PipelineResult, RescoreResult
 from stages.floor.artifacts import load_tokenizer
 from stages.floor.reports import collect_series, eval_samples, metrics_markdown
-from stages.floor.samples import table_artifact
+from stages.floor.samples import markdown_cell, table_artifact
 from verl_core.runtime.run import RunContext
 from verl_core.store import ArtifactStore, Manifest
 
@@ -45,15 +45,7 @@ def mlflow_run_link(ctx: RunContext) -> str:
 MAX_INLINE_PNG_BYTES = 1 << 20  # a larger plot is named (its path in the run), not inlined
 
 # CommonMark lets every ASCII punctuation character be escaped with a backslash
-_MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 _MARK = "\x00verl-flow-user-text\x00"
-
-
-def markdown_cell(text: str) -> str:
-    """``text`` as a table cell that Prefect's markdown renders as written: punctuation escaped
-    (``#`` headings, ``|``, ``*``, ``<think>`` tags stay text), each line break shown as `` ↵ `` (a
-    row as tall as its wrapped text, not one line per line of a response)."""
-    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", text).replace("\r\n", "\n").replace("\n", " ↵ ")
 
 
 def user_text(tokenizer: Any, prompt_text: str) -> str:

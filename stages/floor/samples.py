@@ -10,6 +10,7 @@ first), so a rerun logs the same rows. Texts longer than :data:`MAX_TEXT_CHARS` 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import pyarrow.compute as pc
 from verl_core.runtime.tracking import Tracker
 
 MAX_TEXT_CHARS = 1000
+_MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 
 
 def clip_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
@@ -26,6 +28,13 @@ def clip_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… [+{len(text) - limit} chars]"
+
+
+def markdown_cell(text: str) -> str:
+    """``text`` as a table cell that Prefect's markdown renders as written: punctuation escaped
+    (``#`` headings, ``|``, ``*``, ``<think>`` tags stay text), each line break shown as `` ↵ `` (a
+    row as tall as its wrapped text, not one line per line of a response)."""
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", text).replace("\r\n", "\n").replace("\n", " ↵ ")
 
 
 def sample_columns(
@@ -64,7 +73,10 @@ def log_samples(tracker: Tracker, kind: str, iteration: int, columns: Mapping[st
     """Log a samples table (``kind``: ``train`` or ``val``) to the tracker and as the Prefect table
     artifact ``{kind}-samples`` (one version per iteration)."""
     tracker.log_table(columns, samples_artifact_file(kind, iteration))
-    rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+    rows = [
+        {k: markdown_cell(v) if isinstance(v, str) else v for k, v in zip(columns, values, strict=True)}
+        for values in zip(*columns.values(), strict=True)
+    ]  # Prefect's UI renders cells as markdown: texts shown as written
     table_artifact(rows, key=f"{kind}-samples", description=f"{kind} samples of iteration {iteration}")
 
 

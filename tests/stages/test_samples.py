@@ -45,3 +45,23 @@ def test_long_texts_are_cut_with_a_marker() -> None:
     assert clip_text("abc", limit=3) == "abc"
     assert clip_text("abcdef", limit=2) == "ab… [+4 chars]"
     assert samples_artifact_file("val", 3) == "samples/val/iter-0003.json"
+
+
+def test_the_prefect_table_shows_texts_as_written_and_the_tracker_gets_them_raw(monkeypatch) -> None:
+    # Prefect's UI renders table cells as markdown: "#### 4" would become a heading, a line break a new
+    # row height. The artifact's cells are escaped (each punctuation mark behind a backslash, line
+    # breaks as " ↵ "); the tracker's table (MLflow, W&B) keeps the texts unchanged.
+    import stages.floor.samples as samples
+
+    logged: dict[str, object] = {}
+    shown: list[list[dict[str, object]]] = []
+
+    class Tracker:
+        def log_table(self, columns: object, name: str) -> None:
+            logged[name] = columns
+
+    monkeypatch.setattr(samples, "table_artifact", lambda rows, key, description: shown.append(rows))
+    columns = {"response": ["2 + 2 = 4\n#### 4"], "score": [1.0]}
+    samples.log_samples(Tracker(), "train", 3, columns)  # type: ignore[arg-type]
+    assert logged["samples/train/iter-0003.json"] == columns
+    assert shown == [[{"response": "2 \\+ 2 \\= 4 ↵ \\#\\#\\#\\# 4", "score": 1.0}]]
