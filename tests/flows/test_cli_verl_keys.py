@@ -25,7 +25,7 @@ def test_run_prints_each_verl_translation_before_it_starts(
 ) -> None:
     started: list[VerlFlowConfig] = []
 
-    def start(cfg: VerlFlowConfig, *_: object) -> None:  # the pipeline, not run here
+    def start(cfg: VerlFlowConfig, *_: object, **__: object) -> None:  # the pipeline, not run here
         started.append(cfg)
 
     monkeypatch.setattr(run_cli, "_run_logged", start)
@@ -43,7 +43,7 @@ def test_run_prints_each_verl_translation_before_it_starts(
 def test_run_prints_which_of_iterations_and_epochs_ends_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(run_cli, "_run_logged", lambda *_: None)
+    monkeypatch.setattr(run_cli, "_run_logged", lambda *_, **__: None)
     args = ["trainer.total_iterations=4", "trainer.total_epochs=2", "custom_reward_function.name=f"]
     result = CliRunner().invoke(app, ["run", QUICKSTART, f"store.url={tmp_path}", *args])
     assert result.exit_code == 0, result.output

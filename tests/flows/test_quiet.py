@@ -28,7 +28,9 @@ def test_only_the_named_message_is_dropped(name: str, caplog: pytest.LogCaptureF
             logger.warning("another warning of %s", name)
     finally:
         logger.propagate = propagate
-    assert [r.getMessage() for r in caplog.records if r.name == name] == [f"another warning of {name}"]
+    # as a set: after other tests in the same process a record can reach the capture twice
+    # (a second capture handler on the way up); what matters is which messages got through
+    assert {r.getMessage() for r in caplog.records if r.name == name} == {f"another warning of {name}"}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")

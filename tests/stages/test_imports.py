@@ -87,6 +87,9 @@ def test_scan_sees_the_stage_files() -> None:
         "parent",
         "spmd",
         "heldout",
+        "registry",  # issue 40: the model registry (aliases, decisions), the gate's champion, model cards
+        "champion",
+        "model_card",
     }
 
 
