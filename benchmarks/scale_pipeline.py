@@ -15,12 +15,17 @@ bound), plus what the run holds in ``/dev/shm`` (weight-sync staging lives there
 Stage times come from the run log's task-completion timestamps (a task's time = its completion minus
 the previous task's; the stages run one after another in local mode).
 
-``--kill-resume`` runs the config in a second store under the same run id, SIGKILLs every process of
-the tree once RL iteration 2's rollout is committed (its update is then running), reruns the same
-command (a rerun of a run id resumes it) and compares the sha256 of ``ckpt/iter-0003``'s policy
+``--kill-resume`` runs the config in a second store under the same run id, SIGKILLs its process group
+and every other process of the tree (a preempted machine) once RL iteration 2's rollout is committed
+(iteration 1's checkpoint is then committed and iteration 2's update is running), reruns the same
+command (a rerun of a run id resumes it) and compares the sha256 of the last checkpoint's policy
 weights with the uninterrupted run's (``--reference``: its store; by default this script's GRPO run);
 ``--seed-stages`` first links that run's committed preprocess/template_pack/SFT stages into the new
-store, so that only the RL phase runs again.
+store, so that only the RL phase runs again. ``--fresh-reference`` first runs the uninterrupted
+reference itself with the same overrides (export and eval off) in ``<root>/<variant>-uninterrupted``
+and seeds from it, so that both runs are of the same code:
+
+    .venv/bin/python benchmarks/scale_pipeline.py --kill-resume --fresh-reference -- sft.max_steps=1
 Writes ``<root>/<variant>.json``; prints a table.
 """
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -182,29 +188,51 @@ def _env() -> dict[str, str]:
 
 def run_pipeline(store: Path, overrides: list[str], kill_when: Path | None = None) -> dict[str, Any]:
     """``verl-flow run CONFIG overrides --run-id RUN_ID`` in ``store``, sampled; with ``kill_when``,
-    every process of the tree gets SIGKILL once that path exists."""
+    the run's process group and every other process of its tree get SIGKILL once that path exists."""
     cmd = [VERL_FLOW, "run", CONFIG, f"store.url={store}", *overrides, "--run-id", RUN_ID]
     log = store / f"stdout-{int(time.time())}.log"
     store.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
+    load_start, t0 = os.getloadavg(), time.monotonic()
+    killed: dict[str, Any] | None = None
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         sampler = TreeSampler(proc.pid)
         sampler.start()
-        killed = False
         while proc.poll() is None:
             if kill_when is not None and kill_when.exists():
-                for pid in sampler.pids():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                killed = True
+                killed = kill_tree(proc.pid, sampler.pids(), store)
+                killed["at_s"] = time.monotonic() - t0
                 break
             time.sleep(0.5)
         rc = proc.wait()
     memory = sampler.stop()
     memory["stage_peak"] = stage_memory(sampler.samples, store)
     wall = time.monotonic() - t0
-    return {"cmd": " ".join(cmd[1:]), "rc": rc, "killed": killed, "wall_s": wall, "log": str(log), **memory}
+    return {
+        "cmd": " ".join(cmd[1:]),
+        "rc": rc,
+        "killed": killed,
+        "wall_s": wall,
+        "load_start": load_start,
+        "load_end": os.getloadavg(),
+        "log": str(log),
+        **memory,
+    }
+
+
+def kill_tree(leader: int, pids: list[int], store: Path) -> dict[str, Any]:
+    """SIGKILL to ``leader``'s process group (it was started in a session of its own) and to every
+    process of its tree (a child that made a session of its own is outside the group), as a
+    preempted machine would; says which checkpoints were committed at that moment."""
+    ckpts = sorted(p.parent.name for p in (store / "runs" / RUN_ID / "ckpt").glob("iter-*/manifest.json"))
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(leader, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return {"processes": len(pids), "checkpoints_committed": ckpts, "shm_used_gib": _shm_used() / GIB}
 
 
 def stage_memory(samples: list[tuple[float, int, int, int]], store: Path) -> dict[str, dict[str, float]]:
@@ -258,6 +286,19 @@ def policy_sha256(store: Path, iteration: int) -> str | None:
         return None
     files = json.loads(manifest.read_text())["files"]
     return next((f["sha256"] for f in files if f["name"].endswith("model.safetensors")), None)
+
+
+def policy_file_sha256(store: Path, iteration: int) -> dict[str, str]:
+    """sha256 of every ``*.safetensors`` under ``ckpt/iter-NNNN``, read from the files themselves."""
+    root = store / "runs" / RUN_ID / "ckpt" / f"iter-{iteration:04d}"
+    out = {}
+    for path in sorted(root.rglob("*.safetensors")):
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+        out[str(path.relative_to(root))] = h.hexdigest()
+    return out
 
 
 SEED_STAGES = ("preprocess", "template_pack", "sft")
@@ -366,6 +407,12 @@ def main() -> None:
         help="take the committed preprocess, template_pack and SFT of the reference (GRPO) run: a stage "
         "whose params and inputs match is skipped",
     )
+    ap.add_argument(
+        "--fresh-reference",
+        action="store_true",
+        help="with --kill-resume: first run the uninterrupted reference (same overrides, export and eval "
+        "off) in <root>/<variant>-uninterrupted and take its data and SFT stages",
+    )
     ap.add_argument("--no-serve", action="store_true", help="skip verl-flow serve")
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("overrides", nargs="*", help="dotted config overrides")
@@ -392,26 +439,37 @@ def main() -> None:
     else:
         store = args.root / name
         shutil.rmtree(store, ignore_errors=True)
-        ref = args.reference or args.root / args.variant
-        seeded = seed_stages(ref, store) if args.seed_stages else []
-        # iteration 2 (iter-0001) has its rollouts committed: its update is running when the kill lands
-        marker = store / "runs" / RUN_ID / "iter-0001" / "reward" / "manifest.json"
         # export and eval read the checkpoint and change no weights: off, to save their time
         lean = [*overrides, "export.enable=false", "eval.enable=false"]
+        ref = args.reference or args.root / args.variant
+        if args.fresh_reference:
+            ref = args.root / f"{args.variant}-uninterrupted"
+            shutil.rmtree(ref, ignore_errors=True)
+            uninterrupted = run_pipeline(ref, lean)
+            uninterrupted["stage_s"] = stage_times(ref)
+            report["runs"]["uninterrupted"] = uninterrupted
+        seeded = seed_stages(ref, store) if args.seed_stages or args.fresh_reference else []
+        # iteration 2 (iter-0001) has its rollouts committed: its update is running when the kill lands
+        marker = store / "runs" / RUN_ID / "iter-0001" / "reward" / "manifest.json"
         first = run_pipeline(store, lean, kill_when=marker)
+        shm_before_resume = _shm_used() / GIB
         second = run_pipeline(store, lean)
         second["stage_s"] = stage_times(store)
-        report["runs"] = {"killed": first, "resumed": second}
+        report["runs"].update(killed=first, resumed=second)
         iters = [o for o in overrides if o.startswith("trainer.total_iterations=")]
         last = int(iters[-1].split("=")[1]) if iters else 3
         mine, theirs = policy_sha256(store, last), policy_sha256(ref, last)
+        files_mine, files_theirs = policy_file_sha256(store, last), policy_file_sha256(ref, last)
         report["kill_resume"] = {
             "killed_at": "iteration 2 (iter-0001), after its reward stage committed",
             "stages_taken_from_the_uninterrupted_run": seeded,
             "killed": first["killed"],
+            "shm_used_gib_before_resume": shm_before_resume,
             "policy_sha256_resumed": mine,
             "policy_sha256_uninterrupted": theirs,
-            "bit_identical": mine is not None and mine == theirs,
+            "safetensors_sha256_resumed": files_mine,
+            "safetensors_sha256_uninterrupted": files_theirs,
+            "bit_identical": mine is not None and mine == theirs and files_mine == files_theirs,
         }
     report["load_after"] = os.getloadavg()
     args.root.mkdir(parents=True, exist_ok=True)
