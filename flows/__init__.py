@@ -1,7 +1,25 @@
 """Prefect flows: the rlhf pipeline, the RL loop, the GPU stage flows, the CLI.
 
+    pipeline     the rlhf pipeline flow: the stages in order, local or through deployments
+    rl, loop     the RL iteration loop, and what its calls share (built once per loop)
+    sampling     DAPO dynamic sampling of one RL iteration
+    gpu          the GPU-heavy stage flows (SFT, the RL loop) deployed on the gpu pool
+    dispatch     a stage flow run as a deployment on another pool, waited for
+    deployments  what prefect.yaml's deployments compute, and a Run form's parameters
+    progress     the stage flows' progress lines in the pipeline flow run's log
+    gating       the gate step: the champion's eval reused or run again, the decision
+    replay       the replay flow: a run from another run's checkpoint on its stored rollouts
+    rescore      the rescore flow: stored rollouts scored again with other reward settings
+    serving      ``verl-flow serve`` and the serve-model deployment
+    runs         attaching to an existing run (its config and tracking context)
+    results      typed results of the flows
+    artifacts    the Prefect UI artifacts of a run (summary markdown, eval samples table)
+    quiet        library warnings dropped where they are logged
+    cli          the ``verl-flow`` command, one module per command group
+
 Rule: a flow only orchestrates. It calls stage tasks and the stage floor's public names
-(:mod:`stages.floor`), passes config sections and manifest URIs, and returns typed results
+(:mod:`stages.floor`), passes config sections (the whole config to the stages that take it, see
+:mod:`stages`) and manifest URIs, and returns typed results
 (:class:`flows.results.PipelineResult`, :class:`stages.floor.state.RLResult`); it never builds or
 parses stage names, nor imports a stage's private helpers. Every flow names its config parameter
 ``config``.

@@ -1,11 +1,25 @@
-"""verl_core: the kernels and libraries of verl-flow (data, models, rollout engines, reward scoring,
-RL algorithms, training engines, the artifact store), and in ``runtime`` what runs around them (run
-context, ranks, launch, watchdog, tracking, sandbox, serving, doctor). No Prefect.
+"""verl_core: the kernels and libraries of verl-flow, and what runs around them. No Prefect.
 
-Top level: the kernels' packages and a few leaf utilities (errors, registry, seeding, files, timing,
+    algorithms  advantages, policy/value losses, KL, loss aggregation (pure torch)
+    data        dataset adapters and cleaning, chat templates, tokenizers, packing, sampling
+    models      loading (HF, from scratch, LoRA/QLoRA), packed forward, value heads, checkpoint files
+    rollout     generation engines behind one protocol (HF, vLLM), multi-turn
+    reward      reward scoring (rules, functions, a reward model, HTTP scorers)
+    tools       what a model can call in a multi-turn rollout
+    training    optimizer engines (single device, FSDP2, DeepSpeed), SFT and PPO losses
+    store       the artifact store: fsspec URLs, Parquet schemas, manifest commits
+    config      the one typed configuration (schema, loader, cross-field checks)
+    planning    a run's memory and time plan, from its config before it starts
+    runtime     around the kernels: run context, ranks, launch, watchdog, tracking, sandbox, serving,
+                doctor
+
+Top level: those packages and a few leaf utilities (errors, registry, seeding, files, timing,
 version).
 
-Rule: verl_core functions take tensors and plain values and return tensors or named results; they
-never take the config object (the stages unpack it), and verl_core never imports ``stages`` or
-``flows``.
+Rule: the kernels (algorithms, data, models, rollout, reward, tools, training, store) take tensors and
+plain values and return tensors or named results; they never take the config object (the stages
+unpack it). Not so, today: ``planning`` reads the whole config (a plan is of a run), and
+``runtime.run``'s ``start_run``, ``default_run_id``, ``family_tags`` and ``wandb_fields`` take it
+(what a run records at its start; they belong above verl_core and are to leave it, issue 42 item 3).
+verl_core never imports ``stages`` or ``flows``.
 """
