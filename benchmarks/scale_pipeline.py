@@ -289,7 +289,8 @@ def policy_sha256(store: Path, iteration: int) -> str | None:
 
 
 def policy_file_sha256(store: Path, iteration: int) -> dict[str, str]:
-    """sha256 of every ``*.safetensors`` under ``ckpt/iter-NNNN``, read from the files themselves."""
+    """sha256 of every ``*.safetensors`` under ``ckpt/iter-NNNN``, read from the files themselves,
+    by path within the stage's attempt folder (``attempt-<time>-<id>/``, different in every run)."""
     root = store / "runs" / RUN_ID / "ckpt" / f"iter-{iteration:04d}"
     out = {}
     for path in sorted(root.rglob("*.safetensors")):
@@ -297,7 +298,7 @@ def policy_file_sha256(store: Path, iteration: int) -> dict[str, str]:
         with path.open("rb") as f:
             while chunk := f.read(1 << 24):
                 h.update(chunk)
-        out[str(path.relative_to(root))] = h.hexdigest()
+        out[str(path.relative_to(root).relative_to(path.relative_to(root).parts[0]))] = h.hexdigest()
     return out
 
 
