@@ -1,9 +1,12 @@
 """The one typed configuration of a verl-flow run.
 
 :mod:`.schema` assembles the sections (:mod:`.model`, :mod:`.training`, :mod:`.generation`,
-:mod:`.run`, on :mod:`.base`) with every default and one-line description, and the cross-field
-checks; :mod:`.loader` reads YAML, applies dotted overrides (``actor.lr=1e-6``), words errors as one
-line (field path, value given, what was expected), hashes and flattens. Import from here::
+:mod:`.run`, :mod:`.gate`, on :mod:`.base`) with every default and one-line description, runs the
+cross-field checks of :mod:`.preflight` (which also words the advice lines, with :mod:`.inert`'s
+settings that do nothing under another one) and hashes a config (:func:`.schema.config_hash`);
+:mod:`.loader` reads YAML, applies dotted overrides (``actor.lr=1e-6``), words errors as one line
+(field path, value given, what was expected) and flattens; :mod:`.verl_names` and
+:mod:`.verl_translate` read verl's key names. Import from here::
 
     from verl_core.config import VerlFlowConfig, load_config, with_overrides
 """
@@ -32,9 +35,6 @@ from verl_core.config.generation import (
 )
 from verl_core.config.loader import (
     apply_override,
-    canonical_json,
-    config_dump,
-    config_hash,
     flatten_config,
     load_config,
     redact_url,
@@ -54,7 +54,13 @@ from verl_core.config.run import (
     TrackingConfig,
     TrainerConfig,
 )
-from verl_core.config.schema import PLACEMENT_FIELDS, VerlFlowConfig
+from verl_core.config.schema import (
+    PLACEMENT_FIELDS,
+    VerlFlowConfig,
+    canonical_json,
+    config_dump,
+    config_hash,
+)
 from verl_core.config.training import (
     ActorConfig,
     AlgorithmConfig,

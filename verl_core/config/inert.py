@@ -141,7 +141,7 @@ def inert_settings(cfg: VerlFlowConfig) -> list[str]:
     """One line per key of :data:`INERT` whose value differs from the schema default while its
     condition holds (the reason of the first entry naming the key whose condition holds)."""
     given = _flat(cfg.model_dump(mode="json"))
-    default = _defaults()
+    default = _defaults(type(cfg))
     out: list[str] = []
     for key, value in given.items():
         if value == default.get(key):
@@ -157,10 +157,10 @@ def _names(entry: Inert, key: str) -> bool:
 
 
 @functools.cache
-def _defaults() -> dict[str, Any]:
-    from verl_core.config.schema import VerlFlowConfig
-
-    return _flat(VerlFlowConfig.model_validate({}).model_dump(mode="json"))
+def _defaults(schema: type[VerlFlowConfig]) -> dict[str, Any]:
+    """The schema's defaults, flat; the class comes from the config given (no import of the schema,
+    which imports the checks that import this module)."""
+    return _flat(schema.model_validate({}).model_dump(mode="json"))
 
 
 def _flat(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

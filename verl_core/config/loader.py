@@ -1,4 +1,4 @@
-"""Loading a run's config: YAML, dotted overrides, one-line errors, hashing, flattening for trackers.
+"""Loading a run's config: YAML, dotted overrides, one-line errors, flattening for trackers.
 
 :func:`load_config` reads a YAML file, applies dotted overrides (``actor.lr=1e-6``) with type
 coercion, and validates against :mod:`verl_core.config.schema`. Any problem raises
@@ -9,7 +9,6 @@ before any work starts; a config that runs but probably does not do what its aut
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -24,29 +23,10 @@ from pydantic import BaseModel, ValidationError
 
 from verl_core.config import verl_names, verl_translate
 from verl_core.config.preflight import advice
-from verl_core.config.schema import VerlFlowConfig
+from verl_core.config.schema import VerlFlowConfig, config_dump
 from verl_core.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-
-def canonical_json(obj: Any) -> str:
-    """JSON with sorted keys and no whitespace: the input of every hash."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def config_hash(cfg: VerlFlowConfig) -> str:
-    """sha256 of the canonical JSON of the resolved config (:func:`config_dump`)."""
-    return hashlib.sha256(canonical_json(config_dump(cfg)).encode()).hexdigest()
-
-
-def config_dump(cfg: VerlFlowConfig) -> dict[str, Any]:
-    """The resolved config as JSON, without ``parent`` when it is unset: a run of its own hashes,
-    records and flattens exactly as before the section existed (its run id stays the same)."""
-    raw = cfg.model_dump(mode="json")
-    if raw.get("parent") is None:
-        raw.pop("parent", None)
-    return raw
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,11 +8,15 @@ names follow verl where verl has one (``data.train_batch_size``, ``actor.ppo_min
 model built from scratch on CPU, synthetic arithmetic data, a local artifact store and local MLflow.
 
 The sections live by group (:mod:`.model`, :mod:`.training`, :mod:`.generation`, :mod:`.run`, on the
-:class:`~.base.Section` base); this module assembles them into :class:`VerlFlowConfig`.
+:class:`~.base.Section` base); this module assembles them into :class:`VerlFlowConfig` and hashes
+a config (:func:`config_hash`, the run's identity). The cross-field checks live in :mod:`.preflight`,
+which knows the schema by type only (no runtime import back).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from pydantic import model_validator
@@ -97,7 +101,24 @@ class VerlFlowConfig(Section):
         return section.model_dump(mode="json", exclude=PLACEMENT_FIELDS.get(name))
 
     def config_hash(self) -> str:
-        """sha256 of the canonical JSON of the resolved config (see :func:`.loader.config_hash`)."""
-        from verl_core.config.loader import config_hash
-
+        """sha256 of the canonical JSON of the resolved config (see :func:`config_hash`)."""
         return config_hash(self)
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace: the input of every hash."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def config_hash(cfg: VerlFlowConfig) -> str:
+    """sha256 of the canonical JSON of the resolved config (:func:`config_dump`)."""
+    return hashlib.sha256(canonical_json(config_dump(cfg)).encode()).hexdigest()
+
+
+def config_dump(cfg: VerlFlowConfig) -> dict[str, Any]:
+    """The resolved config as JSON, without ``parent`` when it is unset: a run of its own hashes,
+    records and flattens exactly as before the section existed (its run id stays the same)."""
+    raw = cfg.model_dump(mode="json")
+    if raw.get("parent") is None:
+        raw.pop("parent", None)
+    return raw

@@ -1,9 +1,10 @@
 """Dataset adapters: where raw rows come from, chosen by name from a registry.
 
 An adapter turns a source (local JSONL/Parquet files, an HF ``datasets`` id, a generator) into
-:class:`RawRow` s, each remembering the file and 1-based line it came from, so that cleaning can
-name them. Undecodable lines are not raised here but yielded with ``problem`` set: cleaning counts
-them (or fails on them in strict mode) like any other bad row. Each adapter may carry a preset
+:class:`~verl_core.data.cleaning.RawRow` s (cleaning's input type), each remembering the file and
+1-based line it came from, so that cleaning can name them. Undecodable lines are not raised here but
+yielded with ``problem`` set: cleaning counts them (or fails on them in strict mode) like any other
+bad row. Each adapter may carry a preset
 :class:`~verl_core.data.cleaning.FieldMapping` (gsm8k, arithmetic); the generic ones use the
 caller's mapping.
 
@@ -21,7 +22,7 @@ import dataclasses
 import json
 import os
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -29,26 +30,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from verl_core.data import arithmetic
-from verl_core.data.cleaning import FieldMapping, gsm8k_mapping
+from verl_core.data.cleaning import FieldMapping, RawRow, gsm8k_mapping
 from verl_core.errors import DataError
 from verl_core.registry import Registry, UnknownNameError
 
 GSM8K_HF_ID = "openai/gsm8k"
-
-
-@dataclass(frozen=True)
-class RawRow:
-    """One raw row: ``data`` (None when the line could not be decoded, see ``problem``), and where it
-    came from: ``where`` (file path or ``hf:id[split]``), ``line`` (1-based), ``unit`` ("line"/"row")."""
-
-    where: str
-    line: int
-    data: Mapping[str, Any] | None
-    unit: str = "line"
-    problem: str | None = None
-
-    def location(self) -> str:
-        return f"{self.where}, {self.unit} {self.line}"
 
 
 @dataclass(frozen=True)

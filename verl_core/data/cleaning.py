@@ -26,13 +26,10 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from verl_core.errors import DataError
 from verl_core.seeding import derive_seed
-
-if TYPE_CHECKING:
-    from verl_core.data.adapters import RawRow
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 GSM8K_ANSWER_REGEX = r"#### (\-?[0-9\.\,]+)"
@@ -46,6 +43,21 @@ WRONG_TYPE = "wrong_type"
 NO_GROUND_TRUTH = "no_ground_truth"
 DUPLICATE = "duplicate"
 REASONS = (UNDECODABLE, MISSING_FIELD, EMPTY_FIELD, WRONG_TYPE, NO_GROUND_TRUTH, DUPLICATE)
+
+
+@dataclass(frozen=True)
+class RawRow:
+    """One raw row: ``data`` (None when the line could not be decoded, see ``problem``), and where it
+    came from: ``where`` (file path or ``hf:id[split]``), ``line`` (1-based), ``unit`` ("line"/"row")."""
+
+    where: str
+    line: int
+    data: Mapping[str, Any] | None
+    unit: str = "line"
+    problem: str | None = None
+
+    def location(self) -> str:
+        return f"{self.where}, {self.unit} {self.line}"
 
 
 @dataclass(frozen=True)
