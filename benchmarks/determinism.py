@@ -7,8 +7,9 @@ unless all runs agree (the contract: same config, seed, code and machine type â†
     .venv/bin/python benchmarks/determinism.py --runs 1 --load 0 --save before.json \
         trainer.total_iterations=4          # a refactor's check: diff the saved fingerprints after
 
-The fingerprint is ``tests/reliability/conftest.fingerprint`` (every committed file by sha256,
-wall-clock values left out), digested to one line per run.
+The fingerprint is :func:`stages.floor.fingerprint.fingerprint` (every committed file by sha256,
+per-process values left out), digested to one line per run. Runs in ``make quickstart``'s environment
+(no pytest needed).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.reliability.conftest import fingerprint  # noqa: E402
+from stages.floor.fingerprint import fingerprint  # noqa: E402
 from verl_core.store import ArtifactStore  # noqa: E402
 
 

@@ -18,6 +18,13 @@ besides the stage tasks themselves.
     rescore     ``verl-flow rescore``: which settings may change, the plan (name, reward config hash,
                 stages to score again), its lease, its report read back
     retry       which task failures Prefect retries (not config errors nor deterministic scorer errors)
+    parent      forks and replays: runs that start from another run's checkpoint, and their checks
+    registry    the MLflow model registry: registered names, the champion and previous aliases
+    champion    the registry's champion as the gate sees it: its export, its reusable eval, the pairs
+    model_card  an export's ``model/README.md`` (Hugging Face model-card layout)
+    fingerprint a run's committed artifacts by digest, per-process values left out (determinism checks)
+    initial_model  the run's initial model on this machine's disk when ``model.path`` is an export's
+                store URI
 
 Rule: a floor module imports verl_core and other floor modules, never a stage file.
 """

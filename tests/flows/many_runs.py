@@ -1,10 +1,11 @@
 """Many runs at once: ``--runs`` pipelines started together through the deployments on one Prefect
 server, one S3 store (moto) and one MLflow server, then each of the same configs alone; every run must
-complete, each concurrent run must equal its run alone, and nothing may cross between runs.
+complete, each concurrent run must equal its run alone, and nothing may cross between runs. Run by
+hand (not collected by pytest; it stands on ``tests/flows/test_deployments.py``'s harness):
 
-    .venv/bin/python benchmarks/many_runs.py                        # 4 runs, gpu pool limit 4, ~30 min
-    .venv/bin/python benchmarks/many_runs.py --gpu-slots 1          # the stage flows queue on one slot
-    .venv/bin/python benchmarks/many_runs.py trainer.total_iterations=2   # extra overrides, last wins
+    .venv/bin/python -m tests.flows.many_runs                       # 4 runs, gpu pool limit 4, ~30 min
+    .venv/bin/python -m tests.flows.many_runs --gpu-slots 1         # the stage flows queue on one slot
+    .venv/bin/python -m tests.flows.many_runs trainer.total_iterations=2  # extra overrides, last wins
 
 Set-up (not timed), each process in its own session and stopped by its process group at the end: a
 Prefect server on a free 127.0.0.1 port with its own PREFECT_HOME, ``infra/local/s3_server.sh`` (moto)
@@ -20,7 +21,7 @@ The code under test is a copy of the checkout's files taken at the start (``VERL
 ``PYTHONPATH`` point at it), so edits to the tree during the run do not reach the flow runs.
 
 Checks (exit 1 if any fails): every run completed; ``many-K`` and ``alone-K`` have the same final
-policy sha256 and the same artifact fingerprint (``tests/reliability/conftest.fingerprint``); the store
+policy sha256 and the same artifact fingerprint (:func:`stages.floor.fingerprint.fingerprint`); the store
 holds only the expected runs, each manifest's ``run_id`` is its own, every input manifest lies in its
 own run, ``run.json`` has its own seed; MLflow has exactly one run per run id, FINISHED, with its own
 seed as a param, metrics logged and one registered model version, and no other MLflow run; different
@@ -48,12 +49,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from stages.floor.fingerprint import fingerprint  # noqa: E402
 from tests.flows.test_deployments import TINY, Processes  # noqa: E402
 from tests.prefect_server import wait_healthy  # noqa: E402
-from tests.reliability.conftest import fingerprint, free_port  # noqa: E402
+from tests.reliability.conftest import free_port  # noqa: E402
 from verl_core.store import ArtifactStore  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -263,7 +265,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, MLflow)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides after the tiny config")
     args = parser.parse_args()
-    command = shlex.join([".venv/bin/python", "benchmarks/many_runs.py", *sys.argv[1:]])
+    command = shlex.join([".venv/bin/python", "-m", "tests.flows.many_runs", *sys.argv[1:]])
 
     root = Path(tempfile.mkdtemp(prefix="verl-flow-many-runs-"))
     os.environ.update(S3_ENV)  # this process creates the bucket and reads the store

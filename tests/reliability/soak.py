@@ -1,8 +1,9 @@
 """Soak: the reliability suite's tiny pipeline, many times, on S3 (moto) behind the fault proxy, each
 attempt killed with SIGKILL from outside at a random moment until one completes; every finished run
 must equal an uninterrupted local run (artifact digests as in tests/reliability, policy tensors).
+Run by hand (not collected by pytest: the suite's faults at length, on the suite's own harness):
 
-    .venv/bin/python benchmarks/soak.py --runs 5 --fault-rate 0.1 --kills 2
+    .venv/bin/python -m tests.reliability.soak --runs 5 --fault-rate 0.1 --kills 2
 
 Prints per run: attempts, kill times, requests, faults by kind; then totals: runs, kills survived,
 faults injected/survived, wall time. Exits 1 if any run ends different from the reference.
@@ -20,16 +21,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.reliability.conftest import (  # noqa: E402
-    CANARIES,
-    Pipeline,
-    fingerprint,
-    finish,
-    prefect_server,
-)
+from stages.floor.fingerprint import fingerprint  # noqa: E402
+from tests.reliability.conftest import CANARIES, Pipeline, finish, prefect_server  # noqa: E402
 from tests.reliability.fault_proxy import FaultProxy  # noqa: E402
 from verl_core.runtime.env import set_quiet_env  # noqa: E402
 
