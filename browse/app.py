@@ -91,6 +91,11 @@ table.plain th { background: #f3f4f6; }
   word-break: break-all;
 }
 .tok { border-radius: 3px; padding: 1px 0; }
+.tok.tool { background: #e5e7eb; color: #4b5563; font-style: italic; }
+.tok.partial { display: inline-block; min-width: 3px; height: 1.1em; vertical-align: text-bottom; }
+.turn { margin: 4px 0; }
+.turn-role { font-size: 11px; color: #6b7280; text-transform: uppercase; }
+.turn-tool pre { background: #e5e7eb; border-left: 3px solid #9ca3af; font-style: italic; }
 .muted { color: #6b7280; font-size: 12px; }
 .pager { display: flex; gap: 10px; align-items: center; margin: 6px 0; font-size: 13px; }
 """

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from browse.decode import token_texts
 from browse.garbled import garbled_reasons
 from browse.sets import SampleKind, SampleSet, list_sets
 from browse.sql import (
@@ -275,7 +276,7 @@ class Catalog:
         behaviour = padded(row[1], n)
         mask = row[2]
         tok = self._tokenizer(s)
-        texts = [tok.decode([i], skip_special_tokens=False) for i in ids] if tok else [str(i) for i in ids]
+        texts = token_texts(tok, ids) if tok else [str(i) for i in ids]  # multi-byte characters whole
         frame = pd.DataFrame(
             {
                 "position": np.arange(n),

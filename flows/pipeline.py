@@ -25,6 +25,7 @@ from flows.gating import require_promotion, run_gate
 from flows.gpu import export_flow, sft_flow
 from flows.results import PipelineResult
 from flows.rl import rl_loop
+from flows.run_links import record_links
 from stages.eval import evaluate
 from stages.floor.artifacts import export_source
 from stages.floor.logging import timed, watched
@@ -89,6 +90,7 @@ def rlhf_pipeline(
     store = ArtifactStore(s.url, max_attempts=s.max_attempts, outage_budget_s=s.outage_budget_s)
     check_parent(store, cfg, run_id or default_run_id(cfg))  # a fork or replay: before any work
     ctx = start_run_task(cfg, run_id, origin)
+    record_links(ctx)  # runs/{run_id}/links.json: this flow run and the MLflow run (the rollout browser)
     get_run_logger().info(
         "run %s (%s mode): store %s, the run's files under runs/%s",
         ctx.run_id,

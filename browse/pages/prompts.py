@@ -1,5 +1,9 @@
 """One prompt's samples: its GRPO/RLOO group in one set, side by side (``/run/RUN/group?kind=&key=
-&prompt=ID``), and its samples across the run's iterations (``/run/RUN/prompt?prompt=ID|TEXT``)."""
+&prompt=ID``), and its samples across the run's iterations (``/run/RUN/prompt?prompt=ID|TEXT``).
+
+A multi-turn response shows its turns in order (:mod:`browse.turns`): the model's turns as text, each
+tool turn grey with the calls it answers (``name(arguments) → result``); the response text alone is
+only the last model turn."""
 
 from __future__ import annotations
 
@@ -12,9 +16,38 @@ from dash import dcc, html
 from browse.pages.common import data_attrs, error, fmt, href, kind_of, records, run_path
 from browse.pages.runs import run_tabs
 from browse.queries import Catalog
+from browse.turns import sample_turns
 
 
-def _card(run_id: str, kind: str, key: str, r: dict[str, Any]) -> html.Div:
+def _turn(i: int, t: dict[str, Any]) -> html.Div:
+    """One turn of a multi-turn response: a model turn's text, or a tool turn with its calls."""
+    calls = [
+        html.Div(
+            f"{c.get('name')}({c.get('arguments')}) → {c.get('error') or c.get('result')}",
+            className="turn-call",
+        )
+        for c in t.get("calls") or []
+    ]
+    tool = t.get("role") == "tool"
+    return html.Div(
+        [
+            html.Span("tool output" if tool else "model", className="turn-role"),
+            *calls,
+            html.Pre(t.get("text")),
+        ],
+        className="turn turn-tool" if tool else "turn turn-model",
+        **data_attrs(role=t.get("role"), index=i),
+    )
+
+
+def _response(r: dict[str, Any], turns: list[dict[str, Any]]) -> Any:
+    """The response: its turns when a tool turn is among them, else its text."""
+    if any(t.get("role") == "tool" for t in turns):
+        return html.Div([_turn(i, t) for i, t in enumerate(turns)], className="turns")
+    return html.Pre(r.get("response") or "")
+
+
+def _card(run_id: str, kind: str, key: str, r: dict[str, Any], turns: list[dict[str, Any]]) -> html.Div:
     """One response of a group: reward, advantage, length, extracted answer against the truth."""
     ok = bool(r.get("correct"))
     facts = [
@@ -22,6 +55,7 @@ def _card(run_id: str, kind: str, key: str, r: dict[str, Any]) -> html.Div:
         ("advantage", fmt(r.get("advantage"))),
         ("length", fmt(r.get("response_length"))),
         ("finish", fmt(r.get("finish_reason"))),
+        ("tools", fmt(r.get("tool_calls"))),
         ("extracted", fmt(r.get("extracted_answer"))),
         ("truth", fmt(r.get("ground_truth"))),
     ]
@@ -35,7 +69,7 @@ def _card(run_id: str, kind: str, key: str, r: dict[str, Any]) -> html.Div:
             " ",
             html.Span("✓ correct" if ok else "✗ wrong", style={"color": "#16a34a" if ok else "#b91c1c"}),
             html.Table(rows, className="plain"),
-            html.Pre(r.get("response") or ""),
+            _response(r, turns),
             dcc.Link(
                 "tokens",
                 href=href(
@@ -58,6 +92,7 @@ def group_layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.D
         return html.Div([run_tabs(run_id), error(f"no samples of prompt {prompt} in {kind} {key}")])
     rows = records(df)
     first = rows[0]
+    turns = sample_turns(catalog, run_id, kind, key, [str(r["sample_id"]) for r in rows])
     rewards = [float(r["reward"]) for r in rows if r.get("reward") is not None]
     spread = f"mean reward {fmt(sum(rewards) / len(rewards))}" if rewards else ""
     return html.Div(
@@ -73,7 +108,11 @@ def group_layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.D
                 ],
                 className="response",
             ),
-            html.Div([_card(run_id, kind, key, r) for r in rows], className="group", id="group-responses"),
+            html.Div(
+                [_card(run_id, kind, key, r, turns.get(str(r["sample_id"]), [])) for r in rows],
+                className="group",
+                id="group-responses",
+            ),
         ]
     )
 

@@ -1,5 +1,9 @@
 """The runs of the store (``/``) and one run's iterations as small charts (``/run/RUN``); a point of a
-chart opens that iteration's training samples."""
+chart opens that iteration's training samples.
+
+A run's MLflow run and Prefect flow run are what its pipeline recorded (:mod:`flows.run_links`): a
+link where a UI serves them (an ``http(s)`` MLflow server, a configured Prefect server), else the ids
+and, for MLflow's database or files, the ``mlflow ui --backend-store-uri`` command that opens them."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from dash import ALL, Dash, Input, Output, callback_context, dcc, html, no_updat
 
 from browse.pages.common import data_attrs, error, fmt, href, records, run_path, table
 from browse.queries import Catalog
+from flows.run_links import read_links
 
 # the charts of a run's page: (title, [(column of Catalog.iterations, trace name)])
 CHARTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
@@ -24,10 +29,45 @@ CHARTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
 }
 
 
-def _link(text: str, url: str | None) -> Any:
-    if not url:
+def mlflow_cell(found: dict[str, Any] | None) -> Any:
+    """The MLflow run: a link to its page, or its id and the command that serves it."""
+    if not found or not found.get("run_id"):
         return "–"
-    return html.A(text, href=url, target="_blank", rel="noopener")
+    if found.get("ui_url"):
+        return html.A(
+            "MLflow run", href=found["ui_url"], target="_blank", rel="noopener", className="mlflow-link"
+        )
+    command = f"mlflow ui --backend-store-uri {found.get('tracking_uri')}"
+    return html.Div(
+        [
+            html.Code(found["run_id"], className="mlflow-run-id"),
+            html.Div(html.Code(command), className="muted mlflow-ui"),
+        ]
+    )
+
+
+def prefect_cell(found: dict[str, Any] | None) -> Any:
+    """The Prefect flow run: a link to its page, or its name and id (no Prefect server was configured:
+    the run's temporary server is gone)."""
+    if not found or not found.get("flow_run_id"):
+        return "–"
+    name = found.get("flow_run_name") or found["flow_run_id"]
+    if found.get("ui_url"):
+        return html.A(
+            f"flow run {name}",
+            href=found["ui_url"],
+            target="_blank",
+            rel="noopener",
+            className="prefect-link",
+        )
+    return html.Div(
+        [
+            html.Span(f"flow run {name}", title=found["flow_run_id"], className="prefect-flow-run"),
+            html.Div(
+                html.Code(found["flow_run_id"]), className="muted", title="no Prefect server was configured"
+            ),
+        ]
+    )
 
 
 def layout(catalog: Catalog) -> html.Div:
@@ -39,6 +79,7 @@ def layout(catalog: Catalog) -> html.Div:
     head += ["val accuracy", "updated", "MLflow", "Prefect"]
     rows = []
     for r in records(df):
+        links = read_links(catalog.store, r["run_id"])
         family: Any = "–"
         if r.get("parent"):
             family = html.Span(
@@ -59,8 +100,8 @@ def layout(catalog: Catalog) -> html.Div:
             fmt(r.get("accuracy")),
             fmt(r.get("val_accuracy")),
             str(r.get("updated") or "")[:19],
-            _link("MLflow run", r.get("mlflow_run_url")),
-            _link("flow run", r.get("prefect_flow_run_url")),
+            mlflow_cell(links["mlflow"]),
+            prefect_cell(links["prefect"]),
         ]
         rows.append(html.Tr([html.Td(c) for c in cells], **data_attrs(run_id=r["run_id"])))
     tbl = html.Table(

@@ -2,8 +2,13 @@
 token a span whose background is the chosen value (advantage, KL to the reference, or the mismatch
 ``behaviour_logprob - trainer_logprob``) on a diverging scale (blue < 0 < red, full colour at the
 response's largest magnitude); the span's ``title`` holds every value (shown on hover) and its
-``data-value`` the coloured one. Below it, the set's samples with the largest mismatch, filled in
-after the page shows (it reads every sample's log-probs)."""
+``data-value`` the coloured one. Tool-output tokens of a multi-turn response (loss mask 0: the
+trainer neither scores nor trains them) are grey and uncoloured (``data-tool="true"``, empty
+``data-value``), and the colour scale is the model tokens' alone. A token holding only the first
+bytes of a multi-byte character has no text of its own (the character shows on its last token,
+:mod:`browse.decode`): a thin coloured box keeps its place and its values. Below it, the set's
+samples with the largest mismatch, filled in after the page shows (it reads every sample's
+log-probs)."""
 
 from __future__ import annotations
 
@@ -25,27 +30,31 @@ def title(r: dict[str, Any]) -> str:
         f"{k} {fmt(r.get(k), 6)}"
         for k in ("advantage", "kl", "behaviour_logprob", "trainer_logprob", "mismatch")
     )
-    tool = "" if r.get("model_token", True) else " (tool output)"
-    return f"#{r['position']} {r.get('token')!r} id {r.get('token_id')}{tool} · {values}"
+    if not r.get("model_token", True):
+        return f"#{r['position']} {r.get('token')!r} id {r.get('token_id')} · tool output: no loss, no values"
+    text = repr(r.get("token")) if r.get("token") else "(bytes of the next token's character)"
+    return f"#{r['position']} {text} id {r.get('token_id')} · {values}"
 
 
 def spans(df: pd.DataFrame, by: str) -> list[html.Span]:
-    """The tokens as spans coloured by column ``by``."""
+    """The tokens as spans coloured by column ``by``; tool-output tokens grey, not coloured."""
     rows = records(df)
-    vals = [r.get(by) for r in rows]
+    model = [bool(r.get("model_token", True)) for r in rows]
+    vals = [r.get(by) if m else None for r, m in zip(rows, model, strict=True)]
     scale = max((abs(v) for v in vals if v is not None), default=0.0)
     out = []
-    for r, v in zip(rows, vals, strict=True):
-        style = {"background": colour(v, scale)}
-        if not r.get("model_token", True):
-            style["textDecoration"] = "underline dotted"
+    for r, v, m in zip(rows, vals, model, strict=True):
+        text = r.get("token") or ""
+        cls = "tok" if m else "tok tool"
         out.append(
             html.Span(
-                r.get("token") or "",
-                className="tok",
+                text,
+                className=cls if text else f"{cls} partial",
                 title=title(r),
-                style=style,
-                **data_attrs(value="" if v is None else repr(float(v)), position=r["position"]),
+                style={"background": colour(v, scale)} if m else {},
+                **data_attrs(
+                    value="" if v is None else repr(float(v)), position=r["position"], tool=str(not m).lower()
+                ),
             )
         )
     return out
@@ -103,8 +112,12 @@ def layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.Div:
                 className="filters",
             ),
             html.P(
-                "blue < 0 < red, full colour at the response's largest magnitude; "
-                "hover a token for its values",
+                [
+                    "blue < 0 < red, full colour at the response's largest magnitude; hover a token for "
+                    "its values; ",
+                    html.Span("grey", className="tok tool"),
+                    ": tool output (no loss, not coloured)",
+                ],
                 className="muted",
             ),
             html.Div(spans(toks, by), id="tokens-view", className="tokens"),

@@ -3,7 +3,8 @@
 what a page shows is checked against the run's Parquet files read directly with pyarrow.
 
 Screenshots of every view go to the test's tmp dir, and also to ``$VERL_FLOW_SCREENSHOTS`` when set
-(docs/images/browse-samples.png is the samples view from such a run)."""
+(docs/images/browse-samples.png is the samples view from such a run). A run with tool turns is
+tests/browse/test_browser_multi_turn.py's."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from browse.record import browser_url
+from flows.run_links import read_links
 from tests.browse.conftest import GROUP_SIZE, REPO, BrowseRun
 from verl_core.store import ArtifactStore
 
@@ -62,12 +65,11 @@ class Browser:
             self.page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
 
 
-@pytest.fixture(scope="module")
-def served(browse_run: BrowseRun, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """``verl-flow browse RUN`` on a free port: ``(base URL, state dir)``; stopped with SIGTERM,
-    which must exit 0 and remove the browser's record."""
-    state = tmp_path_factory.mktemp("state")
-    cmd = [sys.executable, "-m", "flows.cli", "browse", browse_run.run_id, "--store", browse_run.store_url]
+@contextmanager
+def serve(store_url: str, run_id: str, state: Path) -> Iterator[str]:
+    """``verl-flow browse RUN`` on a free port, its record under ``state``: yields the base URL; stopped
+    with SIGTERM, which must exit 0 and remove the browser's record."""
+    cmd = [sys.executable, "-m", "flows.cli", "browse", run_id, "--store", store_url]
     env = {**os.environ, "XDG_STATE_HOME": str(state)}
     proc = subprocess.Popen(
         [*cmd, "--port", "0"],  # a free port: the printed URL says which
@@ -79,7 +81,7 @@ def served(browse_run: BrowseRun, tmp_path_factory: pytest.TempPathFactory) -> I
     )
     assert proc.stdout is not None
     seen = ""  # up to "browsing STORE at URL  (Ctrl-C stops)", printed once it listens
-    while not (found := re.search(rf"http://localhost:(\d+)/run/{browse_run.run_id}\b", seen)):
+    while not (found := re.search(rf"http://localhost:(\d+)/run/{run_id}\b", seen)):
         line = proc.stdout.readline()
         assert line, seen  # it exited
         seen += line
@@ -87,7 +89,7 @@ def served(browse_run: BrowseRun, tmp_path_factory: pytest.TempPathFactory) -> I
     records = list((state / "verl-flow" / "browsers").glob("*.json"))
     assert len(records) == 1  # what a pipeline run on this store reads (browse.record)
     try:
-        yield f"http://127.0.0.1:{port}", state
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
@@ -95,18 +97,33 @@ def served(browse_run: BrowseRun, tmp_path_factory: pytest.TempPathFactory) -> I
         assert not records[0].exists()
 
 
-@pytest.fixture(scope="module")
-def browser(served: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+@contextmanager
+def chromium_page(base: str, shots_dir: Path) -> Iterator[Browser]:
+    """Headless Chromium on ``base``; screenshots to ``shots_dir`` and ``$VERL_FLOW_SCREENSHOTS``."""
     from playwright.sync_api import sync_playwright
 
-    shots = [tmp_path_factory.mktemp("screenshots")]
+    shots = [shots_dir]
     if os.environ.get("VERL_FLOW_SCREENSHOTS"):
         shots.append(Path(os.environ["VERL_FLOW_SCREENSHOTS"]))
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         page = chromium.new_page(viewport={"width": 1400, "height": 900})
-        yield Browser(served[0], page, shots)
+        yield Browser(base, page, shots)
         chromium.close()
+
+
+@pytest.fixture(scope="module")
+def served(browse_run: BrowseRun, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """``verl-flow browse RUN`` of the fixture's run: ``(base URL, state dir)``."""
+    state = tmp_path_factory.mktemp("state")
+    with serve(browse_run.store_url, browse_run.run_id, state) as base:
+        yield base, state
+
+
+@pytest.fixture(scope="module")
+def browser(served: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    with chromium_page(served[0], tmp_path_factory.mktemp("screenshots")) as b:
+        yield b
 
 
 def test_runs_page_lists_the_run(browser: Browser, browse_run: BrowseRun) -> None:
@@ -114,6 +131,12 @@ def test_runs_page_lists_the_run(browser: Browser, browse_run: BrowseRun) -> Non
     row = browser.page.locator(f'#runs-table tr[data-run-id="{browse_run.run_id}"]')
     assert row.count() == 1
     assert "finished" in row.inner_text()
+    # the pipeline's flow run, as the run recorded it (a temporary Prefect server: its id, no link);
+    # tracking is off in this run: no MLflow run
+    links = read_links(ArtifactStore(browse_run.store_url), browse_run.run_id)
+    assert links["prefect"] is not None and links["prefect"]["ui_url"] is None and links["mlflow"] is None
+    assert links["prefect"]["flow_run_id"] in row.locator("td").nth(11).inner_text()
+    assert row.locator("td").nth(10).inner_text() == "–"
     browser.shot("runs")
     browser.open(f"/run/{browse_run.run_id}", "#iteration-charts .js-plotly-plot")
     assert browser.page.locator("#iteration-charts .js-plotly-plot").count() == 4
