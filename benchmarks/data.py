@@ -7,6 +7,10 @@ batches holding the same number of sequences. Targets: <= 10 s in all on a 2-cor
 waste <= 5%.
 
     .venv/bin/python benchmarks/data.py [path/to/gsm8k/train.jsonl] [--budget 4096]
+
+Without a path it reads the project's 200-row sample (``data/gsm8k/train_sample.jsonl``), which checks
+the path end to end; the targets are for the full train split (7,473 rows, openai/gsm8k's
+``train.jsonl``), given as the path.
 """
 
 from __future__ import annotations

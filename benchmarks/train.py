@@ -218,7 +218,13 @@ def bench(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=REPO / "data" / "gsm8k" / "train_sample.jsonl")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=REPO / "data" / "gsm8k" / "train_sample.jsonl",
+        help="GSM8K JSONL (question, answer); default the project's 200-row sample, enough for the default "
+        "--batch × (--steps + 1) sequences; the full train split also trains the tokenizer on 2,000 rows",
+    )
     p.add_argument("--sizes", nargs="+", default=["quickstart", "large"], choices=list(SIZES))
     p.add_argument("--shape", choices=list(SIZES), help="one geometry (overrides --sizes)")
     p.add_argument(
