@@ -12,6 +12,7 @@
     rescore      the rescore flow: stored rollouts scored again with other reward settings
     serving      ``verl-flow serve`` and the serve-model deployment
     runs         attaching to an existing run (its config and tracking context)
+    run_links    where a run is tracked (its Prefect flow run, its MLflow run), recorded in its store
     results      typed results of the flows
     artifacts    the Prefect UI artifacts of a run (summary markdown, eval samples table)
     quiet        library warnings dropped where they are logged
