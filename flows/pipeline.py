@@ -28,6 +28,7 @@ from flows.rl import rl_loop
 from flows.run_links import record_links
 from stages.eval import evaluate
 from stages.floor.artifacts import export_source
+from stages.floor.initial_model import fetch_initial_model
 from stages.floor.logging import timed, watched
 from stages.floor.parent import check_parent
 from stages.floor.registry import start_from
@@ -86,6 +87,7 @@ def rlhf_pipeline(
     snapshot = resolve_snapshot(cfg.data)
     cfg = cfg.model_copy(update={"data": snapshot.data})
     cfg, origin = start_from(cfg, snapshot.path)  # retrain.start_from: the champion's export, or the config
+    fetch_initial_model(cfg)  # model.path naming an export in the store: this machine's copy (template_pack)
     s = cfg.store
     store = ArtifactStore(s.url, max_attempts=s.max_attempts, outage_budget_s=s.outage_budget_s)
     check_parent(store, cfg, run_id or default_run_id(cfg))  # a fork or replay: before any work

@@ -46,6 +46,7 @@ from flows.progress import stage_line, to_pipeline
 from flows.sampling import sample_iteration
 from launcher.spmd import SpmdJob, needs_spmd, run_job
 from stages.floor.environment import check_environment
+from stages.floor.initial_model import fetch_initial_model
 from stages.floor.locations import ckpt_stage, validations
 from stages.floor.logging import stage_logger, timed, watched
 from stages.floor.parent import replay_sources
@@ -139,6 +140,7 @@ def rl_loop(ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft
     """
     # dispatched: the pipeline tells it alive from preempted by the heartbeat, and logs its progress
     with heartbeat(ctx, config), to_pipeline():
+        fetch_initial_model(config)  # model.path naming an export in the store: this worker's copy
         check_environment(config)  # this worker's packages and torch build can run the config (no network)
         if needs_spmd(config):
             job = SpmdJob(

@@ -23,6 +23,7 @@ import pyarrow as pa
 from prefect import task
 
 from stages.floor.artifacts import TOKENIZER_PREFIX
+from stages.floor.initial_model import model_dir
 from stages.floor.locations import TEMPLATE_PACK
 from stages.floor.logging import stage_logger
 from verl_core.config import DataConfig, ModelConfig
@@ -138,7 +139,8 @@ def _tokenizer(prompts: pa.Table, sft: pa.Table, data: DataConfig, model: ModelC
             pad_to=model.vocab_pad_to,
         )
     assert model.path is not None  # the config's cross checks require it
-    return load_pretrained_tokenizer(model.path, trust_remote_code=model.trust_remote_code)
+    path = model_dir(model.path)  # a store URI: this process's copy (stages.floor.initial_model)
+    return load_pretrained_tokenizer(path, trust_remote_code=model.trust_remote_code)
 
 
 def _params(data: DataConfig, model: ModelConfig) -> dict[str, Any]:

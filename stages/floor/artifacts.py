@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from stages.floor.builders import quant_spec
+from stages.floor.initial_model import model_dir
 from stages.floor.locations import SFT, ckpt_stage, eval_label, export_stage, list_checkpoints
 from verl_core.config import ModelConfig
 from verl_core.data import load_tokenizer_from_bytes
@@ -114,7 +115,7 @@ def read_policy(
                 base_path = str(_materialise(store, manifest, f"{prefix}-base", Path(tmp) / "base"))
             else:
                 assert model.path is not None
-                base_path = model.path
+                base_path = model_dir(model.path)  # a store URI: this process's copy
             quant = quant_spec(model) if for_training else None
             base = load_causal_lm(
                 base_path,

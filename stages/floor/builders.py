@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch import nn
 
+from stages.floor.initial_model import model_dir
 from verl_core.algorithms.rollout_correction import RolloutCorrectionSpec
 from verl_core.config import (
     JudgeConfig,
@@ -118,7 +119,7 @@ def build_policy(model: ModelConfig, tokenizer: Any, *, seed: int) -> nn.Module:
     else:
         assert model.path is not None  # the config's cross-checks guarantee it
         lm = load_causal_lm(
-            model.path,
+            model_dir(model.path),  # a store URI: this process's copy (stages.floor.initial_model)
             dtype=model.dtype,
             attn_implementation=model.attn_implementation,
             trust_remote_code=model.trust_remote_code,

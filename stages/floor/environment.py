@@ -86,6 +86,7 @@ def weight_sync_bytes(cfg: VerlFlowConfig) -> int | None:
     from dataclasses import fields
 
     from stages.floor.builders import compute_dtype
+    from stages.floor.initial_model import model_dir
     from verl_core.models.loading import ScratchSpec, scratch_config, torch_dtype
     from verl_core.rollout.weight_sync import sync_bytes
 
@@ -98,7 +99,7 @@ def weight_sync_bytes(cfg: VerlFlowConfig) -> int | None:
         from transformers import AutoConfig
 
         try:
-            config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
+            config = AutoConfig.from_pretrained(model_dir(str(m.path)), trust_remote_code=m.trust_remote_code)
         except (OSError, ValueError):
             return None
     itemsize = torch_dtype(compute_dtype(cfg)).itemsize

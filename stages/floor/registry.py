@@ -17,17 +17,13 @@ event for "the champion changed", whichever way, so one deployment trigger (serv
 both. The event goes to the configured Prefect API (``PREFECT_API_URL``); with none configured
 (a local run on a temporary server) nothing is sent and the log says so.
 
-:func:`start_from_champion` makes a run start from the champion's export (``retrain.start_from``).
+:func:`start_from` makes a run start from the champion's export (``retrain.start_from``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
-import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +45,6 @@ RUN_ID_TAG = "verl_flow.run_id"  # export lineage tag: the verl-flow run that pr
 EXPORT_URI_TAG = "verl_flow.export_uri"  # export lineage tag: the export stage's manifest URI
 PROMOTED_EVENT = "verl-flow.model.promoted"
 MODELS_SCHEME = "models:/"
-CHAMPION_CACHE = Path.home() / ".verl-flow" / "champions"  # local copies of champions from remote stores
 
 
 class RegistryError(VerlFlowError):
@@ -316,15 +311,15 @@ def start_from(
     """The config a run starts with and its ``origin`` record for run.json (None: nothing to record,
     ``start_from=config`` without a data snapshot, so that run.json stays as it was).
 
-    ``retrain.start_from=champion``: the champion's export directory (an HF model dir in the store,
-    tokenizer and chat template included) becomes the initial model (``model.path``,
-    ``model.init=pretrained``; the reference policy with it) and SFT is skipped (the champion holds
-    the warm-up). A fork of the champion's checkpoint (``parent``) is not used: a fork continues its
-    parent's iteration count, prompt cursor and optimizer state on the parent's data, while a nightly
-    run trains the configured iterations on a new snapshot (and a scratch-tokenizer config trains a
-    new vocabulary on it); the export needs none of that and is what the registry points at. Without
-    a champion yet (the first night) the run starts from the config's model. Where the export's
-    directory comes from: :func:`champion_export`."""
+    ``retrain.start_from=champion``: the champion's export (an HF model dir in the store, tokenizer
+    and chat template included) becomes the initial model (``model.path``, ``model.init=pretrained``;
+    the reference policy with it) and SFT is skipped (the champion holds the warm-up). A fork of the
+    champion's checkpoint (``parent``) is not used: a fork continues its parent's iteration count,
+    prompt cursor and optimizer state on the parent's data, while a nightly run trains the configured
+    iterations on a new snapshot (and a scratch-tokenizer config trains a new vocabulary on it); the
+    export needs none of that and is what the registry points at. Without a champion yet (the first
+    night) the run starts from the config's model. What ``model.path`` becomes (a directory, or the
+    export's store URI that each process fetches): :func:`champion_export`."""
     origin: dict[str, Any] = {"data_snapshot": data_snapshot} if data_snapshot else {}
     if cfg.retrain.start_from == "config":
         return cfg, ({"start_from": "config", **origin} if origin else None)
@@ -358,21 +353,23 @@ def start_from(
         "mlflow_run_id": ref.mlflow_run_id,
         "run_id": ref.tags.get(RUN_ID_TAG),
         "export_uri": export_uri,
-        "model_path": path,
+        "model_path": path,  # a directory, or the export's URI (execution.mode=deployments, S3)
         **origin,
     }
 
 
 def champion_export(store: Any, ref: ModelVersionRef, *, local_mode: bool = True) -> tuple[str, str]:
     """The export manifest URI of a registered version (its ``verl_flow.export_uri`` tag, else its
-    run id and source stage tags) and a local model directory holding it: the export's own directory
-    in a local store; for another store (S3), in ``execution.mode=local`` (every stage in this
-    process), a copy under :data:`CHAMPION_CACHE` named by the manifest's sha256 (written once,
-    beside then renamed). A remote store in deployments mode is refused in one line: the workers of
-    the other pools load ``model.path`` from their own disks."""
-    from stages.floor.artifacts import MODEL_PREFIX, materialise_export
+    run id and source stage tags) and what ``model.path`` becomes: the export's own directory in a
+    local store; for another store (S3), in ``execution.mode=local`` (every stage in this process), a
+    copy under :data:`~stages.floor.initial_model.CHAMPION_CACHE` named by the manifest's sha256
+    (fetched once, beside then renamed); in ``execution.mode=deployments``, the manifest URI itself:
+    the pipeline and each stage flow on the gpu pool fetch their own machine's copy at their entry
+    (:func:`stages.floor.initial_model.fetch_initial_model`), and the config names the same model on
+    every machine. The export must be readable now (an error naming it otherwise)."""
+    from stages.floor.artifacts import MODEL_PREFIX
+    from stages.floor.initial_model import cached_export
     from stages.floor.locations import export_stage
-    from verl_core.errors import ConfigError
 
     uri = ref.tags.get(EXPORT_URI_TAG)
     if not uri:
@@ -387,18 +384,5 @@ def champion_export(store: Any, ref: ModelVersionRef, *, local_mode: bool = True
         config = store.file_uri(manifest, f"{MODEL_PREFIX}/config.json")
         return uri, str(Path(config.removeprefix("file://")).parent)
     if not local_mode:
-        raise ConfigError(
-            f"retrain.start_from=champion: the champion's export is in {store.url}, which the other pools' "
-            "workers cannot load as model.path; use a shared-filesystem store, execution.mode=local, or copy "
-            "it (verl-flow export RUN --to DIR) and set model.path=DIR"
-        )
-    cached = CHAMPION_CACHE / store.manifest_sha256(uri)
-    if not (cached / "config.json").is_file():
-        partial = cached.with_name(f".{cached.name}.partial-{uuid.uuid4().hex[:8]}")
-        try:
-            materialise_export(store, manifest, partial)
-            with contextlib.suppress(OSError):  # another run finished the same copy first
-                os.replace(partial, cached)
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
-    return uri, str(cached)
+        return uri, uri
+    return uri, str(cached_export(store, uri))

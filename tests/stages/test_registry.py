@@ -240,13 +240,14 @@ def test_start_from_a_champion_in_a_remote_store(
     tmp_path: Path, uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An export in a store that is not a local directory (memory:// stands for S3): copied once under
-    the champion cache in local mode (a second start reuses the copy); refused in deployments mode."""
+    the champion cache in local mode (a second start reuses the copy); in deployments mode the config
+    names it by its URI, which each process fetches at its entry (tests/stages/test_initial_model.py)."""
     from mlflow.tracking import MlflowClient
 
-    from verl_core.errors import ConfigError
+    from stages.floor import initial_model
     from verl_core.store import ArtifactStore
 
-    monkeypatch.setattr(registry, "CHAMPION_CACHE", tmp_path / "cache")
+    monkeypatch.setattr(initial_model, "CHAMPION_CACHE", tmp_path / "cache")
     name = _model(uri, 0)
     store = ArtifactStore(f"memory://champ-{name}")
     stage = store.open_stage("night1", "export/iter-0001", params={})
@@ -263,7 +264,40 @@ def test_start_from_a_champion_in_a_remote_store(
     local = Path(str(started.model.path))
     assert local.parent == tmp_path / "cache" and (local / "model.safetensors").read_bytes() == b"weights"
     assert origin is not None and origin["export_uri"] == export_uri and origin["model_path"] == str(local)
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [local.name]  # no partial copy left
+    copies = [p.name for p in (tmp_path / "cache").iterdir() if p.name != ".locks"]
+    assert copies == [local.name]  # no partial copy left
     assert registry.start_from(cfg, None)[0].model.path == str(local)  # the same copy again
-    with pytest.raises(ConfigError, match="the other pools' workers cannot load"):
-        registry.champion_export(store, registry.resolve(uri, f"models:/{name}@champion"), local_mode=False)
+
+
+@pytest.mark.s3
+def test_start_from_a_champion_in_s3_in_deployments_mode(uri: str, s3_bucket: str) -> None:
+    """Deployments mode with an S3 store: no refusal, nothing copied here; the config names the export
+    by its URI (each process fetches it at its entry: tests/stages/test_initial_model.py, and
+    tests/flows/test_champion_deployments.py for the pipeline and the gpu pool's flows)."""
+    from mlflow.tracking import MlflowClient
+
+    from verl_core.store import ArtifactStore
+
+    name = _model(uri, 0)
+    store = ArtifactStore(f"{s3_bucket}/team")
+    stage = store.open_stage("night1", "export/iter-0001", params={})
+    stage.write_bytes("model/config.json", b'{"a": 1}')
+    export_uri = stage.commit(summary={})
+    tags = {"verl_flow.run_id": "night1", "verl_flow.export_uri": export_uri}
+    MlflowClient(tracking_uri=uri).create_model_version(name, source="/fake", tags=tags)
+    registry.promote(uri, name, "1", decision={"verdict": "pass"}, by="gate")
+    deployed = ["execution.mode=deployments", "execution.shared_filesystem=true"]  # the sqlite MLflow
+    overrides = [f"store.url={store.url}", f"tracking.uri={uri}", "retrain.start_from=champion", *deployed]
+    cfg = load_config(None, [*overrides, f"export.registered_model_name={name}"])
+
+    started, origin = registry.start_from(cfg, "/snap/3")
+    assert (started.model.path, started.model.init, started.sft.enable) == (export_uri, "pretrained", False)
+    assert origin == {
+        "start_from": "champion",
+        "model_uri": f"models:/{name}/1",
+        "mlflow_run_id": None,
+        "run_id": "night1",
+        "export_uri": export_uri,
+        "model_path": export_uri,
+        "data_snapshot": "/snap/3",
+    }
