@@ -90,6 +90,7 @@ def test_scan_sees_the_stage_files() -> None:
         "registry",  # issue 40: the model registry (aliases, decisions), the gate's champion, model cards
         "champion",
         "model_card",
+        "initial_model",  # issue 40: a champion's export in the store fetched to this machine
         "fingerprint",  # issue 42: a run's artifacts by digest, per-process values left out
     }
 
