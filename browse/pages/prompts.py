@@ -155,6 +155,7 @@ def history_layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html
     for iteration, part in df.groupby("iteration", sort=True):
         rows = records(part)
         key = f"iter-{int(iteration):04d}"
+        turns = sample_turns(catalog, run_id, "train", key, [str(r["sample_id"]) for r in rows])
         link = dcc.Link(
             f"iteration {iteration}",
             href=href(run_id, "group", kind="train", key=key, prompt=rows[0].get("prompt_id")),
@@ -166,7 +167,7 @@ def history_layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html
                         f"reward {fmt(r.get('reward'))} · {'✓' if r.get('correct') else '✗'} · "
                         f"len {fmt(r.get('response_length'))}"
                     ),
-                    html.Pre(r.get("response") or ""),
+                    _response(r, turns.get(str(r["sample_id"]), [])),
                 ],
                 className="group-response correct" if r.get("correct") else "group-response",
             )

@@ -119,6 +119,11 @@ def test_group_view_shows_the_turns(browser: Browser, tools_store: str) -> None:
     single = next(x for x in rollouts if x["prompt_index"] == r["prompt_index"] and len(x["turns"]) < 2)
     assert browser.page.locator(f'.group-response[data-sample-id="{_sid(single)}"] .turn').count() == 0
     browser.shot("tools-group")
+    # the prompt across iterations (one here) shows the same turns
+    mine = [x for x in rollouts if x["prompt_index"] == r["prompt_index"]]
+    browser.open(f"/run/{RUN}/prompt?prompt={r['prompt_index']}", "#prompt-history")
+    tool_turns = sum(t["role"] == "tool" for x in mine for t in x["turns"])
+    assert browser.page.locator("#prompt-history .turn-tool").count() == tool_turns > 0
 
 
 def test_token_view_marks_tool_tokens_and_keeps_characters_whole(browser: Browser, tools_store: str) -> None:
