@@ -33,9 +33,11 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from stages.floor.initial_model import is_store_uri, model_dir
 from stages.floor.locations import PREPROCESS, TEMPLATE_PACK, eval_label, eval_stage, iteration_stage
 from verl_core.algorithms.paired import Interval, wilson_interval
 from verl_core.config import VerlFlowConfig
+from verl_core.errors import ConfigError
 from verl_core.store import ArtifactStore
 
 CARD_FILE = "README.md"  # beside config.json: the name the Hugging Face Hub shows
@@ -111,6 +113,11 @@ def base_license(path: str | None) -> str | None:
     model's README.md when it is in the local cache); None when no card is at hand."""
     if path is None:
         return None
+    if is_store_uri(path):  # a champion's export in a team store: this process's copy (fetched at entry)
+        try:
+            path = model_dir(path)
+        except ConfigError:
+            return None
     local = Path(path).expanduser()
     readme: Path | None = local / CARD_FILE if local.is_dir() else None
     if readme is None:

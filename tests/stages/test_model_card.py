@@ -40,6 +40,27 @@ def test_a_local_base_with_its_own_card_gives_the_licence(tmp_path: Path) -> Non
     assert "Not registered" in card.text
 
 
+def test_a_champion_in_a_team_store_gives_its_copys_licence(tmp_path: Path, monkeypatch) -> None:
+    """Deployments mode on S3: model.path is the champion export's store URI; the card reads the
+    licence from this process's copy of it (fetched at the flow's entry), and says nothing (no error)
+    when this process holds no copy."""
+    import stages.floor.model_card as model_card
+    from verl_core.errors import ConfigError
+
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "README.md").write_text("---\nlicense: mit\n---\n")
+    uri = "s3://team/runs/r/export/manifest.json"
+    monkeypatch.setattr(model_card, "model_dir", lambda path: str(copy) if path == uri else path)
+    assert base_license(uri) == "mit"
+
+    def not_fetched(path: str) -> str:
+        raise ConfigError(f"model.path {path}: not fetched")
+
+    monkeypatch.setattr(model_card, "model_dir", not_fetched)
+    assert base_license(uri) is None
+
+
 def test_a_hub_base_is_the_cards_base_model() -> None:
     cfg = load_config(None, ["model.init=pretrained", "model.path=Qwen/Qwen2.5-0.5B-Instruct"])
     mlflow = {
