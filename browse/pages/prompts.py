@@ -40,6 +40,11 @@ def _turn(i: int, t: dict[str, Any]) -> html.Div:
     )
 
 
+def _with_tools(rows: list[dict[str, Any]]) -> list[str]:
+    """The samples whose turns to read: those with a tool call (a tool turn answers one)."""
+    return [str(r["sample_id"]) for r in rows if r.get("tool_calls")]
+
+
 def _response(r: dict[str, Any], turns: list[dict[str, Any]]) -> Any:
     """The response: its turns when a tool turn is among them, else its text."""
     if any(t.get("role") == "tool" for t in turns):
@@ -92,7 +97,7 @@ def group_layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.D
         return html.Div([run_tabs(run_id), error(f"no samples of prompt {prompt} in {kind} {key}")])
     rows = records(df)
     first = rows[0]
-    turns = sample_turns(catalog, run_id, kind, key, [str(r["sample_id"]) for r in rows])
+    turns = sample_turns(catalog, run_id, kind, key, _with_tools(rows))
     rewards = [float(r["reward"]) for r in rows if r.get("reward") is not None]
     spread = f"mean reward {fmt(sum(rewards) / len(rewards))}" if rewards else ""
     return html.Div(
@@ -155,7 +160,7 @@ def history_layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html
     for iteration, part in df.groupby("iteration", sort=True):
         rows = records(part)
         key = f"iter-{int(iteration):04d}"
-        turns = sample_turns(catalog, run_id, "train", key, [str(r["sample_id"]) for r in rows])
+        turns = sample_turns(catalog, run_id, "train", key, _with_tools(rows))
         link = dcc.Link(
             f"iteration {iteration}",
             href=href(run_id, "group", kind="train", key=key, prompt=rows[0].get("prompt_id")),
