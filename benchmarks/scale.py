@@ -99,6 +99,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--response", type=int, default=32, help="response tokens (maximum)")
     p.add_argument("--iterations", type=int, default=2, help="RL iterations (the last is reported)")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the trainer")
+    p.add_argument(
+        "--micro", type=int, default=0,
+        help="samples per actor micro-batch (0: the token budget, one micro-batch per mini-batch here; "
+        "critic micro-batches are token budgets only); with --tag, several micro-batches per optimizer "
+        "step for the fit",
+    )  # fmt: skip
     p.add_argument("--hf", action="store_true", help="also time the HF engine's generation")
     p.add_argument("--lock", default="/tmp/heavy.lock", help="lock held around all the children ('': none)")
     p.add_argument("--out", default="/tmp/scale/scale.json", help="JSON file the records merge into")
@@ -129,6 +135,11 @@ def overrides(size: str, algo: str, args: argparse.Namespace, root: Path) -> lis
         else []
     )  # fmt: skip
     half = max(1, args.prompts // 2)
+    micro = (
+        ["actor.use_dynamic_bsz=false", f"actor.ppo_micro_batch_size_per_gpu={args.micro}"]
+        if args.micro
+        else []
+    )  # fmt: skip
     return [
         f"store.url={root / 'store'}",
         "trainer.device=cpu",
@@ -147,6 +158,7 @@ def overrides(size: str, algo: str, args: argparse.Namespace, root: Path) -> lis
         f"actor.ppo_mini_batch_size={half}",
         f"critic.ppo_mini_batch_size={half}",
         *model,
+        *micro,
         *ALGOS[algo],
     ]
 
@@ -175,6 +187,7 @@ class Recorder:
         # per iteration, [seconds, fresh pages] of the training steps' parts (actor and critic summed)
         self.train: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
         self.sync_parts: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.ckpt_parts: dict[str, float] = defaultdict(float)  # the checkpoint's parts, summed
 
 
 def _wrap(owner: Any, name: str, after: Callable[[float, Any], None]) -> None:
@@ -190,8 +203,9 @@ def _wrap(owner: Any, name: str, after: Callable[[float, Any], None]) -> None:
 
 
 def _wrap_split(rec: Recorder, owner: Any, name: str, part: str, table: str = "train") -> None:
-    """``owner.name`` timed into ``rec.train`` (seconds and minor page faults: pages first touched)
-    or ``rec.sync_parts`` (seconds) under ``part``, for the current iteration."""
+    """``owner.name`` timed into ``rec.train`` (seconds and minor page faults: pages first touched),
+    ``rec.sync_parts`` (seconds) under ``part``, for the current iteration, or ``rec.ckpt_parts``
+    (seconds, only while a checkpoint is saved)."""
     fn = getattr(owner, name)
 
     def wrapper(*a: Any, **k: Any) -> Any:
@@ -203,10 +217,27 @@ def _wrap_split(rec: Recorder, owner: Any, name: str, part: str, table: str = "t
                 cell = rec.train[rec.iteration][part]
                 cell[0] += time.perf_counter() - t
                 cell[1] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f
+            elif table == "ckpt":
+                if rec.in_checkpoint:
+                    rec.ckpt_parts[part] += time.perf_counter() - t
             else:
                 rec.sync_parts[rec.iteration][part] += time.perf_counter() - t
 
     setattr(owner, name, wrapper)
+
+
+def _wrap_flag(task_obj: Any, rec: Recorder) -> None:
+    """``rec.in_checkpoint`` set while ``task_obj.fn`` runs (its parts are timed only then)."""
+    fn = task_obj.fn
+
+    def flagged(*a: Any, **k: Any) -> Any:
+        rec.in_checkpoint = True
+        try:
+            return fn(*a, **k)
+        finally:
+            rec.in_checkpoint = False
+
+    task_obj.fn = flagged
 
 
 def _du(path: Path) -> int:
@@ -221,7 +252,8 @@ def instrument(rec: Recorder, store_dir: Path) -> None:
     from stages.floor import state
     from verl_core.rollout import weight_sync
     from verl_core.rollout.vllm_process import VLLMProcessEngine
-    from verl_core.store.store import StageWriter
+    from verl_core.store import store as store_module
+    from verl_core.store.store import ArtifactStore, StageWriter
     from verl_core.training import adamw, engine
 
     # the training steps split (TrainEngine.step's parts), the weight sync split (trainer / engine)
@@ -232,6 +264,12 @@ def instrument(rec: Recorder, store_dir: Path) -> None:
     _wrap_split(rec, state, "release_cached_memory", "heap_trim", "sync")
     _wrap_split(rec, weight_sync, "stage_weights", "stage", "sync")
     _wrap_split(rec, VLLMProcessEngine, "load_staged_weights", "engine_load", "sync")
+    # the checkpoint split: the policy (save_pretrained's folder + its files into the store), the
+    # trainer state's serialisation, and within both the store's part: link + fsync, sha256 reads
+    _wrap_split(rec, state, "write_policy", "policy", "ckpt")
+    _wrap_split(rec, state, "save_state", "state_serialise", "ckpt")
+    _wrap_split(rec, ArtifactStore, "put_atomic", "store_put_fsync", "ckpt")
+    _wrap_split(rec, store_module, "sha256_of", "sha256", "ckpt")
 
     def add_body(stage: str) -> Callable[[float, Any], None]:
         return lambda s, _: rec.body[rec.iteration].__setitem__(stage, rec.body[rec.iteration][stage] + s)
@@ -241,8 +279,10 @@ def instrument(rec: Recorder, store_dir: Path) -> None:
 
     def ckpt_done(s: float, _: Any) -> None:
         rec.ckpt_save_s += s
+        rec.in_checkpoint = False
 
     _wrap(rl.checkpoint, "fn", ckpt_done)
+    _wrap_flag(rl.checkpoint, rec)
     run_iteration = rl.run_iteration
 
     def timed_iteration(loop: Any, it: int) -> Any:
@@ -385,7 +425,7 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
         "geometry": asdict(g),
         "n_params": g.n_params,
         "matmul_params": g.matmul_params,
-        "workload": {"prompts": args.prompts, "n": args.n, "response": args.response},
+        "workload": {"prompts": args.prompts, "n": args.n, "response": args.response, "micro": args.micro},
         "workload_model": asdict(w),
         "threads": args.threads,
         "rate_flops": (rate_before + rate_after) / 2,
@@ -401,6 +441,7 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
         "flow_s": flow_s,
         "iterations": iterations,
         "checkpoint_save_s": rec.ckpt_save_s,
+        "checkpoint_split": dict(rec.ckpt_parts),
         **load,
         "peak_rss_flow": peak_flow,
         "peak_rss": {
@@ -526,7 +567,8 @@ def run_one(size: str, algo: str, args: argparse.Namespace) -> None:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result = Path(f.name)
     cmd = [sys.executable, __file__, "--child", size, algo, "--out", str(result), "--workdir", args.workdir]
-    cmd += [f"--{k}={getattr(args, k)}" for k in ("prompts", "n", "response", "iterations", "threads", "tag")]
+    keys = ("prompts", "n", "response", "iterations", "threads", "tag", "micro")
+    cmd += [f"--{k}={getattr(args, k)}" for k in keys]
     cmd += ["--hf"] if args.hf else []
     load = os.getloadavg()
     print(f"[{size} {algo} {args.tag}] start, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)

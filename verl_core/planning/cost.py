@@ -25,8 +25,13 @@ over ``B``, so its coefficient counts passes over that memory at the plain copy'
   ``M`` micro-batches (forward read, backward read + gradient write; ``2·M`` under LoRA). At a few
   hundred tokens a micro-batch the matmuls of a 0.5B model are near memory-bound on CPU, and the
   tied ``V·h`` embedding's dense gradient is written whatever the batch;
+* ``act_pass``: ``T_b·L·A·b / B`` per forward (``train_factor`` of them per update): the activations
+  the elementwise operations around the matmuls stream (norms, RoPE, SwiGLU, residual adds;
+  :func:`activation_pass`); per FLOP ``∝ 1/h``, so narrow models pay more of it than wide ones;
 * ``opt_param``: ``steps·N_t·b / B``: AdamW and clipping stream the weights, gradients and two moments
-  several times per step (torch's single-tensor AdamW: ~80 bytes per fp32 parameter);
+  several times per step (torch's single-tensor AdamW: ~80 bytes per fp32 parameter). With one
+  micro-batch per step it is the same feature as the update's weight passes; ``benchmarks/scale.py
+  --micro`` records several micro-batches per step, which tell them apart;
 * ``sync_byte``: the staged bytes (every state-dict tensor, a tied head twice) over ``B``.
 
 Checkpoint bytes are priced per byte (``save_byte``, ``load_byte``: the disk, not memory).
@@ -50,8 +55,9 @@ grows with the FLOPs across sizes, so a fit cannot tell them apart and a per-lay
 share, then mispredicts a model whose depth and width grow differently (135M: 30 narrow layers; 0.5B:
 24 wide ones).
 
-The coefficients are fitted (:func:`fit_calibration`, non-negative least squares on relative error) on
-measured phases of *smaller* models (``benchmarks/scale.py``), then predict a larger one.
+The coefficients are fitted (:func:`fit_calibration`, non-negative least squares on relative error,
+absolute below a floor of seconds) on measured phases of *smaller* models (``benchmarks/scale.py``),
+then predict a larger one.
 """
 
 from __future__ import annotations
@@ -61,9 +67,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
 
 from verl_core.planning.geometry import Geometry
+from verl_core.planning.nnls import nnls
 from verl_core.planning.rates import (  # noqa: F401  (measurements re-exported for callers)
     ShapeRates,
     matmul_seconds,
@@ -104,6 +110,7 @@ class Calibration:
     train_call: float  # per training phase
     logit: float  # per logit element (T·V) per pass
     weight_pass: float  # passes over the weights (N·b / bandwidth) per forward phase / micro-batch
+    act_pass: float  # passes over the activations (T_b·L·A·b / bandwidth) per forward
     opt_param: float  # passes over the trainable weights (N_t·b / bandwidth) per optimizer step
     sync_byte: float  # weight sync: passes over the staged bytes (bytes / bandwidth)
     sync_call: float
@@ -127,7 +134,7 @@ class Calibration:
 # micro-batch per optimizer step in every record, AdamW's passes are in weight_pass.
 CPU_CALIBRATION = Calibration(
     gen_flop=5.56, gen_call=0.211, matmul_flop=1.29, fwd_call=0.0146, train_call=0.0371, logit=0.0,
-    weight_pass=27.4, opt_param=0.0, sync_byte=81.2, sync_call=0.498, save_byte=4.2e-9,
+    weight_pass=27.4, act_pass=0.0, opt_param=0.0, sync_byte=81.2, sync_call=0.498, save_byte=4.2e-9,
     load_byte=4.62e-9, ckpt_call=0.0474, reward_sample=0.0, reward_call=3.04e-4, adv_token=2.86e-6,
     stage_call=0.0685, artifact_token=0.0,
 )  # fmt: skip
@@ -143,7 +150,7 @@ GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12
 # store / sync bandwidths of a fast local disk (2 GB/s) and PCIe (10 GB/s).
 GPU_CALIBRATION = Calibration(
     gen_flop=10.0, gen_call=0.05, matmul_flop=2.5, fwd_call=0.01, train_call=0.02,
-    logit=1e-11, weight_pass=0.0, opt_param=0.1, sync_byte=0.1, sync_call=0.1, save_byte=5e-10,
+    logit=1e-11, weight_pass=0.0, act_pass=0.0, opt_param=0.1, sync_byte=0.1, sync_call=0.1, save_byte=5e-10,
     load_byte=5e-10, ckpt_call=1.0, reward_sample=1e-4, reward_call=0.01, adv_token=1e-7,
     stage_call=0.1, artifact_token=1e-6,
 )  # fmt: skip
@@ -267,6 +274,17 @@ def synced_bytes(g: Geometry, w: Workload) -> int:
     return (g.n_params + (g.embedding_params if g.tied_embeddings else 0)) * w.dtype_bytes
 
 
+def activation_pass(g: Geometry, w: Workload, samples: float) -> float:
+    """``T_b·L·A·b``: bytes of the activations one forward of ``samples`` writes in its decoder
+    layers (``A`` = :func:`verl_core.planning.memory_terms.activation_elements`: the norms', the
+    attention's and the MLP's outputs per token and layer), each read again by the next operation.
+    The elementwise operations around the matmuls (norms, RoPE, SwiGLU, residual adds) stream these:
+    per FLOP they weigh ``∝ 1/h``, more in narrow models than in wide ones."""
+    from verl_core.planning.memory_terms import activation_elements
+
+    return stored_tokens(w, samples) * g.num_layers * activation_elements(g) * w.dtype_bytes
+
+
 def _matmul_s(
     g: Geometry,
     w: Workload,
@@ -324,6 +342,7 @@ def phase_features(
         critic_train = _matmul_s(g, w, w.samples, False, mb, ("fwd", "dx", "dw"), shapes)
     old_part = w.old_log_prob_samples / w.samples
     weights = g.n_params * w.dtype_bytes / bandwidth  # one pass over the weights
+    acts = {s: activation_pass(g, w, s) / bandwidth for s in {w.samples, w.old_log_prob_samples}}
     critic_weights = trainable_params(g, w, critic=True) * w.dtype_bytes / bandwidth
     train_passes = (2.0 if w.lora_rank else 3.0) * w.micro_batches
     ckpt = float(checkpoint_bytes(g, w))
@@ -334,21 +353,35 @@ def phase_features(
             "matmul_flop": fwd[w.old_log_prob_samples],
             "logit": old_part * heads * v,
             "weight_pass": weights if old_part else 0.0,
+            "act_pass": acts[w.old_log_prob_samples],
             "fwd_call": 1.0 if old_part else 0.0,
         },
-        "ref": {"matmul_flop": fwd[w.samples], "logit": heads * v, "weight_pass": weights, "fwd_call": 1.0},
-        "values": {"matmul_flop": critic_f, "weight_pass": critic_weights, "fwd_call": 1.0},
+        "ref": {
+            "matmul_flop": fwd[w.samples],
+            "logit": heads * v,
+            "weight_pass": weights,
+            "act_pass": acts[w.samples],
+            "fwd_call": 1.0,
+        },
+        "values": {
+            "matmul_flop": critic_f,
+            "weight_pass": critic_weights,
+            "act_pass": acts[w.samples],
+            "fwd_call": 1.0,
+        },
         "adv": {"adv_token": w.samples * w.response_tokens},
         "update_actor": {
             "matmul_flop": actor_train,
             "logit": 3.0 * heads * v,
             "weight_pass": train_passes * weights,
+            "act_pass": train * acts[w.samples],
             "opt_param": w.actor_steps * trainable_params(g, w) * w.dtype_bytes / bandwidth,
             "train_call": 1.0,
         },
         "update_critic": {
             "matmul_flop": critic_train,
             "weight_pass": 3.0 * w.micro_batches * critic_weights,
+            "act_pass": 3.0 * acts[w.samples],
             "opt_param": w.critic_steps * critic_weights,
             "train_call": 1.0,
         },
@@ -398,47 +431,17 @@ def predict_seconds(
     return out
 
 
-def fit_calibration(rows: list[tuple[dict[str, float], float]]) -> Calibration:
-    """Non-negative coefficients minimising Σ ((prediction − seconds) / seconds)² over ``rows`` of
-    ``(features of one phase, measured seconds)``: relative error, so a 0.01 s phase of a small model
-    weighs as much as a 10 s one. Coefficients no row uses are 0."""
+def fit_calibration(rows: list[tuple[dict[str, float], float]], floor_s: float = 0.0) -> Calibration:
+    """Non-negative coefficients minimising Σ ((prediction − seconds) / max(seconds, floor_s))² over
+    ``rows`` of ``(features of one phase, measured seconds)``: relative error, so a 0.5 s phase of a
+    small model weighs as much as a 10 s one; below ``floor_s`` absolute error (scaled by it), so that
+    phases of a few milliseconds, timed to a few milliseconds on a shared machine, do not pull the
+    fit like exact ones. Coefficients no row uses are 0."""
     names = [f.name for f in fields(Calibration)]
     kept = [(x, y) for x, y in rows if y > 0]
-    a = torch.tensor([[x.get(k, 0.0) / y for k in names] for x, y in kept], dtype=torch.float64)
-    coef = nnls(a, torch.ones(len(kept), dtype=torch.float64))
+    a = torch.tensor([[x.get(k, 0.0) / max(y, floor_s) for k in names] for x, y in kept], dtype=torch.float64)
+    coef = nnls(a, torch.tensor([y / max(y, floor_s) for _, y in kept], dtype=torch.float64))
     return Calibration(**{k: float(v) for k, v in zip(names, coef.tolist(), strict=True)})
-
-
-def nnls(a: Tensor, b: Tensor, max_iter: int = 200) -> Tensor:
-    """``argmin ‖a·x − b‖₂`` subject to ``x ≥ 0`` (Lawson & Hanson 1974, active set). ``a``: ``(m, n)``,
-    ``b``: ``(m,)``; returns ``(n,)``. Columns are scaled to unit norm for the solve (features span
-    many decades), zero columns stay 0."""
-    norms = a.norm(dim=0)
-    scale = torch.where(norms > 0, norms, torch.ones_like(norms))
-    a = a / scale
-    n = a.shape[1]
-    x = torch.zeros(n, dtype=a.dtype)
-    passive = torch.zeros(n, dtype=torch.bool)
-    usable = norms > 0
-    for _ in range(max_iter):
-        grad = a.T @ (b - a @ x)
-        candidates = (~passive) & usable & (grad > 1e-12)
-        if not candidates.any():
-            break
-        passive[int(torch.where(candidates, grad, torch.full_like(grad, -math.inf)).argmax())] = True
-        while True:
-            z = torch.zeros(n, dtype=a.dtype)
-            idx = passive.nonzero().flatten()
-            z[idx] = torch.linalg.lstsq(a[:, idx], b.unsqueeze(1)).solution.flatten()
-            if (z[idx] > 0).all():
-                x = z
-                break
-            neg = passive & (z <= 0)
-            alpha = torch.min(x[neg] / (x[neg] - z[neg]))
-            x = x + alpha * (z - x)
-            passive &= x > 1e-15
-            x[~passive] = 0.0
-    return x / scale
 
 
 def gpu_peak_flops(device_name: str) -> float | None:

@@ -77,6 +77,12 @@ def test_phase_flops_count_each_model_and_pass() -> None:
     assert TINY.n_params == 1_480
     assert f["ref"]["weight_pass"] == f["old_log_prob"]["weight_pass"] == 5_920
     assert f["update_actor"]["weight_pass"] == 3 * 5_920
+    # activations: A = 2·3·8 (norms) + 3·2·4 (q, o, attention out) + 2·1·4 (k, v) + 4·16 (MLP) = 144
+    # elements per token and layer; the ref forward's 14 stored tokens × 2 layers × 144 × 4 bytes =
+    # 16,128; old log-probs on 7 tokens half of it; training 3 passes (forward + backward)
+    assert f["ref"]["act_pass"] == 16_128
+    assert f["old_log_prob"]["act_pass"] == 8_064
+    assert f["update_actor"]["act_pass"] == 3 * 16_128
     # the critic: no LM head rows, a value head of h + 1 = 9 (the tied embedding stays for the input)
     assert f["update_critic"]["opt_param"] == 2 * 4 * (1_480 + 9)
     # the sync stages every state-dict tensor, the tied head under its own name too: (1,480 + 256)·4
@@ -134,7 +140,7 @@ def test_fit_recovers_known_coefficients_from_synthetic_rows() -> None:
     # at fixed steps and in steps at fixed tokens, so no feature is a multiple of another across rows
     truth = Calibration(**{f.name: 0.0 for f in fields(Calibration)})
     truth = replace(truth, gen_flop=4.0, gen_call=0.2, matmul_flop=2.0, fwd_call=0.1, logit=1e-8,
-                    weight_pass=3.0, opt_param=20.0, train_call=0.3, sync_byte=10.0,
+                    weight_pass=3.0, act_pass=5.0, opt_param=20.0, train_call=0.3, sync_byte=10.0,
                     sync_call=0.5)  # fmt: skip
     geometries = [
         TINY,
@@ -178,3 +184,15 @@ def test_rates() -> None:
     assert gpu_peak_flops("a CPU") is None
     assert measure_cpu_matmul_rate(n=64, seconds=0.01) > 0
     assert measure_cpu_copy_bandwidth(nbytes=1 << 20, repeats=2) > 0
+
+
+def test_fit_floor_weighs_millisecond_phases_absolutely() -> None:
+    # one coefficient c, features x and seconds y: (1, 1.0), (1, 1.0), and a 1 ms phase timed 50% long
+    # (x 0.001, y 0.0015). Relative error weighs the three alike: Σ (c·x/y − 1)² is least at
+    # c = Σ(x/y) / Σ(x/y)² = (2 + 2/3) / (2 + 4/9) = 1.0909; with a 0.5 s floor the small row's
+    # residual is (c·0.001 − 0.0015) / 0.5, negligible: c = 1.0000 (the exact rows alone)
+    rows = [({"matmul_flop": 1.0}, 1.0), ({"matmul_flop": 1.0}, 1.0), ({"matmul_flop": 0.001}, 0.0015)]
+    assert fit_calibration(rows).matmul_flop == pytest.approx(24 / 22, rel=1e-6)
+    assert fit_calibration(rows, floor_s=0.5).matmul_flop == pytest.approx(1.0, abs=1e-5)
+    # rows all above the floor: the plain relative fit
+    assert fit_calibration(rows[:2], floor_s=0.5).matmul_flop == pytest.approx(1.0)
