@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from flows.deployments import form_overrides, team_settings
-from tests.flows.test_deployments import TERMINAL, Processes, _api, _free_port, _state
+from tests.prefect_server import TERMINAL, Processes, _api, _free_port, _state
 from verl_core.config import VerlFlowConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
