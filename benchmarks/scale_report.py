@@ -22,9 +22,9 @@ GIB = 1024**3
 # price FLOPs at the records' own shape rates and the checkpoint at their write bandwidth where they
 # carry them (False: one matmul rate and a per-byte checkpoint, the cost model before them)
 SHAPES = True
-# the fit's relative error turns absolute below this many seconds (fit_calibration's floor_s): phases of
-# a few milliseconds are timed to a few milliseconds on the shared machine
-FIT_FLOOR_S = 0.2
+# the fit's relative error turns absolute below this many seconds (fit_calibration's floor_s); 0: plain
+# relative error, as CPU_CALIBRATION was fitted (0.2 s was tried: benchmarks/RESULTS.md, issue 37)
+FIT_FLOOR_S = 0.0
 TABLE_PHASES = (
     "generation", "reward", "old_log_prob", "ref", "values", "adv", "update_actor", "update_critic",
     "weight_sync",

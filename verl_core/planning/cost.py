@@ -25,9 +25,6 @@ over ``B``, so its coefficient counts passes over that memory at the plain copy'
   ``M`` micro-batches (forward read, backward read + gradient write; ``2·M`` under LoRA). At a few
   hundred tokens a micro-batch the matmuls of a 0.5B model are near memory-bound on CPU, and the
   tied ``V·h`` embedding's dense gradient is written whatever the batch;
-* ``act_pass``: ``T_b·L·A·b / B`` per forward (``train_factor`` of them per update): the activations
-  the elementwise operations around the matmuls stream (norms, RoPE, SwiGLU, residual adds;
-  :func:`activation_pass`); per FLOP ``∝ 1/h``, so narrow models pay more of it than wide ones;
 * ``opt_param``: ``steps·N_t·b / B``: AdamW and clipping stream the weights, gradients and two moments
   several times per step (torch's single-tensor AdamW: ~80 bytes per fp32 parameter). With one
   micro-batch per step it is the same feature as the update's weight passes; ``benchmarks/scale.py
@@ -110,7 +107,6 @@ class Calibration:
     train_call: float  # per training phase
     logit: float  # per logit element (T·V) per pass
     weight_pass: float  # passes over the weights (N·b / bandwidth) per forward phase / micro-batch
-    act_pass: float  # passes over the activations (T_b·L·A·b / bandwidth) per forward
     opt_param: float  # passes over the trainable weights (N_t·b / bandwidth) per optimizer step
     sync_byte: float  # weight sync: passes over the staged bytes (bytes / bandwidth)
     sync_call: float
@@ -134,7 +130,7 @@ class Calibration:
 # micro-batch per optimizer step in every record, AdamW's passes are in weight_pass.
 CPU_CALIBRATION = Calibration(
     gen_flop=5.56, gen_call=0.211, matmul_flop=1.29, fwd_call=0.0146, train_call=0.0371, logit=0.0,
-    weight_pass=27.4, act_pass=0.0, opt_param=0.0, sync_byte=81.2, sync_call=0.498, save_byte=4.2e-9,
+    weight_pass=27.4, opt_param=0.0, sync_byte=81.2, sync_call=0.498, save_byte=4.2e-9,
     load_byte=4.62e-9, ckpt_call=0.0474, reward_sample=0.0, reward_call=3.04e-4, adv_token=2.86e-6,
     stage_call=0.0685, artifact_token=0.0,
 )  # fmt: skip
@@ -150,7 +146,7 @@ GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12
 # store / sync bandwidths of a fast local disk (2 GB/s) and PCIe (10 GB/s).
 GPU_CALIBRATION = Calibration(
     gen_flop=10.0, gen_call=0.05, matmul_flop=2.5, fwd_call=0.01, train_call=0.02,
-    logit=1e-11, weight_pass=0.0, act_pass=0.0, opt_param=0.1, sync_byte=0.1, sync_call=0.1, save_byte=5e-10,
+    logit=1e-11, weight_pass=0.0, opt_param=0.1, sync_byte=0.1, sync_call=0.1, save_byte=5e-10,
     load_byte=5e-10, ckpt_call=1.0, reward_sample=1e-4, reward_call=0.01, adv_token=1e-7,
     stage_call=0.1, artifact_token=1e-6,
 )  # fmt: skip
@@ -274,17 +270,6 @@ def synced_bytes(g: Geometry, w: Workload) -> int:
     return (g.n_params + (g.embedding_params if g.tied_embeddings else 0)) * w.dtype_bytes
 
 
-def activation_pass(g: Geometry, w: Workload, samples: float) -> float:
-    """``T_b·L·A·b``: bytes of the activations one forward of ``samples`` writes in its decoder
-    layers (``A`` = :func:`verl_core.planning.memory_terms.activation_elements`: the norms', the
-    attention's and the MLP's outputs per token and layer), each read again by the next operation.
-    The elementwise operations around the matmuls (norms, RoPE, SwiGLU, residual adds) stream these:
-    per FLOP they weigh ``∝ 1/h``, more in narrow models than in wide ones."""
-    from verl_core.planning.memory_terms import activation_elements
-
-    return stored_tokens(w, samples) * g.num_layers * activation_elements(g) * w.dtype_bytes
-
-
 def _matmul_s(
     g: Geometry,
     w: Workload,
@@ -342,7 +327,6 @@ def phase_features(
         critic_train = _matmul_s(g, w, w.samples, False, mb, ("fwd", "dx", "dw"), shapes)
     old_part = w.old_log_prob_samples / w.samples
     weights = g.n_params * w.dtype_bytes / bandwidth  # one pass over the weights
-    acts = {s: activation_pass(g, w, s) / bandwidth for s in {w.samples, w.old_log_prob_samples}}
     critic_weights = trainable_params(g, w, critic=True) * w.dtype_bytes / bandwidth
     train_passes = (2.0 if w.lora_rank else 3.0) * w.micro_batches
     ckpt = float(checkpoint_bytes(g, w))
@@ -353,35 +337,21 @@ def phase_features(
             "matmul_flop": fwd[w.old_log_prob_samples],
             "logit": old_part * heads * v,
             "weight_pass": weights if old_part else 0.0,
-            "act_pass": acts[w.old_log_prob_samples],
             "fwd_call": 1.0 if old_part else 0.0,
         },
-        "ref": {
-            "matmul_flop": fwd[w.samples],
-            "logit": heads * v,
-            "weight_pass": weights,
-            "act_pass": acts[w.samples],
-            "fwd_call": 1.0,
-        },
-        "values": {
-            "matmul_flop": critic_f,
-            "weight_pass": critic_weights,
-            "act_pass": acts[w.samples],
-            "fwd_call": 1.0,
-        },
+        "ref": {"matmul_flop": fwd[w.samples], "logit": heads * v, "weight_pass": weights, "fwd_call": 1.0},
+        "values": {"matmul_flop": critic_f, "weight_pass": critic_weights, "fwd_call": 1.0},
         "adv": {"adv_token": w.samples * w.response_tokens},
         "update_actor": {
             "matmul_flop": actor_train,
             "logit": 3.0 * heads * v,
             "weight_pass": train_passes * weights,
-            "act_pass": train * acts[w.samples],
             "opt_param": w.actor_steps * trainable_params(g, w) * w.dtype_bytes / bandwidth,
             "train_call": 1.0,
         },
         "update_critic": {
             "matmul_flop": critic_train,
             "weight_pass": 3.0 * w.micro_batches * critic_weights,
-            "act_pass": 3.0 * acts[w.samples],
             "opt_param": w.critic_steps * critic_weights,
             "train_call": 1.0,
         },
