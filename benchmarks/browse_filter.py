@@ -6,15 +6,22 @@ lengths: prompts of 150-400 characters, responses of 200-2,000 characters (about
 ids, log-probs and advantages each), 8 samples per prompt, a third correct, some truncated, some
 looping. Then times, through :class:`browse.queries.Catalog` (DuckDB):
 
-    open            the set's first query (its table read from the Parquet files)
+    open            the set's first query (its table read from the Parquet files; the garbled flags
+                    and mismatch statistics then start in the background)
     correct=False   a page of 100 and the count
     text            a case-insensitive substring of prompt or response
     reward range    0.2 <= reward <= 0.8
     sort+page       sorted by response length, descending, the page at offset 50,000
-    garbled (first) the first garbled filter: the heuristics over every response, once
+    garbled (first) the first garbled filter, after the filters above: waits for what is left of
+                    the background pass (the heuristics over every response, once per set)
     garbled         the same filter again
+    top_mismatch    the 20 samples with the largest log-prob mismatch (background statistics)
 
-Prints the median of ``--repeat`` answers for each filter (open and the first garbled once).
+then, on a fresh catalog (a new browser process), the worst case: the set opened and the garbled
+filter, then the largest-mismatch list, asked at once (each waits for the whole background job), and
+how long the background took.
+
+Prints the median of ``--repeat`` answers for each filter (the one-off rows once).
 Target: a filter answers in under 1 s.
 
     .venv/bin/python benchmarks/browse_filter.py [--rows 100000] [--repeat 3] [--store DIR]
@@ -194,9 +201,19 @@ def main() -> None:
         "garbled": cat.samples(RUN, "train", "iter-0000", SampleFilter(garbled=True))[1],
     }
     print(f"matches: {counts}")
-    for name, s in figures.items():
-        flag = "" if name.startswith(("open", "garbled (first", "top_")) or s < TARGET_S else "  OVER TARGET"
-        print(f"{name:32s} {s:7.3f} s{flag}")
+    fresh = Catalog(root)  # the worst case: nothing asked between opening and the garbled filter
+    at_once = {"open (fresh catalog)": timed(lambda: fresh.samples(RUN, "train", "iter-0000"), 1)}
+    t_open = time.perf_counter()
+    at_once["garbled at once after open"] = timed(
+        lambda: fresh.samples(RUN, "train", "iter-0000", SampleFilter(garbled=True)), 1
+    )
+    at_once["top_mismatch at once after that"] = timed(
+        lambda: fresh.top_mismatch(RUN, "train", "iter-0000", 20), 1
+    )
+    at_once["(background: garbled + mismatch)"] = time.perf_counter() - t_open
+    for name, s in {**figures, **at_once}.items():
+        flag = "  OVER TARGET" if s >= TARGET_S and not name.startswith("(") else ""
+        print(f"{name:34s} {s:7.3f} s{flag}")
 
 
 if __name__ == "__main__":

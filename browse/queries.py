@@ -26,21 +26,18 @@ from typing import Any
 import duckdb
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from browse.decode import token_texts
+from browse.derived import Derived
 from browse.garbled import garbled_reasons
 from browse.sets import SampleKind, SampleSet, list_sets
 from browse.sql import (
-    MISMATCH_SQL,
     SAMPLE_COLUMNS,
     TOKEN_COLUMNS,
     SampleFilter,
-    arrow_of,
     order_clause,
     padded,
     parse_sample_id,
-    set_query,
     where_clause,
 )
 from stages.floor.locations import REPORT, rescore_report_stage
@@ -71,9 +68,10 @@ ITERATION_METRICS = {
 class Catalog:
     """The runs of one store, read-only. ``run_ids``: only these runs (None: all of the store's).
 
-    A sample set is read once from its Parquet files (DuckDB, the token lists left out) into a
-    table of an in-memory DuckDB database, and every filter, sort and page is a query of that
-    table; committed files never change, so the table is kept (keyed by the rollouts file).
+    A sample set is read once from its Parquet files (the token lists left out) into a table of an
+    in-memory DuckDB database, and every filter, sort and page is a query of that table; committed
+    files never change, so the table is kept (keyed by the rollouts file). Its garbled flags and
+    mismatch statistics are computed in the background once it is made (:mod:`browse.derived`).
     Thread-safe: each query runs on a cursor of its own."""
 
     def __init__(self, store_url: str, run_ids: list[str] | None = None) -> None:
@@ -84,7 +82,7 @@ class Catalog:
             self._db.register_filesystem(self.store.fs)  # s3:// paths read through the store's fsspec
         self._lock = threading.Lock()
         self._tables: dict[str, str] = {}  # rollouts file → table name
-        self._garbled: set[str] = set()  # tables whose garbled column is filled
+        self._derived = Derived(self._db, None if self.store.url.startswith("file://") else self.store.fs)
         self._manifests: dict[str, tuple[float, list[Manifest]]] = {}
         self._tokenizers: dict[str, Any] = {}
         self._set_lists: dict[str, tuple[list[Manifest], list[SampleSet]]] = {}
@@ -190,7 +188,7 @@ class Catalog:
         table = self._table(self._find(run_id, kind, key))
         f = filters or SampleFilter()
         if f.garbled is not None:
-            self._fill_garbled(table)
+            self._derived.wait_garbled(table)  # started when the table was made
         where, params = where_clause(f)
         order = order_clause(sort or [], SAMPLE_COLUMNS)
         keys = ", ".join(dict.fromkeys(["group_id", "sample_index", *(f'"{c}"' for c, _ in sort or [])]))
@@ -209,7 +207,7 @@ class Catalog:
             page = page.drop(columns="_total")
             found = cur.execute(f"SELECT count(*) FROM {table} WHERE {where}", params).fetchone()
             total = int(found[0]) if found else 0
-        return self._with_garbled(table, page), total
+        return _with_garbled(page), total
 
     def group(self, run_id: str, kind: SampleKind, key: str, prompt_id: int) -> pd.DataFrame:
         """The samples of prompt ``prompt_id`` in the set (its group: the n responses), by
@@ -222,7 +220,7 @@ class Catalog:
             )
             .df()
         )
-        return self._with_garbled(table, page)
+        return _with_garbled(page)
 
     def prompt_history(self, run_id: str, prompt: int | str) -> pd.DataFrame:
         """The training samples of one prompt across the run's iterations: ``prompt`` is a prompt
@@ -240,9 +238,7 @@ class Catalog:
                 continue
             table = self._table(s)
             sql = f"SELECT ? AS iteration, * FROM {table} WHERE {cond} ORDER BY group_id, sample_index"
-            parts.append(
-                self._with_garbled(table, self._db.cursor().execute(sql, [s.iteration, *params]).df())
-            )
+            parts.append(_with_garbled(self._db.cursor().execute(sql, [s.iteration, *params]).df()))
         parts = [p for p in parts if len(p)]
         if not parts:
             return pd.DataFrame(columns=["iteration", *SAMPLE_COLUMNS])
@@ -302,20 +298,17 @@ class Catalog:
             "max_abs_mismatch", "mean_abs_mismatch", "argmax_position",
         ]  # fmt: skip
         s = self._find(run_id, kind, key)
-        if s.update is None or not self._has_trainer_logprobs(s):
-            return pd.DataFrame(columns=cols)
         table = self._table(s)
-        sql = f"""WITH d AS (SELECT group_id, sample_index, {MISMATCH_SQL} AS d
-                            FROM read_parquet(?) r JOIN read_parquet(?) u USING (group_id, sample_index)),
-                       m AS (SELECT group_id, sample_index, list_max(d) AS mx, list_avg(d) AS mean,
-                                    list_position(d, list_max(d)) - 1 AS arg
-                             FROM d WHERE coalesce(len(d), 0) > 0)
-                  SELECT b.sample_id, b.prompt_id, b.reward, b.response_length, m.mx AS max_abs_mismatch,
-                         m.mean AS mean_abs_mismatch, m.arg AS argmax_position
-                  FROM m JOIN {table} b USING (group_id, sample_index)
-                  ORDER BY isnan(m.mx), m.mx DESC, b.group_id, b.sample_index LIMIT ?"""
-        frame = self._db.cursor().execute(sql, [s.rollouts, s.update, int(limit)]).df()
-        return frame[cols]
+        stats = self._derived.mismatch(table)  # computed in the background since the table was made
+        if stats is None:
+            return pd.DataFrame(columns=cols)
+        sql = f"""SELECT b.sample_id, b.prompt_id, b.reward, b.response_length, m.max_abs_mismatch,
+                         m.mean_abs_mismatch, m.argmax_position
+                  FROM {stats} m JOIN {table} b USING (group_id, sample_index)
+                  WHERE m.argmax_position >= 0
+                  ORDER BY isnan(m.max_abs_mismatch), m.max_abs_mismatch DESC, b.group_id, b.sample_index
+                  LIMIT ?"""
+        return self._db.cursor().execute(sql, [int(limit)]).df()[cols]
 
     # ---------------------------------------------------------------------------------------- rescores
     def rescores(self, run_id: str) -> list[str]:
@@ -361,36 +354,9 @@ class Catalog:
             name = self._tables.get(s.rollouts)
             if name is None:
                 name = f"set_{len(self._tables)}"
-                sql, params = set_query(s)
-                self._db.cursor().execute(f"CREATE TABLE {name} AS {sql}", params)
+                self._derived.create(name, s)
                 self._tables[s.rollouts] = name
             return name
-
-    def _fill_garbled(self, table: str) -> None:
-        """Fill the table's garbled columns (:mod:`browse.garbled`, every row; once)."""
-        with self._lock:
-            if table in self._garbled:
-                return
-            cur = self._db.cursor()
-            rows = arrow_of(cur.execute(f"SELECT group_id, sample_index, response, truncated FROM {table}"))
-            reasons = garbled_reasons(rows["response"], rows["truncated"].to_pylist())
-            flags = rows.select(["group_id", "sample_index"]).append_column("reason", pa.array(reasons))
-            cur.register("garbled_flags", flags)
-            cur.execute(  # only the two columns rewritten, not the texts
-                f"""UPDATE {table} t SET garbled = g.reason <> '', garbled_reason = g.reason
-                    FROM garbled_flags g
-                    WHERE t.group_id = g.group_id AND t.sample_index = g.sample_index"""
-            )
-            cur.unregister("garbled_flags")
-            self._garbled.add(table)
-
-    def _with_garbled(self, table: str, page: pd.DataFrame) -> pd.DataFrame:
-        """``page`` with its garbled columns filled (computed for its rows when the table's are not)."""
-        if table not in self._garbled and len(page):
-            reasons = garbled_reasons(page["response"].tolist(), page["truncated"].tolist())
-            page["garbled_reason"] = reasons
-            page["garbled"] = [bool(r) for r in reasons]
-        return page
 
     def _has_trainer_logprobs(self, s: SampleSet) -> bool:
         if s.update is None:
@@ -418,3 +384,17 @@ def _last(frame: pd.DataFrame, col: str) -> float | None:
     if col not in frame or frame[col].dropna().empty:
         return None
     return float(frame[col].dropna().iloc[-1])
+
+
+def _with_garbled(page: pd.DataFrame) -> pd.DataFrame:
+    """``page`` with the garbled columns of its rows that the background has not filled yet
+    computed here (:func:`browse.garbled.garbled_reasons`)."""
+    missing = page["garbled_reason"].isna().to_numpy() if len(page) else np.zeros(0, bool)
+    if missing.any():
+        reasons = page["garbled_reason"].tolist()
+        found = garbled_reasons(page["response"][missing].tolist(), page["truncated"][missing].tolist())
+        for i, reason in zip(np.flatnonzero(missing), found, strict=True):
+            reasons[i] = reason
+        page["garbled_reason"] = reasons
+        page["garbled"] = [bool(r) for r in reasons]
+    return page

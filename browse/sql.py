@@ -78,15 +78,11 @@ class SampleFilter:
 
 
 def set_query(s: SampleSet) -> tuple[str, list[Any]]:
-    """The SELECT making a set's table (:data:`SAMPLE_COLUMNS`), and its parameters."""
+    """The SELECT making a set's table (:data:`SAMPLE_COLUMNS`), and its parameters. The advantage
+    is left null (:class:`browse.derived.Derived` fills in the update's means); no ORDER BY: every
+    query of the table sorts."""
     params: list[Any] = [s.rollouts, s.rewards]
-    adv, joins = "NULL::DOUBLE", ""
-    if s.update is not None:
-        adv = "u.advantage"
-        joins += """ LEFT JOIN (SELECT group_id, sample_index, list_avg(advantages)::DOUBLE AS advantage
-                                FROM read_parquet(?)) u USING (group_id, sample_index)"""
-        params.append(s.update)
-    prompt = "r.prompt_text"
+    prompt, joins = "r.prompt_text", ""
     if s.prompts is not None:
         prompt = "coalesce(p.text, r.prompt_text)"
         joins += f""" LEFT JOIN (SELECT index, any_value({_PROMPT_TEXT}) AS text FROM read_parquet(?)
@@ -96,15 +92,14 @@ def set_query(s: SampleSet) -> tuple[str, list[Any]]:
         SELECT r.group_id::VARCHAR || ':' || r.sample_index::VARCHAR AS sample_id,
                r.group_id, r.sample_index, r.prompt_index AS prompt_id, r.data_source,
                {prompt} AS prompt, r.response_text AS response,
-               w.score::DOUBLE AS reward, w.correct, {adv} AS advantage, r.response_length,
+               w.score::DOUBLE AS reward, w.correct, NULL::DOUBLE AS advantage, r.response_length,
                r.finish_reason = 'length' AS truncated,
                coalesce(list_sum(list_transform(r.turns, lambda t: coalesce(len(t.calls), 0))), 0)::INTEGER
                    AS tool_calls,
                r.policy_version, w.extracted_answer, r.ground_truth,
                NULL::BOOLEAN AS garbled, NULL::VARCHAR AS garbled_reason,
                r.is_baseline, r.finish_reason
-        FROM read_parquet(?) r JOIN read_parquet(?) w USING (group_id, sample_index){joins}
-        ORDER BY r.group_id, r.sample_index"""
+        FROM read_parquet(?) r JOIN read_parquet(?) w USING (group_id, sample_index){joins}"""
     return sql, params
 
 
@@ -154,14 +149,9 @@ def order_clause(sort: list[tuple[str, bool]], columns: tuple[str, ...]) -> str:
     return ", ".join([*parts, "group_id", "sample_index"])
 
 
-# |behaviour - trainer| log-prob at each position both lists hold (``r``: rollouts, ``u``: update)
-MISMATCH_SQL = (
-    "list_transform(list_zip(r.logprobs, u.old_log_probs, true), lambda p: abs(p[1]::DOUBLE - p[2]::DOUBLE))"
-)
-
-
 def mismatch_stats(behaviour: list[float] | None, trainer: list[float] | None) -> tuple[float, float, int]:
-    """The readable reference of ``Catalog.top_mismatch``'s SQL for one sample: max and mean of
+    """The readable reference of ``Catalog.top_mismatch``'s statistics for one sample
+    (:func:`browse.derived.mismatch_arrays` vectorises it): max and mean of
     |behaviour - trainer| over the positions both lists hold, and the first position of the max;
     ``(nan, nan, -1)`` when there are none. NaN counts as the largest difference (DuckDB's order)."""
     diffs = [abs(float(b) - float(t)) for b, t in zip(behaviour or [], trainer or [], strict=False)]

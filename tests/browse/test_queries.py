@@ -159,6 +159,12 @@ def test_a_sample_row_holds_the_plain_prompt_and_its_update(catalog: Catalog, br
     assert row["response"] == rollouts["response_text"][0].as_py()
     adv = update["advantages"][0].as_py()
     assert row["advantage"] == pytest.approx(sum(adv) / len(adv), rel=1e-5)  # the mean over tokens
+    # every row's advantage is its own sample's mean (numpy over the update's lists, matched by key)
+    means = {
+        sid: sum(a) / len(a) for sid, a in zip(_ids(update), update["advantages"].to_pylist(), strict=True)
+    }
+    everything, _ = catalog.samples(browse_run.run_id, "train", "iter-0001", None, None, 0, 1000)
+    assert everything["advantage"].tolist() == pytest.approx([means[s] for s in everything["sample_id"]])
     assert row["policy_version"] == 1 and not row["is_baseline"]
 
 
@@ -207,8 +213,9 @@ def test_top_mismatch_ranks_samples_by_largest_token_gap(catalog: Catalog, brows
     assert catalog.top_mismatch(browse_run.run_id, "val", "iter-0001").empty  # no update, no trainer values
 
 
-def test_top_mismatch_sql_equals_the_reference(catalog: Catalog, browse_run: BrowseRun) -> None:
-    # every sample ranked by the SQL against browse.sql.mismatch_stats over the Parquet's lists
+def test_top_mismatch_equals_the_reference(catalog: Catalog, browse_run: BrowseRun) -> None:
+    # every sample ranked by the background statistics (browse.derived) against
+    # browse.sql.mismatch_stats over the Parquet's lists
     run = browse_run.run_id
     got = catalog.top_mismatch(run, "train", "iter-0001", limit=10_000)
     rollouts = _parquet(catalog, run, "iter-0001/rollout", "rollouts.parquet")
@@ -256,6 +263,18 @@ def test_garbled_flag_is_the_heuristics_on_every_row(catalog: Catalog, browse_ru
         assert row["garbled_reason"] == garbled_reason(row["response"], bool(row["truncated"]))
 
 
+def test_garbled_flags_fill_in_the_background(catalog: Catalog, browse_run: BrowseRun) -> None:
+    # a set opened and never filtered by garbled: its table's stored flags get filled all the same,
+    # each the reference's
+    run, key = browse_run.run_id, "export-iter-0002/greedy"
+    catalog.samples(run, "eval", key, None, None, 0, 1)
+    table = catalog._table(catalog._find(run, "eval", key))
+    catalog._derived.wait_garbled(table)
+    sql = f"SELECT response, truncated, garbled_reason FROM {table}"
+    stored = catalog._db.cursor().execute(sql).fetchall()
+    assert stored and all(reason == garbled_reason(text or "", bool(cut)) for text, cut, reason in stored)
+
+
 def test_config_is_redacted_as_tracking_redacts(catalog: Catalog, browse_run: BrowseRun) -> None:
     rec = catalog.store.read_run_record(browse_run.run_id)
     config = json.loads(json.dumps(rec.config))
@@ -301,6 +320,9 @@ def test_an_s3_store_answers_the_same(catalog: Catalog, browse_run: BrowseRun, s
     want, want_total = catalog.samples(browse_run.run_id, "train", "iter-0001", f, [("reward", True)], 0, 100)
     assert total == want_total and got["sample_id"].tolist() == want["sample_id"].tolist()
     assert got["prompt"].tolist() == want["prompt"].tolist()  # the prompts file found in the bucket
+    assert got["advantage"].tolist() == pytest.approx(want["advantage"].tolist())  # pyarrow over fsspec
+    top = remote.top_mismatch(browse_run.run_id, "train", "iter-0001", limit=5)
+    assert top.equals(catalog.top_mismatch(browse_run.run_id, "train", "iter-0001", limit=5))
     tokens = remote.tokens(browse_run.run_id, "train", "iter-0001", str(got["sample_id"][0]))
     assert (
         tokens["token"].tolist()
