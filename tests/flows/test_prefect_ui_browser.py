@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.flows.test_deployments import Processes, _free_port
+from tests.prefect_server import prefect_server
 from verl_core.store import ArtifactStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,28 +62,15 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
     """A Prefect server with the quickstart deployment and a finished tiny run; (ui base URL, API URL,
     store directory)."""
     tmp = tmp_path_factory.mktemp("prefect-ui")
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(tmp / "prefect-home"),
-        "PREFECT_API_URL": api,
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "true",  # the server serves Prefect's UI at /
-        "PREFECT_LOGGING_LEVEL": "INFO",  # the run loggers send INFO lines to the API (conftest: WARNING)
-    }
-    procs = Processes(env, tmp)
-    try:
-        procs.start_server(port, api)
+    # the server serves Prefect's UI at /; the run's loggers send INFO lines to the API (server_env)
+    with prefect_server(tmp, extra={"PREFECT_UI_ENABLED": "true"}) as (env, _, api):
         store = tmp / "store"
         out = subprocess.run(
             [sys.executable, "-c", MAKE, str(store)],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-        yield f"http://127.0.0.1:{port}", api, store
-    finally:
-        procs.stop_all()
+        yield api.removesuffix("/api"), api, store
 
 
 @pytest.fixture
