@@ -11,7 +11,10 @@ from per-FLOP costs apart; each iteration's record also splits the training step
 optimizer: seconds and the pages they first touch, ``ru_minflt``) and the weight sync (state dict,
 heap trim, staging, the engine's reload), and each run measures the copy bandwidth beside the matmul
 rate, and after the flow its model's matmul rates per shape and pass and the disk's fsync'd write
-bandwidth (:mod:`verl_core.planning.rates`; ``--rates`` adds them to older records).)
+bandwidth (:mod:`verl_core.planning.rates`; ``--rates`` adds them to older records), and the checkpoint
+save split (the policy's folder and store files, the trainer state's serialisation, the store's link +
+fsync and sha256 reads). ``--micro 2 --tag mb2``: two samples per actor micro-batch, so several
+micro-batches per optimizer step, which tells the update's per-micro-batch costs from its per-step ones.)
 
 (0.5B PPO with a critic needs two 0.5B models with AdamW moments beside vLLM: more than 23 GiB.)
 

@@ -127,7 +127,9 @@ class Calibration:
 # on 0.5B (never fitted on it): generation, the update, weight sync, orchestration and checkpoint load
 # within ±25%; old and reference log-probs over-predicted 1.4-1.6x (wider matmuls run nearer the
 # plain matmul's rate), checkpoint save 1.4x (benchmarks/RESULTS.md). opt_param fits 0: with one
-# micro-batch per optimizer step in every record, AdamW's passes are in weight_pass.
+# micro-batch per optimizer step in every record, AdamW's passes are in weight_pass (records with two
+# micro-batches per step separate them on the updates alone: 6 weight passes per micro-batch, 53 per
+# step; in the joint fit weight_pass stays shared with the forwards, which want ~20 per forward phase).
 CPU_CALIBRATION = Calibration(
     gen_flop=5.56, gen_call=0.211, matmul_flop=1.29, fwd_call=0.0146, train_call=0.0371, logit=0.0,
     weight_pass=27.4, opt_param=0.0, sync_byte=81.2, sync_call=0.498, save_byte=4.2e-9,
