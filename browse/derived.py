@@ -189,16 +189,33 @@ class Derived:
 
 def advantage_means(update: str, filesystem: Any = None) -> pa.Table:
     """group_id, sample_index and the mean of each sample's per-token advantages (float64; null
-    for a null or empty list) of an update file."""
-    cols = ["group_id", "sample_index", "advantages"]
-    u = _read(update, cols, filesystem, use_threads=False)  # one thread: DuckDB has the others
-    values, starts, lengths = _flat(_combined(u["advantages"]))
-    has = lengths > 0
-    sums = np.zeros(len(lengths))
-    if has.any():  # each non-empty row's values run from its start to the next one's
-        sums[has] = np.add.reduceat(values, starts[has])
-    means = np.divide(sums, lengths, out=np.zeros(len(lengths)), where=has)
-    return u.select(["group_id", "sample_index"]).append_column("advantage", pa.array(means, mask=~has))
+    for a null or empty list) of an update file, read in batches of ``CHUNK_ROWS`` samples on one
+    thread (DuckDB has the others; small batches reuse their memory: a first read of the whole
+    column cost a second more in page faults)."""
+    if filesystem is None:
+        return _means(pq.ParquetFile(update))
+    with filesystem.open(update, "rb") as f:
+        return _means(pq.ParquetFile(f))
+
+
+def _means(pf: pq.ParquetFile) -> pa.Table:
+    keys = ["group_id", "sample_index"]
+    parts = [pa.table({"group_id": pa.array([], pa.int64()), "sample_index": pa.array([], pa.int32())})]
+    means, empty = [np.zeros(0)], [np.zeros(0, bool)]
+    for batch in pf.iter_batches(batch_size=CHUNK_ROWS, columns=[*keys, "advantages"], use_threads=False):
+        adv = batch.column("advantages")
+        lengths = pc.fill_null(pc.list_value_length(adv), 0).to_numpy(zero_copy_only=False)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        has = lengths > 0
+        sums = np.zeros(len(lengths))
+        if has.any():  # each non-empty row's values run from its start to the next one's
+            values = adv.flatten().to_numpy(zero_copy_only=False)  # float32, summed in float64
+            sums[has] = np.add.reduceat(values, starts[has], dtype=np.float64)
+        means.append(sums / np.maximum(lengths, 1))
+        empty.append(~has)
+        parts.append(pa.Table.from_batches([batch.select(keys)]))
+    table = pa.concat_tables(parts, promote_options="permissive")
+    return table.append_column("advantage", pa.array(np.concatenate(means), mask=np.concatenate(empty)))
 
 
 def _read(path: str, columns: list[str], filesystem: Any, use_threads: bool = True) -> pa.Table:
