@@ -22,6 +22,7 @@ over the flattened lists in chunks of ``CHUNK_ROWS`` samples.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from typing import Any
 
 import duckdb
@@ -97,6 +98,9 @@ def mismatch_table(rollouts: str, update: str, filesystem: Any = None) -> pa.Tab
     mean_abs_mismatch, argmax_position (-1: no common position), one row per sample of the
     rollouts file, the update's trainer log-probs (``old_log_probs``) matched by key."""
     keys = ["group_id", "sample_index"]
+    streamed = _streamed_stats(rollouts, update, filesystem)
+    if streamed is not None:
+        return streamed
     r = _read(rollouts, [*keys, "logprobs"], filesystem)
     u = _read(update, [*keys, "old_log_probs"], filesystem)
     if not (r.select(keys).equals(u.select(keys))):  # not written in the same order: match by key
@@ -216,6 +220,35 @@ def _means(pf: pq.ParquetFile) -> pa.Table:
         parts.append(pa.Table.from_batches([batch.select(keys)]))
     table = pa.concat_tables(parts, promote_options="permissive")
     return table.append_column("advantage", pa.array(np.concatenate(means), mask=np.concatenate(empty)))
+
+
+def _streamed_stats(rollouts: str, update: str, filesystem: Any) -> pa.Table | None:
+    """:func:`mismatch_table` over both files read in lockstep batches of ``CHUNK_ROWS`` samples
+    (memory reused: reading both columns whole cost about a second more in page faults); None
+    when a pair of batches does not hold the same samples (then the files are read whole)."""
+    keys = ["group_id", "sample_index"]
+    with ExitStack() as stack:
+        files = [
+            pq.ParquetFile(path if filesystem is None else stack.enter_context(filesystem.open(path, "rb")))
+            for path in (rollouts, update)
+        ]
+        if files[0].metadata.num_rows != files[1].metadata.num_rows:
+            return None
+        batches = [
+            f.iter_batches(batch_size=CHUNK_ROWS, columns=[*keys, col], use_threads=False)
+            for f, col in zip(files, ("logprobs", "old_log_probs"), strict=True)
+        ]
+        parts = []
+        for r, u in zip(*batches, strict=True):
+            if not r.select(keys).equals(u.select(keys)):
+                return None
+            mx, mean, arg = _chunk_stats(r.column("logprobs"), u.column("old_log_probs"))
+            stats = {"max_abs_mismatch": mx, "mean_abs_mismatch": mean, "argmax_position": arg}
+            part = pa.Table.from_batches([r.select(keys)])
+            for name, values in stats.items():
+                part = part.append_column(name, pa.array(values))
+            parts.append(part)
+    return pa.concat_tables(parts) if parts else None
 
 
 def _read(path: str, columns: list[str], filesystem: Any, use_threads: bool = True) -> pa.Table:

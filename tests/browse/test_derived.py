@@ -76,3 +76,18 @@ def test_mismatch_table_matches_rows_by_key(tmp_path: Path) -> None:
     assert want[1][2] == -1  # no trainer values for 0:1
     columns = ("max_abs_mismatch", "mean_abs_mismatch", "argmax_position")
     _check(tuple(got[c].to_numpy() for c in columns), want)
+
+
+def test_mismatch_table_streams_files_in_the_same_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # both files hold the samples in one order: read in lockstep batches of CHUNK_ROWS=4 (3 batches)
+    monkeypatch.setattr(derived, "CHUNK_ROWS", 4)
+    keys = {"group_id": list(range(len(BEHAVIOUR))), "sample_index": [0] * len(BEHAVIOUR)}
+    pq.write_table(pa.table({**keys, "logprobs": pa.array(BEHAVIOUR, F)}), tmp_path / "r.parquet")
+    pq.write_table(pa.table({**keys, "old_log_probs": pa.array(TRAINER, F)}), tmp_path / "u.parquet")
+    got = derived._streamed_stats(str(tmp_path / "r.parquet"), str(tmp_path / "u.parquet"), None)
+    assert got is not None and got["group_id"].to_pylist() == keys["group_id"]
+    columns = ("max_abs_mismatch", "mean_abs_mismatch", "argmax_position")
+    want = [mismatch_stats(b, t) for b, t in zip(BEHAVIOUR, TRAINER, strict=True)]
+    _check(tuple(got[c].to_numpy() for c in columns), want)
