@@ -92,8 +92,8 @@ class Catalog:
         """One row per run: run_id, experiment, status ("finished": report committed, else
         "running or stopped"), stages, config_hash, created, updated, parent, link_kind
         ("run" | "fork" | "replay"), parent_iteration, iterations, reward_mean, accuracy,
-        val_accuracy (the last of each), mlflow_run_url, prefect_flow_run_url (None: the store
-        does not record them)."""
+        val_accuracy (the last of each). The MLflow run and Prefect flow run a run recorded
+        are read by the runs page (:func:`flows.run_links.read_links`, ``runs/RUN/links.json``)."""
         rows = []
         for run_id in self.run_ids or self.store.list_runs():
             try:
@@ -119,8 +119,6 @@ class Catalog:
                     "parent_iteration": link.iteration,
                     "iterations": len(last),
                     **{k: _last(last, k) for k in ("reward_mean", "accuracy", "val_accuracy")},
-                    "mlflow_run_url": None,
-                    "prefect_flow_run_url": None,
                 }
             )
         return pd.DataFrame(rows)
