@@ -212,14 +212,19 @@ def start(
     except BaseException:
         records.remove_record(model.name)
         raise
-    records.write_record(
-        records.ServeRecord(
-            name=model.name, target=model.target, pid=handle.pgid, host=settings.host, port=settings.port,
-            url=handle.url, names=handle.names, version=model.version, digest=model.digest,
-            model_dir=str(model.model_dir), root=str(root), log=str(log), started=records.now(),
-            owner_pid=os.getpid(), detached=detached,
-        )
-    )  # fmt: skip
+    try:
+        records.write_record(
+            records.ServeRecord(
+                name=model.name, target=model.target, pid=handle.pgid, host=settings.host, port=settings.port,
+                url=handle.url, names=handle.names, version=model.version, digest=model.digest,
+                model_dir=str(model.model_dir), root=str(root), log=str(log), started=records.now(),
+                owner_pid=os.getpid(), detached=detached,
+            )
+        )  # fmt: skip
+    except BaseException:  # a signal while recording: the server runs in its own session, stop it
+        handle.stop()
+        records.remove_record(model.name, handle.pgid)
+        raise
     return handle
 
 

@@ -10,6 +10,7 @@ servers started on this machine (:mod:`verl_core.runtime.serve_records`), and an
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
@@ -157,6 +158,10 @@ def _serve(
             if model is not None and handle is not None:
                 handle.stop()
                 records.remove_record(model.name, handle.pgid)
+            elif model is not None:  # the signal came between the record's write and `handle = ...`
+                for record, _ in records.read_records(model.name):
+                    if record.owner_pid == os.getpid():
+                        records.stop_record(record)
             out.print("stopped")
             return
         except ConfigError as e:

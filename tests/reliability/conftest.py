@@ -21,6 +21,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from flows.run_links import LINKS
 from stages.floor.fingerprint import fingerprint
 from tests.prefect_server import wait_healthy
 from verl_core.store import ArtifactStore
@@ -202,11 +203,12 @@ def attempts(store_url: str, run_id: str) -> dict[str, str]:
 
 
 def uncommitted(store_url: str, run_id: str) -> list[str]:
-    """Objects of the run that are neither its run record, a manifest nor a file a manifest lists: a
-    partial attempt of a retried or interrupted write, a leftover lease."""
+    """Objects of the run that are neither its run records (run.json, links.json: where it is
+    tracked, flows.run_links), a manifest nor a file a manifest lists: a partial attempt of a retried
+    or interrupted write, a leftover lease."""
     store = ArtifactStore(store_url)
     run_dir = store.run_dir(run_id)
-    allowed = {f"{run_dir}/run.json"}
+    allowed = {f"{run_dir}/run.json", f"{run_dir}/{LINKS}"}
     for m in store.list_manifests(run_id):
         stage_dir = f"{run_dir}/{m.stage}"
         allowed.add(f"{stage_dir}/manifest.json")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.run_links import LINKS
 from tests.reliability.conftest import Reference, fingerprint
 from verl_core.store import ArtifactStore
 from verl_core.store.lease import LEASE, RunInUseError, RunLease, acquire_run_lease, release_run_lease
@@ -26,7 +27,7 @@ def test_parallel_runs_on_one_store_never_touch_each_other(reference: Reference)
     assert fingerprint(reference.store_url, "right") == reference.fingerprint
     for run_id in ("left", "right"):
         run_dir = store.run_dir(run_id)
-        allowed = {f"{run_dir}/run.json"}
+        allowed = {f"{run_dir}/run.json", f"{run_dir}/{LINKS}"}  # its records (flows.run_links)
         for m in store.list_manifests(run_id):
             assert m.run_id == run_id
             for name, ref in m.inputs.items():
