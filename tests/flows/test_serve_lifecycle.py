@@ -183,23 +183,37 @@ def test_serve_refuses_an_unknown_target(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "port" in bad.output
 
 
+def _terminal_sigint() -> None:
+    """In the child before exec: SIGINT as a terminal's foreground process has it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_a_foreground_serve_stops_its_group(
     env: dict[str, str], tmp_path: Path, sig: signal.Signals
 ) -> None:
-    """What `timeout`, systemd, `docker stop` or a Prefect cancellation send (SIGTERM), or Ctrl-C."""
+    """What `timeout`, systemd, `docker stop` or a Prefect cancellation send (SIGTERM), or Ctrl-C.
+    The CLI starts as from a terminal, with SIGINT's default disposition and unblocked: an ignored
+    or blocked signal is inherited across fork and exec, and a pytest worker's state after other
+    tests is not a terminal's (Ctrl-C to a process that inherited SIGINT ignored means nothing)."""
     model = _model(tmp_path / "tiny", b"w")
     cli = subprocess.Popen(
         [str(REPO / ".venv/bin/verl-flow"), "serve", str(model), "--port", str(_free_port())],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_terminal_sigint,
     )  # fmt: skip
     deadline = time.monotonic() + 180  # the CLI's imports (torch) take ~20 s on 2 busy cores
     while (rec := records.read_record("tiny")) is None:
         assert cli.poll() is None and time.monotonic() < deadline, cli.communicate()[0]
         time.sleep(0.2)
     assert rec.owner_pid == cli.pid and not rec.detached and group_alive(rec.pid)
+    masks = [ln for ln in Path(f"/proc/{cli.pid}/status").read_text().splitlines() if ln.startswith("Sig")]
     cli.send_signal(sig)
-    output = cli.communicate(timeout=60)[0]
+    try:
+        output = cli.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        cli.kill()
+        raise AssertionError(f"{sig.name} did not stop the CLI; its signal state: {masks}") from None
     assert cli.returncode == 0 and output.rstrip().endswith("stopped"), output
     assert not group_alive(rec.pid)  # the server and its child: no orphan
     assert records.read_record("tiny") is None and not Path(rec.root).is_symlink()
