@@ -47,14 +47,13 @@ import urllib.request
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from stages.floor.fingerprint import fingerprint  # noqa: E402
-from tests.flows.test_deployments import TINY, Processes  # noqa: E402
-from tests.prefect_server import wait_healthy  # noqa: E402
+from tests.flows.test_deployments import TINY  # noqa: E402
+from tests.prefect_server import Processes, _api, wait_healthy  # noqa: E402
 from tests.reliability.conftest import free_port  # noqa: E402
 from verl_core.store import ArtifactStore  # noqa: E402
 
@@ -95,14 +94,6 @@ def _wait_http(url: str, timeout: float, what: str) -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what} at {url} not up after {timeout:g} s") from None
             time.sleep(0.5)
-
-
-def _api(api: str, path: str, body: dict[str, Any]) -> Any:
-    req = urllib.request.Request(
-        f"{api}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
 
 
 def _wait_workers(api: str, pools: Sequence[str], timeout: float = 120) -> None:

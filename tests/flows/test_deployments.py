@@ -46,7 +46,6 @@ from tests.prefect_server import (
     WORKER_ENV,
     Processes,
     _api,
-    _free_port,
     _state,
     prefect_server,
     wait_healthy,
@@ -56,8 +55,6 @@ from verl_core.config import ExecutionConfig, VerlFlowConfig
 from verl_core.runtime.run import RunContext
 from verl_core.store import ArtifactStore
 
-# The server helpers live in tests/prefect_server.py; these names stay importable from here too.
-__all__ = ["DEPLOYED", "TERMINAL", "TINY", "Processes", "_api", "_free_port", "_state"]
 pytestmark = pytest.mark.deployments
 
 DEPLOYED = [
