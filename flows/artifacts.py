@@ -22,6 +22,7 @@ from typing import Any
 
 from browse.record import browser_url
 from flows.results import PipelineResult, RescoreResult
+from flows.run_links import mlflow_run_page
 from stages.floor.artifacts import load_tokenizer
 from stages.floor.reports import collect_series, eval_samples, metrics_markdown
 from stages.floor.samples import markdown_cell, table_artifact
@@ -37,8 +38,7 @@ def mlflow_run_link(ctx: RunContext) -> str:
         from mlflow.tracking import MlflowClient
 
         exp = MlflowClient(tracking_uri=ctx.tracking_uri).get_run(ctx.mlflow_run_id).info.experiment_id
-        url = f"{ctx.tracking_uri.rstrip('/')}/#/experiments/{exp}/runs/{ctx.mlflow_run_id}"
-        return f"[{ctx.mlflow_run_id}]({url})"
+        return f"[{ctx.mlflow_run_id}]({mlflow_run_page(ctx.tracking_uri, exp, ctx.mlflow_run_id)})"
     return f"run `{ctx.mlflow_run_id}`: `mlflow ui --backend-store-uri {ctx.tracking_uri}`"
 
 
