@@ -9,7 +9,9 @@ thread; the averages were half of the time as one query), then the means go into
 
 The jobs start on one background thread as soon as the table is made, so the first garbled filter
 or largest-mismatch list finds them ready, or waits only for the remainder; a page shown before the
-flags are ready gets its rows' flags computed on the fly. Committed files never change: everything
+flags are ready gets its rows' flags computed on the fly, and so does the samples grid's first
+garbled filter: its page is flagged in the page's order until full, its count shown once the pass
+is done (:meth:`browse.queries.Catalog.samples`' ``count_later``). Committed files never change: everything
 is kept for the catalog's life, keyed, like the table, by the set's rollouts file (a committed
 attempt's path).
 
