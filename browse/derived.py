@@ -133,7 +133,8 @@ class Derived:
         self._db = db
         self._fs = filesystem
         self._reader = ThreadPoolExecutor(1, "browse-open")  # the update's advantages, beside the table
-        self._pool = ThreadPoolExecutor(1, "browse-derived")  # the jobs, one set after the other
+        self._pool = ThreadPoolExecutor(1, "browse-garbled")  # the garbled flags, set after set
+        self._mismatch_pool = ThreadPoolExecutor(1, "browse-mismatch")  # beside them: one thread
         self._garbled: dict[str, Future[None]] = {}
         self._mismatch: dict[str, Future[str]] = {}
 
@@ -154,7 +155,8 @@ class Derived:
             cur.unregister("advantage_means")
         self._garbled[table] = self._pool.submit(self._fill_garbled, table)
         if s.update is not None and _has_column(cur, s.update, "old_log_probs"):
-            self._mismatch[table] = self._pool.submit(self._fill_mismatch, table, s.rollouts, s.update)
+            job = self._mismatch_pool.submit(self._fill_mismatch, table, s.rollouts, s.update)
+            self._mismatch[table] = job
 
     def garbled_ready(self, table: str) -> bool:
         job = self._garbled.get(table)

@@ -57,8 +57,8 @@ _ALL = f"* EXCLUDE ({SEARCH_COLUMN})"  # a set table's SAMPLE_COLUMNS (its hidde
 
 __all__ = ["SAMPLE_COLUMNS", "TOKEN_COLUMNS", "Catalog", "SampleFilter", "SampleKind"]
 
-EARLY_BLOCK = 2048  # rows flagged at a time for a garbled filter's page before the background's
-EARLY_ROWS = 4 * EARLY_BLOCK  # rows flagged at most for it (~0.2 s), then it waits for the pass
+EARLY_BLOCK = 512  # rows first flagged for a garbled filter's page before the background's (doubling)
+EARLY_ROWS = 8192  # rows flagged at most for it (~0.1 s of the pass), then it waits for the pass
 MANIFEST_TTL_S = 5.0  # a run's manifests are listed again after this long (a run still writing)
 # The iteration chart's names for the logged metrics (the first one a run has)
 ITERATION_METRICS = {
@@ -229,28 +229,30 @@ class Catalog:
     ) -> tuple[pd.DataFrame, int | None] | None:
         """The page of a garbled filter before the background flags are in: the rows matching the
         other filters, in the page's order, flagged here by :func:`browse.garbled.garbled_reasons`
-        (what the background pass runs) ``EARLY_BLOCK`` rows at a time until the page is full, and
-        the count when those rows were all of them (else None). None when the first ``EARLY_ROWS``
-        rows do not fill the page (few flagged: the caller waits for the pass)."""
+        (what the background pass runs) ``EARLY_BLOCK`` rows, then twice as many at a time, until
+        the page is full, and the count when those rows were all of them (else None). None when
+        ``EARLY_ROWS`` rows do not fill the page (few flagged: the caller waits for the pass)."""
         where, params = where_clause(replace(f, garbled=None))
         cur = self._db.cursor()
         found: list[tuple[int, int, str]] = []
-        for start in range(0, EARLY_ROWS, EARLY_BLOCK):
+        start, size = 0, EARLY_BLOCK
+        while True:
+            if start >= EARLY_ROWS:
+                return None
             block = arrow_of(
                 cur.execute(
                     f"""SELECT group_id, sample_index, response, truncated FROM {table} WHERE {where}
                         ORDER BY {order} LIMIT ? OFFSET ?""",
-                    [*params, EARLY_BLOCK, start],
+                    [*params, size, start],
                 )
             )
             reasons = garbled_reasons(block["response"], block["truncated"].to_pylist())
             keys = zip(block["group_id"].to_pylist(), block["sample_index"].to_pylist(), strict=True)
             found += [(g, i, r) for (g, i), r in zip(keys, reasons, strict=True) if bool(r) == f.garbled]
-            if block.num_rows < EARLY_BLOCK or len(found) >= offset + limit:
+            if block.num_rows < size or len(found) >= offset + limit:
                 break
-        else:
-            return None
-        total = len(found) if block.num_rows < EARLY_BLOCK else None  # every matching row seen
+            start, size = start + size, 2 * size
+        total = len(found) if block.num_rows < size else None  # every matching row seen
         chosen = found[offset : offset + limit]
         cur.register(
             "early_page",
