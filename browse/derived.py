@@ -7,7 +7,9 @@ Making the table (the first page of a set waits for it): DuckDB reads the rollou
 advantages with pyarrow and averages them with numpy (DuckDB reads a file of one row group on one
 thread; the averages were half of the time as one query), then the means go into the table.
 
-The jobs start on one background thread as soon as the table is made, so the first garbled filter
+The jobs start as soon as the table is made, each on its own background thread (the garbled pass
+uses a thread per core; the mismatch statistics one: beside it they finish sooner than after it,
+and the garbled filter's page does not wait for the pass, below), so the first garbled filter
 or largest-mismatch list finds them ready, or waits only for the remainder; a page shown before the
 flags are ready gets its rows' flags computed on the fly, and so does the samples grid's first
 garbled filter: its page is flagged in the page's order until full, its count shown once the pass
