@@ -19,7 +19,8 @@ from browse.queries import Catalog, SampleFilter
 
 PAGE_SIZE = 50  # rows of one page (the query string's page_size, up to MAX_PAGE_SIZE)
 MAX_PAGE_SIZE = 500
-COUNT_POLL_MS = 300  # how soon the grid asks for a count not known with its page
+COUNT_POLL_MS = 1000  # how soon the grid asks for a count not known with its page (the ask waits
+# for it; every tick while it waits asks again, so not much more often)
 TRI = [{"label": "any", "value": ""}, {"label": "yes", "value": "true"}, {"label": "no", "value": "false"}]
 # (control id, query key, label, input type) of the numeric and text filters
 INPUTS: tuple[tuple[str, str, str, Literal["text", "number"]], ...] = (
