@@ -7,9 +7,13 @@ Making the table (the first page of a set waits for it): DuckDB reads the rollou
 advantages with pyarrow and averages them with numpy (DuckDB reads a file of one row group on one
 thread; the averages were half of the time as one query), then the means go into the table.
 
-The jobs start on one background thread as soon as the table is made, so the first garbled filter
+The jobs start as soon as the table is made, each on its own background thread (the garbled pass
+uses a thread per core; the mismatch statistics one: beside it they finish sooner than after it,
+and the garbled filter's page does not wait for the pass, below), so the first garbled filter
 or largest-mismatch list finds them ready, or waits only for the remainder; a page shown before the
-flags are ready gets its rows' flags computed on the fly. Committed files never change: everything
+flags are ready gets its rows' flags computed on the fly, and so does the samples grid's first
+garbled filter: its page is flagged in the page's order until full, its count shown once the pass
+is done (:meth:`browse.queries.Catalog.samples`' ``count_later``). Committed files never change: everything
 is kept for the catalog's life, keyed, like the table, by the set's rollouts file (a committed
 attempt's path).
 
@@ -131,7 +135,8 @@ class Derived:
         self._db = db
         self._fs = filesystem
         self._reader = ThreadPoolExecutor(1, "browse-open")  # the update's advantages, beside the table
-        self._pool = ThreadPoolExecutor(1, "browse-derived")  # the jobs, one set after the other
+        self._pool = ThreadPoolExecutor(1, "browse-garbled")  # the garbled flags, set after set
+        self._mismatch_pool = ThreadPoolExecutor(1, "browse-mismatch")  # beside them: one thread
         self._garbled: dict[str, Future[None]] = {}
         self._mismatch: dict[str, Future[str]] = {}
 
@@ -152,7 +157,8 @@ class Derived:
             cur.unregister("advantage_means")
         self._garbled[table] = self._pool.submit(self._fill_garbled, table)
         if s.update is not None and _has_column(cur, s.update, "old_log_probs"):
-            self._mismatch[table] = self._pool.submit(self._fill_mismatch, table, s.rollouts, s.update)
+            job = self._mismatch_pool.submit(self._fill_mismatch, table, s.rollouts, s.update)
+            self._mismatch[table] = job
 
     def garbled_ready(self, table: str) -> bool:
         job = self._garbled.get(table)

@@ -45,6 +45,10 @@ SAMPLE_COLUMNS = (
     "is_baseline",
     "finish_reason",
 )
+# A column of the sets' tables that no query returns (``SELECT * EXCLUDE``): every turn's text of a
+# multi-turn sample (the model's and the tools' outputs) joined by newlines, null for a single-turn
+# sample (its response is the whole text); the text filter searches it
+SEARCH_COLUMN = "search_text"
 # Columns of Catalog.tokens (one row per response token)
 TOKEN_COLUMNS = (
     "position",
@@ -62,7 +66,8 @@ TOKEN_COLUMNS = (
 @dataclass(frozen=True)
 class SampleFilter:
     """Filters of :meth:`Catalog.samples`; None: no filter on that column. ``text``: a
-    case-insensitive substring of the prompt or the response (matched literally)."""
+    case-insensitive substring of the prompt or the response, or of any turn of a multi-turn
+    response (tool outputs too; matched literally)."""
 
     data_source: str | None = None
     correct: bool | None = None
@@ -98,7 +103,10 @@ def set_query(s: SampleSet) -> tuple[str, list[Any]]:
                    AS tool_calls,
                r.policy_version, w.extracted_answer, r.ground_truth,
                NULL::BOOLEAN AS garbled, NULL::VARCHAR AS garbled_reason,
-               r.is_baseline, r.finish_reason
+               r.is_baseline, r.finish_reason,
+               CASE WHEN len(r.turns) > 0
+                    THEN array_to_string(list_transform(r.turns, lambda t: t.text), chr(10)) END
+                   AS {SEARCH_COLUMN}
         FROM read_parquet(?) r JOIN read_parquet(?) w USING (group_id, sample_index){joins}"""
     return sql, params
 
@@ -133,7 +141,13 @@ def where_clause(f: SampleFilter) -> tuple[str, list[Any]]:
         add("policy_version = ?", int(f.policy_version))
     if f.text:  # case-insensitive literal: RE2 with the text escaped (no lower() copy of every text)
         pattern = "(?i)" + re.escape(f.text)
-        add("(regexp_matches(response, ?) OR regexp_matches(prompt, ?))", pattern, pattern)
+        add(
+            f"(regexp_matches(response, ?) OR regexp_matches(prompt, ?)"
+            f" OR coalesce(regexp_matches({SEARCH_COLUMN}, ?), false))",
+            pattern,
+            pattern,
+            pattern,
+        )
     if f.garbled is not None:
         add("garbled = ?", f.garbled)
     return (" AND ".join(conds) or "TRUE"), params

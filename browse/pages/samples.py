@@ -19,6 +19,8 @@ from browse.queries import Catalog, SampleFilter
 
 PAGE_SIZE = 50  # rows of one page (the query string's page_size, up to MAX_PAGE_SIZE)
 MAX_PAGE_SIZE = 500
+COUNT_POLL_MS = 1000  # how soon the grid asks for a count not known with its page (the ask waits
+# for it; every tick while it waits asks again, so not much more often)
 TRI = [{"label": "any", "value": ""}, {"label": "yes", "value": "true"}, {"label": "no", "value": "false"}]
 # (control id, query key, label, input type) of the numeric and text filters
 INPUTS: tuple[tuple[str, str, str, Literal["text", "number"]], ...] = (
@@ -131,6 +133,8 @@ def layout(catalog: Catalog, run_id: str, query: dict[str, str]) -> html.Div:
             dcc.Store(id="samples-run", data=run_id),
             dcc.Store(id="samples-page", data=0),
             dcc.Store(id="samples-size", data=_page_size(query.get("page_size"))),
+            # on while a garbled filter's page came before its count: asks again for the count
+            dcc.Interval(id="samples-count-poll", interval=COUNT_POLL_MS, disabled=True),
             html.Div(controls, className="filters"),
             html.Div(
                 [
@@ -186,7 +190,9 @@ def register(app: Dash, catalog: Catalog) -> None:
         Output("samples-total", "children"),
         Output("samples-page-label", "children"),
         Output("samples-page", "data"),
+        Output("samples-count-poll", "disabled"),
         Input("samples-set", "value"),
+        Input("samples-count-poll", "n_intervals"),
         Input("samples-prev", "n_clicks"),
         Input("samples-next", "n_clicks"),
         Input("samples-grid", "columnState"),
@@ -195,7 +201,9 @@ def register(app: Dash, catalog: Catalog) -> None:
         State("samples-size", "data"),
         State("samples-run", "data"),
     )
-    def _page(set_value: str, _prev: Any, _next: Any, column_state: Any, *rest: Any) -> tuple[Any, ...]:
+    def _page(
+        set_value: str, _poll: Any, _prev: Any, _next: Any, column_state: Any, *rest: Any
+    ) -> tuple[Any, ...]:
         values, page, size, run_id = (
             dict(zip(keys, rest[:-3], strict=True)),
             rest[-3] or 0,
@@ -207,18 +215,24 @@ def register(app: Dash, catalog: Catalog) -> None:
             page = max(page - 1, 0)
         elif trigger == "samples-next":
             page += 1
+        elif trigger == "samples-count-poll":
+            pass  # the count of the page shown (it waits for the set's garbled flags)
         else:
             page = 0  # a new filter, sort or set starts at the first page
         kind, key = set_value.split("|", 1)
         try:
             filters = build_filter(values)
         except ValueError as e:
-            return [], f"bad filter: {e}", "", page
+            return [], f"bad filter: {e}", "", page, True
         sort = _sort(column_state)
-        df, total = catalog.samples(run_id, kind_of(kind), key, filters, sort, page * size, size)
+        early = trigger != "samples-count-poll"  # a garbled filter's page first, its count next
+        df, total = catalog.samples(run_id, kind_of(kind), key, filters, sort, page * size, size, early)
+        if total is None:  # the page is right; the count fills in when the flags are in
+            rows = _rows(run_id, kind, key, records(df))
+            return rows, "counting… matching samples", f"page {page + 1}", page, False
         pages = max((total + size - 1) // size, 1)
         if page >= pages:  # "next" past the end
             page = pages - 1
             df, total = catalog.samples(run_id, kind_of(kind), key, filters, sort, page * size, size)
         rows = _rows(run_id, kind, key, records(df))
-        return rows, f"{total} matching samples", f"page {page + 1} of {pages}", page
+        return rows, f"{total} matching samples", f"page {page + 1} of {pages}", page, True

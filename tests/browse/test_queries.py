@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from browse import queries
 from browse.garbled import garbled_reason
 from browse.queries import SAMPLE_COLUMNS, TOKEN_COLUMNS, Catalog, SampleFilter
 from browse.sql import mismatch_stats
@@ -273,6 +274,27 @@ def test_garbled_flags_fill_in_the_background(catalog: Catalog, browse_run: Brow
     sql = f"SELECT response, truncated, garbled_reason FROM {table}"
     stored = catalog._db.cursor().execute(sql).fetchall()
     assert stored and all(reason == garbled_reason(text or "", bool(cut)) for text, cut, reason in stored)
+
+
+def test_garbled_page_comes_before_its_count(
+    catalog: Catalog, browse_run: BrowseRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the flags not in yet (garbled_ready patched False), a garbled filter asked with count_later
+    # flags rows on the fly, 2 then 4, 8, ... at a time here: the page is the one the stored flags
+    # give (same rows, order, reasons), its count None while rows were left unseen, exact when all
+    # were seen
+    run, key, sort = browse_run.run_id, "iter-0001/sampled", [("response_length", False)]
+    want = {g: catalog.samples(run, "val", key, SampleFilter(garbled=g), sort, 1, 3) for g in (True, False)}
+    monkeypatch.setattr(queries, "EARLY_BLOCK", 2)
+    monkeypatch.setattr(queries, "EARLY_ROWS", 10_000)
+    monkeypatch.setattr(catalog._derived, "garbled_ready", lambda table: False)
+    for garbled, (page, total) in want.items():
+        early, count = catalog.samples(run, "val", key, SampleFilter(garbled=garbled), sort, 1, 3, True)
+        for col in ("sample_id", "response", "garbled", "garbled_reason"):
+            assert early[col].tolist() == page[col].tolist()
+        assert list(early.columns) == list(SAMPLE_COLUMNS)
+        # None only when rows were left unseen: more than the 1 + 3 matching rows the page needed
+        assert count == total or (count is None and total > 4)
 
 
 def test_config_is_redacted_as_tracking_redacts(catalog: Catalog, browse_run: BrowseRun) -> None:
