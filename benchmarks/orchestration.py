@@ -213,7 +213,9 @@ def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> dict[str, Any]:
     from stages.floor.artifacts import batch_rows, rollouts_table
-    from stages.floor.builders import build_scorers, ppo_spec, sampling_params, score_batch, update_seed
+    from stages.floor.rollouts import sampling_params
+    from stages.floor.scorers import build_scorers, score_batch
+    from stages.floor.specs import ppo_spec, update_seed
     from stages.floor.state import drop_state, get_state, init_state, ppo_models
     from verl_core.reward import batch_from_columns, rewards_table
     from verl_core.runtime.run import start_run

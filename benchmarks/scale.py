@@ -515,7 +515,8 @@ def _checkpoint_load(
     """Seconds to read the final checkpoint back (policy model, trainer state, critic files), and with
     ``hf`` the HF engine's generation of the last iteration's prompts from the loaded policy."""
     from stages.floor.artifacts import files_under, load_tokenizer, read_policy
-    from stages.floor.builders import ENGINE_KWARGS, sampling_params
+    from stages.floor.engines import engine_kwargs
+    from stages.floor.rollouts import sampling_params
     from verl_core.models.checkpoint import load_state_bytes
     from verl_core.rollout import make_engine
 
@@ -531,7 +532,7 @@ def _checkpoint_load(
     }
     if hf:
         hf_cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"name": "hf"})})
-        engine = make_engine("hf", lm, load_tokenizer(store, tp_uri), **ENGINE_KWARGS.get("hf")(hf_cfg))
+        engine = make_engine("hf", lm, load_tokenizer(store, tp_uri), **engine_kwargs(hf_cfg))
         params = sampling_params(
             cfg.rollout, cfg.data.max_response_length, last["iteration"], validation=False
         )

@@ -135,7 +135,7 @@ def parse_args() -> argparse.Namespace:
 
 def setup(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from stages.floor.artifacts import load_tokenizer, read_policy
-    from stages.floor.builders import build_policy
+    from stages.floor.policy import build_policy
     from verl_core.config import load_config
 
     overrides = [

@@ -1,5 +1,5 @@
 """The RL iteration loop: rollout → reward → ppo_update, × the planned iterations
-(:func:`stages.floor.builders.planned_iterations`, computed once by the RL state), with validation
+(:func:`stages.floor.specs.planned_iterations`, computed once by the RL state), with validation
 and checkpoints. One flow run, so in local mode the policy, reference and critic stay in memory across
 iterations (artifacts are still written for every stage). The calls of one loop share one context
 (:class:`flows.loop.Loop`: run, config, prompts, lineage, timings, and the stage callables, Prefect tasks

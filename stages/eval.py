@@ -32,12 +32,13 @@ from stages.floor.artifacts import (
     materialise_export,
     read_policy,
 )
-from stages.floor.builders import build_scorers, engine_kwargs
 from stages.floor.champion import HELDOUT_PROMPTS, eval_inputs, eval_params, is_champion_label
+from stages.floor.engines import engine_kwargs
 from stages.floor.heldout import Scored, generate_passes, greedy_sampling, sampled_sampling, score_passes
 from stages.floor.locations import eval_stage, parse_export_stage
 from stages.floor.logging import stage_logger
 from stages.floor.reports import EvalReport, SourceReport
+from stages.floor.scorers import build_scorers
 from verl_core.algorithms.evaluation import mean_by_source
 from verl_core.config import VerlFlowConfig
 from verl_core.models.loading import load_causal_lm, resolve_device

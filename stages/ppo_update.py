@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from prefect import task
 
 from stages.floor.artifacts import check_policy_lag, read_update_tables, update_inputs, update_table
-from stages.floor.builders import ppo_spec, update_seed
 from stages.floor.locations import iteration_stage
 from stages.floor.samples import log_samples, sample_columns
+from stages.floor.specs import ppo_spec, update_seed
 from stages.floor.spmd import commit_once, committed
 from stages.floor.state import advance_policy, get_state, ppo_models, rest_engine, seal_update
 from verl_core.algorithms.stats import masked_mean

@@ -38,11 +38,11 @@ from typing import Any
 import pyarrow as pa
 from prefect import task
 
-from stages.floor.builders import build_scorers, score_batch
 from stages.floor.locations import rescore_report_stage, rescore_stage
 from stages.floor.logging import stage_logger
 from stages.floor.rescore import ComparisonRow, RescorePlan, RescoreReport, RescoreTarget, reward_params
 from stages.floor.retry import retry_unless_deterministic
+from stages.floor.scorers import build_scorers, score_batch
 from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.errors import DataError
 from verl_core.reward import WeightedScorer, batch_from_columns, rewards_table

@@ -20,7 +20,7 @@ nothing: its metrics go to the summary (``DEFERRED_METRICS``) and :mod:`flows.sa
 iteration's batches combined, once per step.
 
 The scoring itself is :func:`verl_core.reward.score_rollouts`;
-:func:`stages.floor.builders.build_scorers` turns ``reward.*`` into scorers.
+:func:`stages.floor.scorers.build_scorers` turns ``reward.*`` into scorers.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any
 import pyarrow as pa
 from prefect import task
 
-from stages.floor.builders import run_scorers, score_batch
 from stages.floor.locations import generation_stage, iteration_stage
 from stages.floor.logging import DEFERRED_METRICS, stage_logger
 from stages.floor.retry import retry_unless_deterministic
+from stages.floor.scorers import run_scorers, score_batch
 from verl_core.algorithms.dynamic_sampling import FILTER_METRICS, filter_groups
 from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.errors import DataError

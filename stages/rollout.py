@@ -25,9 +25,9 @@ import pyarrow as pa
 from prefect import task
 
 from stages.floor.artifacts import batch_rows, rollouts_table, stream_rows
-from stages.floor.builders import Rollouts, sampling_params, sharded_rollouts
 from stages.floor.locations import generation_stage, iteration_stage
 from stages.floor.logging import DEFERRED_METRICS
+from stages.floor.rollouts import Rollouts, sampling_params, sharded_rollouts
 from stages.floor.spmd import commit_once, committed
 from stages.floor.state import RLState, get_state, rollout_version
 from verl_core.config import PLACEMENT_FIELDS, DataConfig, RolloutConfig, SandboxConfig

@@ -12,17 +12,18 @@ answers that RL can turn into pass@1. The seed does not change with the iteratio
 the same random numbers and the curve shows the policy's change, not sampling noise.
 
 The passes are :mod:`stages.floor.heldout`'s (eval makes the same); the scorers are built on the RL
-loop's first call and reused (:func:`stages.floor.builders.run_scorers`)."""
+loop's first call and reused (:func:`stages.floor.scorers.run_scorers`)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 from prefect import task
 
-from stages.floor.builders import run_scorers, sampling_params
 from stages.floor.heldout import Generated, generate_passes, sampled_sampling, score_passes
 from stages.floor.locations import iteration_stage
+from stages.floor.rollouts import sampling_params
 from stages.floor.samples import log_samples, sample_columns
+from stages.floor.scorers import run_scorers
 from stages.floor.spmd import commit_once, main_value
 from stages.floor.state import RLState, get_state
 from verl_core.config import VerlFlowConfig

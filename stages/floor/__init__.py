@@ -3,7 +3,15 @@ besides the stage tasks themselves.
 
     locations   stage names of a run (``iter-XXXX/rollout``, ``ckpt/iter-XXXX``, ``export/...``),
                 built and parsed in one place
-    builders    config sections → verl_core objects (policy, scorers, sampling params, optimizer specs)
+    policy      the policy and its reference from ``model``/``ref`` (scratch or pretrained, LoRA, QLoRA),
+                an actor/critic/ref section's mixed precision
+    scorers     reward scorers by name from ``reward``/``sandbox``, the RL loop's per-run scorer cache,
+                the one scoring call (reward stage, validation, eval, benchmarks)
+    engines     the rollout engine from ``rollout``: each engine's keyword arguments (keyed by verl_core's
+                engine registry entries), ``auto`` resolved, this rank's engine under torchrun
+    rollouts    an iteration's sampling parameters, one engine's rollouts (multi-turn with tools), the
+                rollouts of every engine of an SPMD job
+    specs       the RL loop's plan and updates: iterations planned, optimizer specs, PPO spec, update seed
     artifacts   readers/writers of artifacts more than one stage uses (policies, tokenizer, exports
                 and their copies, what an eval evaluates, the rollouts table)
     reports     what eval and report commit, read back for flows: the typed eval report and its

@@ -33,9 +33,9 @@ import pyarrow.compute as pc
 import torch
 from torch import Tensor, nn
 
-from stages.floor.builders import quant_spec
 from stages.floor.initial_model import model_dir
 from stages.floor.locations import SFT, ckpt_stage, eval_label, export_stage, list_checkpoints
+from stages.floor.policy import quant_spec
 from verl_core.config import ModelConfig
 from verl_core.data import load_tokenizer_from_bytes
 from verl_core.errors import ArtifactNotFoundError, ConfigError, DataError
@@ -96,7 +96,7 @@ def read_policy(
     store: ArtifactStore, manifest: Manifest, prefix: str, model: ModelConfig, *, for_training: bool = True
 ) -> nn.Module:
     """Load a policy checkpoint written by :func:`write_policy` (trainable LoRA adapters included).
-    ``for_training``: set up as :func:`~stages.floor.builders.build_policy` sets up a new one (a QLoRA
+    ``for_training``: set up as :func:`~stages.floor.policy.build_policy` sets up a new one (a QLoRA
     base quantized again and prepared for k-bit training, gradient checkpointing when configured);
     False: for merging and evaluation, the base in ``model.dtype`` without quantization."""
     from peft import PeftModel, prepare_model_for_kbit_training

@@ -81,11 +81,11 @@ def vllm_engine_checks(cfg: VerlFlowConfig) -> list[Check]:
 
 def weight_sync_bytes(cfg: VerlFlowConfig) -> int | None:
     """The bytes one full weight sync to vLLM stages for ``cfg``'s model in the engine's compute dtype
-    (:func:`~stages.floor.builders.compute_dtype`): its HF config built on the meta device (scratch
+    (:func:`~stages.floor.engines.compute_dtype`): its HF config built on the meta device (scratch
     sizes, or ``model.path``'s config.json); None when that config cannot be read here (a hub id offline)."""
     from dataclasses import fields
 
-    from stages.floor.builders import compute_dtype
+    from stages.floor.engines import compute_dtype
     from stages.floor.initial_model import model_dir
     from verl_core.models.loading import ScratchSpec, scratch_config, torch_dtype
     from verl_core.rollout.weight_sync import sync_bytes

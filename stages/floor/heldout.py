@@ -7,7 +7,7 @@ folder of its tables in the stage (``""``: the stage's top, ``"sampled/"``...), 
 ``rollouts.parquet`` and ``rewards.parquet``.
 
 Generation runs on every rank of an SPMD job (each engine its share, every rank gets all the rollouts:
-:func:`~stages.floor.builders.sharded_rollouts`); scoring and writing are the main rank's, inside the
+:func:`~stages.floor.rollouts.sharded_rollouts`); scoring and writing are the main rank's, inside the
 stage's :func:`~stages.floor.spmd.commit_once`.
 """
 
@@ -20,7 +20,8 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 
 from stages.floor.artifacts import rollouts_table
-from stages.floor.builders import Rollouts, score_batch, sharded_rollouts
+from stages.floor.rollouts import Rollouts, sharded_rollouts
+from stages.floor.scorers import score_batch
 from verl_core.algorithms.evaluation import pass_at_k, per_prompt_correct
 from verl_core.config import EvalConfig, MultiTurnConfig, RewardConfig, SandboxConfig
 from verl_core.reward import RewardBatch, RewardResult, WeightedScorer, batch_from_columns, rewards_table

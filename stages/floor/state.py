@@ -41,20 +41,13 @@ import torch
 from torch import Tensor, nn
 
 from stages.floor.artifacts import files_under, load_tokenizer, read_policy, write_policy
-from stages.floor.builders import (
-    actor_spec,
-    build_policy,
-    build_rollout_engine,
-    critic_spec,
-    drop_scorers,
-    iteration_count,
-    load_reference,
-    mixed_precision,
-    planned_iterations,
-)
+from stages.floor.engines import build_rollout_engine
 from stages.floor.locations import ckpt_stage, list_checkpoints, validations
 from stages.floor.logging import stage_logger
 from stages.floor.parent import FORK_START, ForkStart, fork_start
+from stages.floor.policy import build_policy, load_reference, mixed_precision
+from stages.floor.scorers import drop_scorers
+from stages.floor.specs import actor_spec, critic_spec, iteration_count, planned_iterations
 from verl_core.algorithms import KLController, make_kl_controller
 from verl_core.config import VerlFlowConfig, canonical_json
 from verl_core.errors import ArtifactNotFoundError, ConfigError

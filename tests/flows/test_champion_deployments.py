@@ -51,7 +51,7 @@ TINY = [
 
 def _champion(store: ArtifactStore, tmp: Path) -> str:
     """A tiny pretrained model (trained tokenizer, random weights) committed as run night1's export."""
-    from stages.floor.builders import build_policy
+    from stages.floor.policy import build_policy
     from verl_core.data.tokenizer import train_tokenizer
 
     texts = [f"What is {a} + {b}? Answer: #### {a + b}" for a in range(20) for b in range(20)]

@@ -33,8 +33,8 @@ from typer.testing import CliRunner
 from flows.cli import app
 from stages.export import export_model
 from stages.floor.artifacts import load_tokenizer, write_policy
-from stages.floor.builders import build_policy
 from stages.floor.locations import ckpt_stage, template_pack_uri
+from stages.floor.policy import build_policy
 from stages.floor.reports import read_eval_report
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack

@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from stages.floor.builders import build_policy
+from stages.floor.policy import build_policy
 from stages.preprocess import preprocess
 from stages.reward import reward
 from stages.template_pack import template_pack

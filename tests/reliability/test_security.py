@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from stages.floor.builders import build_policy
+from stages.floor.policy import build_policy
 from tests.reliability.codescan import scan_source, scan_tree
 from tests.reliability.conftest import CANARIES, REPO, Pipeline, S3Run
 from verl_core.config import ModelConfig, RewardConfig

@@ -9,7 +9,7 @@ import sys
 
 import torch.distributed as dist
 
-from stages.floor.builders import sharded_rollouts
+from stages.floor.rollouts import sharded_rollouts
 from tests.verl_core.rollout.conftest import arithmetic_texts, tiny_model
 from verl_core.config import MultiTurnConfig
 from verl_core.data.tokenizer import train_tokenizer

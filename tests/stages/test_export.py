@@ -17,8 +17,8 @@ from stages.floor.artifacts import (
     resolve_source,
     write_policy,
 )
-from stages.floor.builders import build_policy
 from stages.floor.locations import ckpt_stage, template_pack_uri
+from stages.floor.policy import build_policy
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, validate_config

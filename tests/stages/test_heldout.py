@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stages.floor.builders import build_scorers
 from stages.floor.heldout import generate_passes, greedy_sampling, sampled_sampling, score_passes
+from stages.floor.scorers import build_scorers
 from verl_core.config import EvalConfig, MultiTurnConfig, RewardConfig, SandboxConfig
 from verl_core.rollout import Completion, SamplingParams
 from verl_core.store import ArtifactStore

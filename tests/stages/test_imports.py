@@ -75,7 +75,11 @@ def test_scan_sees_the_stage_files() -> None:
     assert {p.stem for p in FLOOR_FILES} == {
         "__init__",
         "locations",
-        "builders",
+        "policy",  # issue 42: builders.py split by job
+        "scorers",
+        "engines",
+        "rollouts",
+        "specs",
         "artifacts",
         "reports",
         "samples",

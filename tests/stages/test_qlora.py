@@ -21,8 +21,8 @@ from flows.loop import Loop
 from flows.rl import loop_stages, run_iteration
 from stages.export import export_model
 from stages.floor.artifacts import load_tokenizer, materialise_export, read_policy
-from stages.floor.builders import build_policy
 from stages.floor.locations import ckpt_stage, iteration_stage
+from stages.floor.policy import build_policy
 from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
 from stages.preprocess import preprocess
 from stages.sft import sft_warmup

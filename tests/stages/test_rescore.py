@@ -12,7 +12,6 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from stages.floor.builders import score_batch
 from stages.floor.locations import eval_stage, generation_stage, iteration_stage
 from stages.floor.rescore import (
     parse_iterations,
@@ -21,6 +20,7 @@ from stages.floor.rescore import (
     rescore_settings,
     reward_config_hash,
 )
+from stages.floor.scorers import score_batch
 from stages.rescore import rescore, rescore_report
 from stages.reward import reward
 from verl_core.config import VerlFlowConfig

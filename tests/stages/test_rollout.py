@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from stages.floor.artifacts import batch_rows, rollouts_table, stream_rows
-from stages.floor.builders import sampling_params
+from stages.floor.rollouts import sampling_params
 from verl_core.config import RolloutConfig
 from verl_core.errors import DataError
 from verl_core.rollout import Completion

@@ -1,4 +1,4 @@
-"""Which rollout engine each rank of an SPMD job builds (``stages.floor.builders.build_rollout_engine``),
+"""Which rollout engine each rank of an SPMD job builds (``stages.floor.engines.build_rollout_engine``),
 with the rank's topology faked and ``make_engine`` recorded (no engine starts): ``rollout.name=vllm``
 and ``auto`` on CUDA give one engine per tensor-parallel group, on its first rank, pinned to the
 group's devices; the other ranks hold a GroupMemberEngine. (Before: every rank started a vLLM
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-import stages.floor.builders as builders
+import stages.floor.engines as engines
 from tests.vllm_env import vllm_python
 from verl_core.config import load_config
 from verl_core.rollout.placement import CUDA_VISIBLE, GroupMemberEngine, Topology
@@ -27,14 +27,14 @@ class Policy(torch.nn.Module):
 def built(monkeypatch: pytest.MonkeyPatch, rank: int, overrides: list[str]) -> tuple[Any, list[Any]]:
     """What rank ``rank`` of 4 processes on one node builds on CUDA: (engine, make_engine calls)."""
     calls: list[Any] = []
-    monkeypatch.setattr(builders, "world_size", lambda: 4)
-    monkeypatch.setattr(builders, "current_topology", lambda: Topology(rank, 4, rank, 4, None, (0, 1)))
+    monkeypatch.setattr(engines, "world_size", lambda: 4)
+    monkeypatch.setattr(engines, "current_topology", lambda: Topology(rank, 4, rank, 4, None, (0, 1)))
     monkeypatch.setattr(
-        builders, "make_engine", lambda name, lm, tok, **kw: calls.append((name, kw)) or "engine"
+        engines, "make_engine", lambda name, lm, tok, **kw: calls.append((name, kw)) or "engine"
     )
     spmd = ["trainer.n_gpus_per_node=4", "actor.strategy=fsdp2", "rollout.share_weights=false"]
     cfg = load_config(None, [*spmd, *overrides])
-    return builders.build_rollout_engine(cfg, Policy(), None, torch.device("cuda")), calls
+    return engines.build_rollout_engine(cfg, Policy(), None, torch.device("cuda")), calls
 
 
 @pytest.mark.parametrize("name", ["vllm", "auto"])
@@ -76,7 +76,7 @@ def test_every_rank_waits_for_every_engine_and_a_failed_start_fails_them_all(
         gathered.append(list(items))
         return ["rank 2: rollout.gpu_memory_utilization: no room", *items]
 
-    monkeypatch.setattr(builders, "all_gather", others_failed)
+    monkeypatch.setattr(engines, "all_gather", others_failed)
     with pytest.raises(RuntimeError, match=r"1 rank\(s\): rank 2: rollout.gpu_memory_utilization"):
         built(monkeypatch, 1, overrides)  # rank 1: a group member, no engine of its own
     assert gathered == [[None]]
@@ -86,13 +86,13 @@ def test_every_rank_waits_for_every_engine_and_a_failed_start_fails_them_all(
         raise ValueError("no room on cuda:0")
 
     gathered.clear()
-    monkeypatch.setattr(builders, "all_gather", lambda items: gathered.append(list(items)) or list(items))
-    monkeypatch.setattr(builders, "world_size", lambda: 4)
-    monkeypatch.setattr(builders, "current_topology", lambda: Topology(0, 4, 0, 4, None, (0, 1)))
-    monkeypatch.setattr(builders, "make_engine", refuse)
+    monkeypatch.setattr(engines, "all_gather", lambda items: gathered.append(list(items)) or list(items))
+    monkeypatch.setattr(engines, "world_size", lambda: 4)
+    monkeypatch.setattr(engines, "current_topology", lambda: Topology(0, 4, 0, 4, None, (0, 1)))
+    monkeypatch.setattr(engines, "make_engine", refuse)
     cfg = load_config(
         None, ["trainer.n_gpus_per_node=4", "actor.strategy=fsdp2", "rollout.share_weights=false", *overrides]
     )
     with pytest.raises(ValueError, match="no room on cuda:0"):
-        builders.build_rollout_engine(cfg, Policy(), None, torch.device("cuda"))
+        engines.build_rollout_engine(cfg, Policy(), None, torch.device("cuda"))
     assert gathered == [["rank 0: no room on cuda:0"]]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stages.floor import builders
-from stages.floor.builders import run_scorers
+from stages.floor import scorers
+from stages.floor.scorers import run_scorers
 from stages.floor.state import drop_state
 from stages.reward import reward
 from tests.stages.test_reward import Spy, rollouts_table
@@ -22,13 +22,13 @@ from verl_core.runtime.run import RunContext
 def builds(monkeypatch: pytest.MonkeyPatch) -> list[RewardConfig]:
     """The reward sections scorers were built for, in order."""
     seen: list[RewardConfig] = []
-    build = builders.build_scorers
+    build = scorers.build_scorers
 
     def counting(cfg: RewardConfig, sandbox: SandboxConfig) -> list[WeightedScorer]:
         seen.append(cfg)
         return build(cfg, sandbox)
 
-    monkeypatch.setattr(builders, "build_scorers", counting)
+    monkeypatch.setattr(scorers, "build_scorers", counting)
     return seen
 
 

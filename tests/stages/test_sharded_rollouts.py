@@ -43,18 +43,18 @@ def test_one_process_with_a_tensor_parallel_engine_generates_everything(
 ) -> None:
     # eval and one-process loops hold one engine whatever its tensor_parallel_size: 1 process // tp 2
     # would be 0 engines; it is one engine generating every prompt, unsharded
-    import stages.floor.builders as builders
+    import stages.floor.rollouts as rollouts
 
     seen: list[tuple[int, object]] = []
 
     def generate(engine, tokenizer, prompt_ids, *args, prompt_keys=None, **kwargs):  # type: ignore[no-untyped-def]
         seen.append((len(prompt_ids), prompt_keys))
-        return builders.Rollouts([], None, {})
+        return rollouts.Rollouts([], None, {})
 
     class TensorParallelEngine:
         tensor_parallel_size = 2
 
-    monkeypatch.setattr(builders, "generate_rollouts", generate)
+    monkeypatch.setattr(rollouts, "generate_rollouts", generate)
     ids = [[1, 2], [3], [4, 5, 6]]
-    builders.sharded_rollouts(TensorParallelEngine(), None, ids, None, None, 8)  # type: ignore[arg-type]
+    rollouts.sharded_rollouts(TensorParallelEngine(), None, ids, None, None, 8)  # type: ignore[arg-type]
     assert seen == [(3, None)]  # all 3 prompts, no shard keys

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages.floor.builders import planned_iterations
 from stages.floor.locations import ckpt_stage, iteration_stage, list_checkpoints
+from stages.floor.specs import planned_iterations
 from stages.floor.state import (
     advance_policy,
     drop_state,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stages.eval import evaluate
-from stages.floor import builders
+from stages.floor import scorers
 from stages.floor.artifacts import in_run_source
 from stages.floor.locations import iteration_stage, validations
 from stages.floor.reports import read_eval_report
@@ -149,13 +149,13 @@ def test_validations_of_one_run_build_the_scorers_once(
     tiny_rl: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     builds: list[RewardConfig] = []
-    build = builders.build_scorers
+    build = scorers.build_scorers
 
     def counting(cfg: RewardConfig, sandbox: SandboxConfig) -> list[WeightedScorer]:
         builds.append(cfg)
         return build(cfg, sandbox)
 
-    monkeypatch.setattr(builders, "build_scorers", counting)
+    monkeypatch.setattr(scorers, "build_scorers", counting)
     cfg = PASS_AT_K  # a greedy and a sampled pass each validation, scored by the same scorers
 
     def val_samples(n: int) -> VerlFlowConfig:  # other stage params (a new attempt), the same reward

@@ -4,7 +4,7 @@ cores, and the stand-in engine of the ranks that start none.
 An engine spans ``tensor_parallel_size`` consecutive ranks of one node (a *group*; 1 for the HF engine
 and for vLLM without tensor parallelism). The group's first rank starts it and generates the group's
 share of the prompts; the others hold a :class:`GroupMemberEngine` and receive the rollouts through
-the job's all-gather (``stages.floor.builders.sharded_rollouts``). An engine in a subprocess (vLLM in
+the job's all-gather (``stages.floor.rollouts.sharded_rollouts``). An engine in a subprocess (vLLM in
 its own environment) inherits the rank's environment, so its devices are named there:
 
 - CUDA: ``CUDA_VISIBLE_DEVICES`` = the group's devices, local ranks ``first .. first + tp - 1`` (the
@@ -171,7 +171,7 @@ class GroupMemberEngine:
     ) -> list[Completion]:
         raise RuntimeError(
             "this rank holds no rollout engine (its tensor-parallel group's first rank does): generate "
-            "through stages.floor.builders.sharded_rollouts"
+            "through stages.floor.rollouts.sharded_rollouts"
         )
 
     def update_weights(self, model: nn.Module, version: int | None = None) -> None:

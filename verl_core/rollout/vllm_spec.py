@@ -1,7 +1,7 @@
 """How a vLLM engine is built: one typed spec, the platform's facts, and the one rule between them.
 
 :class:`VLLMSpec` holds every setting of a vLLM engine, without defaults: the config schema's
-``rollout`` section holds them, and ``stages.floor.builders`` builds the spec from it once (the
+``rollout`` section holds them, and ``stages.floor.engines`` builds the spec from it once (the
 server of ``verl-flow serve`` builds its own from the same section, :mod:`verl_core.runtime.serving`).
 It crosses the channel to an engine subprocess as JSON (:meth:`VLLMSpec.to_json`).
 

@@ -14,16 +14,9 @@ import torch
 
 from flows import dispatch
 from stages.floor.artifacts import stream_rows
-from stages.floor.builders import (
-    actor_spec,
-    build_policy,
-    build_scorers,
-    mixed_precision,
-    optim_spec,
-    planned_iterations,
-    ppo_spec,
-    quant_spec,
-)
+from stages.floor.policy import build_policy, mixed_precision, quant_spec
+from stages.floor.scorers import build_scorers
+from stages.floor.specs import actor_spec, optim_spec, planned_iterations, ppo_spec
 from stages.preprocess import preprocess
 from verl_core.config import (
     DataConfig,

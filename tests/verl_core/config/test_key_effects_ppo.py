@@ -3,7 +3,7 @@ log-prob and reference token budgets, the KL-in-reward estimator)."""
 
 from __future__ import annotations
 
-from stages.floor.builders import ppo_spec
+from stages.floor.specs import ppo_spec
 from verl_core.config import load_config
 
 

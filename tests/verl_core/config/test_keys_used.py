@@ -52,7 +52,7 @@ class _Reads(ast.NodeVisitor):
     ``<...>.section`` (tag ``.section``) or a name bound to a section: annotated with its class
     (tag: the class name), assigned from ``<...>.section`` or looped over it, or ``self`` in the class;
     ``getattr(<...>.section, name)`` reads every field named by a string literal of the file;
-    ``_spec_from(Spec, section, **given)`` (stages/floor/builders.py: a spec dataclass filled from the
+    ``_spec_from(Spec, section, **given)`` (stages/floor/specs.py: a spec dataclass filled from the
     section's fields of the same names) reads every field of ``Spec`` not in ``given``.
     Validators (``@model_validator`` / ``@field_validator``) do not count: checking is not using."""
 

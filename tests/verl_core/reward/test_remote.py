@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stages.floor.builders import build_scorers, score_batch
+from stages.floor.scorers import build_scorers, score_batch
 from tests.verl_core.reward.conftest import FakeServer
 from verl_core.config import RewardConfig, SandboxConfig, VerlFlowConfig
 from verl_core.config.loader import flatten_config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stages.floor.builders import generate_rollouts
+from stages.floor.rollouts import generate_rollouts
 from verl_core.config import MultiTurnConfig
 from verl_core.errors import ConfigError
 from verl_core.runtime import sandbox

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from stages.floor.builders import ppo_spec
+from stages.floor.specs import ppo_spec
 from tests.verl_core.training.specs import correction_spec
 from tests.verl_core.training.test_ppo_iteration import (
     PROMPTS,
