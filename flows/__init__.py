@@ -1,6 +1,8 @@
 """Prefect flows: the rlhf pipeline, the RL loop, the GPU stage flows, the CLI.
 
     pipeline     the rlhf pipeline flow: the stages in order, local or through deployments
+    placement    where the GPU-heavy stages run (this process or deployments), chosen once per run
+    parent_check the check of a fork's or replay's parent, made once per run
     rl, loop     the RL iteration loop, and what its calls share (built once per loop)
     sampling     DAPO dynamic sampling of one RL iteration
     gpu          the GPU-heavy stage flows (SFT, the RL loop) deployed on the gpu pool

@@ -8,8 +8,12 @@ manifest URI.
 flow runs on the ``cpu`` pool and starts SFT, the whole RL loop and the export as flow runs of their
 deployments on the ``gpu`` pool (``run_deployment``); they meet only through the shared store.
 
-A fork or replay (``config.parent``, :mod:`stages.floor.parent`) is checked before any work, runs
-preprocess and template_pack itself, skips SFT and starts the RL loop from the parent's checkpoint.
+Where SFT, the RL loop and the export run is chosen once, at the top (:mod:`flows.placement`).
+
+A fork or replay (``config.parent``, :mod:`stages.floor.parent`) is checked before any work, once per
+run (:mod:`flows.parent_check`: here, unless the caller hands over its own check of the same run),
+runs preprocess and template_pack itself, skips SFT and starts the RL loop from the parent's
+checkpoint.
 """
 
 from __future__ import annotations
@@ -20,17 +24,15 @@ from prefect import flow, get_run_logger, task
 
 from flows.artifacts import publish
 from flows.deployments import deployment_config, form_overrides, record_overrides
-from flows.dispatch import remote_export, remote_rl_loop, remote_sft
 from flows.gating import require_promotion, run_gate
-from flows.gpu import export_flow, sft_flow
+from flows.parent_check import ParentCheck, check_once
+from flows.placement import gpu_stages
 from flows.results import PipelineResult
-from flows.rl import rl_loop
 from flows.run_links import record_links
 from stages.eval import evaluate
 from stages.floor.artifacts import export_source
 from stages.floor.initial_model import fetch_initial_model
 from stages.floor.logging import timed, watched
-from stages.floor.parent import check_parent
 from stages.floor.registry import start_from
 from stages.floor.reports import read_eval_report, sft_step_count
 from stages.preprocess import preprocess
@@ -66,6 +68,7 @@ def rlhf_pipeline(
     overrides: list[str] | None = None,
     run_id: str | None = None,
     config_file: str | None = None,
+    parent_checked: ParentCheck | None = None,
 ) -> PipelineResult:
     """Run the whole pipeline for ``config`` (or the YAML ``config_file``, relative to the working
     directory) + dotted ``overrides`` as run ``run_id`` (None: experiment name + config hash).
@@ -77,6 +80,8 @@ def rlhf_pipeline(
         overrides: Dotted overrides applied last, e.g. ``trainer.total_iterations=3``.
         run_id: The run's id in the store (None: experiment name + config hash; the same id resumes).
         config_file: A YAML config, relative to the worker's working directory (the checkout).
+        parent_checked: A check of ``config.parent`` already made for this run (``verl-flow run
+            --fork`` and ``replay`` check before any flow starts); empty: the flow checks the parent.
     """
     base, edits = _base_config(config, config_file)
     if edits is not None:  # from a deployment's config: the flow run records overrides, not the config
@@ -87,10 +92,10 @@ def rlhf_pipeline(
     snapshot = resolve_snapshot(cfg.data)
     cfg = cfg.model_copy(update={"data": snapshot.data})
     cfg, origin = start_from(cfg, snapshot.path)  # retrain.start_from: the champion's export, or the config
-    fetch_initial_model(cfg)  # model.path naming an export in the store: this machine's copy (template_pack)
     s = cfg.store
     store = ArtifactStore(s.url, max_attempts=s.max_attempts, outage_budget_s=s.outage_budget_s)
-    check_parent(store, cfg, run_id or default_run_id(cfg))  # a fork or replay: before any work
+    check_once(store, cfg, run_id or default_run_id(cfg), parent_checked)  # a fork or replay, before any work
+    fetch_initial_model(cfg)  # model.path naming an export in the store: this machine's copy (template_pack)
     ctx = start_run_task(cfg, run_id, origin)
     record_links(ctx)  # runs/{run_id}/links.json: this flow run and the MLflow run (the rollout browser)
     get_run_logger().info(
@@ -106,7 +111,7 @@ def rlhf_pipeline(
     }
     result = PipelineResult(run_id=ctx.run_id, data_snapshot=snapshot.path)
     stages, timing = result.stages, result.timing_s
-    remote = cfg.execution.mode == "deployments"
+    gpu = gpu_stages(cfg.execution)  # in this process or as deployments on the gpu pool
     try:
         with timed(timing, "preprocess"):
             stages.preprocess = preprocess.with_options(**io_retry)(ctx, cfg.data)
@@ -117,18 +122,18 @@ def rlhf_pipeline(
         if cfg.sft.enable and cfg.parent is None:  # a fork starts from its parent's RL checkpoint
             # compute-bound: no task retries (a rerun resumes from the last checkpoint)
             with timed(timing, "sft"):
-                stages.sft = remote_sft(ctx, cfg, tp) if remote else sft_flow(ctx, cfg, tp)
+                stages.sft = gpu.sft(ctx, cfg, tp)
             # the stages check their own counts; this catches a short count committed by a stage
             # flow run elsewhere (a deployment)
             result.sft_steps = check_completed("sft", sft_step_count(ctx.store(), stages.sft))
         with timed(timing, "rl"):
-            rl = remote_rl_loop(ctx, cfg, tp, stages.sft) if remote else rl_loop(ctx, cfg, tp, stages.sft)
+            rl = gpu.rl(ctx, cfg, tp, stages.sft)
         stages.rl, result.rl_iterations = rl.checkpoint, rl.iterations
         result.val_accuracy, result.rl_timing_s = rl.val_accuracy, rl.timing_s
         check_completed("rl", rl.iterations)
         if cfg.export.enable:
             with timed(timing, "export"):
-                export_uri = remote_export(ctx, cfg, tp) if remote else export_flow(ctx, cfg, tp, None)
+                export_uri = gpu.export(ctx, cfg, tp)
             stages.export = export_uri
             if cfg.eval.enable:
                 source = export_source(ctx.store(), export_uri)

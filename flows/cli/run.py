@@ -69,12 +69,15 @@ def run(
     cfg = _load_noted(config, overrides)
     if require_promotion and not cfg.gate.enable:
         fail("--require-promotion: gate.enable is false, so no gate decides (set gate.enable=true)", 2)
-    if cfg.parent is not None:  # the parent's checkpoint (and a replay's data): one line, before any work
-        from stages.floor.parent import check_parent
+    checked = None
+    if cfg.parent is not None:  # the parent's checkpoint: one line, before any work; the pipeline's check
+        from flows.parent_check import check_start
         from verl_core.runtime.run import default_run_id
 
         try:
-            check_parent(open_store(cfg.store.url), cfg, run_id or default_run_id(cfg))
+            checked = check_start(open_store(cfg.store.url), cfg, run_id or default_run_id(cfg))
+        except ConfigError as e:
+            fail(e, 2)
         except VerlFlowError as e:
             fail(e, 1)
     from flows.cli.plan import check_fits
@@ -92,7 +95,7 @@ def run(
     def pipeline() -> PipelineResult:
         from flows.pipeline import rlhf_pipeline
 
-        return rlhf_pipeline(config=cfg, run_id=run_id)
+        return rlhf_pipeline(config=cfg, run_id=run_id, parent_checked=checked)  # checked once: here
 
     _run_logged(cfg, run_id, verbose, pipeline, require_promotion=require_promotion)
 
@@ -315,8 +318,9 @@ def replay_cmd(
     RUN_ID's stored rollouts and rewards (or a rescore's) with OVERRIDES, instead of sampling. With no
     overrides it reproduces RUN_ID's checkpoints bit for bit; settings that would change the rollouts
     are refused. Rerun the same command to resume."""
+    from flows.parent_check import check_start
     from stages.floor.locations import check_rescore_name
-    from stages.floor.parent import check_parent, replay_config, replay_run_id
+    from stages.floor.parent import replay_config, replay_run_id
 
     try:  # the overrides, the parent's checkpoint and its stored data: one line, before any work
         if rewards is not None:
@@ -324,18 +328,18 @@ def replay_cmd(
         st = open_store(store)
         cfg = replay_config(st, run_id, start, overrides or [], rewards)
         new_run_id = new_run_id or replay_run_id(run_id, start, cfg.config_hash())
-        check_parent(st, cfg, new_run_id)
+        checked = check_start(st, cfg, new_run_id)  # the pipeline's check, handed on: made once
     except ConfigError as e:
         fail(e, 2)
     except VerlFlowError as e:
         fail(e, 1)
 
-    def replay() -> PipelineResult:
+    def replay() -> PipelineResult:  # the config built and the parent checked above, once
         from flows.replay import replay_flow
 
         return replay_flow(
             run_id=run_id, start_iteration=start, overrides=overrides or [], new_run_id=new_run_id,
-            rewards=rewards, store_url=st.url,
+            rewards=rewards, store_url=st.url, config=cfg, parent_checked=checked,
         )  # fmt: skip
 
     _run_logged(cfg, new_run_id, verbose, replay)
