@@ -7,6 +7,7 @@
     sampling     DAPO dynamic sampling of one RL iteration
     gpu          the GPU-heavy stage flows (SFT, the RL loop) deployed on the gpu pool
     dispatch     a stage flow run as a deployment on another pool, waited for
+    heartbeat    a dispatched stage flow run's side: its stage lease held (the store's lease protocol)
     deployments  what prefect.yaml's deployments compute, and a Run form's parameters
     progress     the stage flows' progress lines in the pipeline flow run's log
     gating       the gate step: the champion's eval reused or run again, the decision
@@ -23,7 +24,7 @@
 Rule: a flow only orchestrates. It calls stage tasks and the stage floor's public names
 (:mod:`stages.floor`), passes config sections (the whole config to the stages that take it, see
 :mod:`stages`) and manifest URIs, and returns typed results
-(:class:`flows.results.PipelineResult`, :class:`stages.floor.state.RLResult`); it never builds or
+(:class:`flows.results.PipelineResult`, :class:`stages.floor.lineage.RLResult`); it never builds or
 parses stage names, nor imports a stage's private helpers. Every flow names its config parameter
 ``config``.
 """

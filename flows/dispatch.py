@@ -2,28 +2,25 @@
 
 Every stage flow takes the parameters ``ctx`` (the run context) and ``config`` (the resolved config),
 plus its own; ``remote_*`` start one and return what its local counterpart returns, read from the
-shared store."""
+shared store. The dispatched flow run's side, its heartbeat and the fence that stops a run given up,
+is the store's lease protocol (:func:`verl_core.store.lease.stage_heartbeat`, :mod:`flows.heartbeat`)."""
 
 from __future__ import annotations
 
 import enum
-import json
-import posixpath
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from stages.floor.artifacts import latest_export
+from stages.floor.lineage import RLResult, committed_rl_result
 from stages.floor.locations import SFT
 from stages.floor.logging import stage_logger
-from stages.floor.state import RLResult, committed_rl_result
 from verl_core.config import ExecutionConfig, VerlFlowConfig
 from verl_core.errors import ConfigError, VerlFlowError
 from verl_core.runtime.run import RunContext
 from verl_core.store import ArtifactStore
-from verl_core.store.lease import STAGE_LEASE, RunLease, read_lease, revoke_lease
+from verl_core.store.lease import STAGE_LEASE, fence_stage_holder, read_lease
 
 
 class StageRunError(VerlFlowError):
@@ -39,7 +36,6 @@ class Verdict(enum.Enum):
     UNCLAIMED = "unclaimed"  # no worker of its pool online for execution.redispatch_timeout_s
 
 
-REVOKED = "stage-revoked.json"  # flow runs of the run given up as lost: a late start of one stops
 UNKNOWN = object()  # a lease that could not be read (the store did not answer)
 _CLAIMED = {"PENDING", "RUNNING"}  # a worker took the flow run
 _ENDED_BADLY = {"FAILED", "CANCELLED", "CANCELLING"}
@@ -96,39 +92,6 @@ class Watch:
         return Verdict.WAIT
 
 
-@contextmanager
-def heartbeat(ctx: RunContext, config: VerlFlowConfig) -> Iterator[None]:
-    """In a stage flow run dispatched by :func:`run_stage_deployment`: hold the run's stage lease
-    (holder: this flow run's id), renewed every ``execution.lost_after_s / 3``, for the whole flow.
-    Revoked by the dispatcher (it gave this run up as lost): the main thread is interrupted, so a
-    run that was only slow stops instead of writing beside the one dispatched after it. Elsewhere
-    (local mode, a flow called directly): nothing."""
-    from prefect.runtime import flow_run
-
-    run_id = flow_run.get_id()
-    if config.execution.mode != "deployments" or not run_id:
-        yield
-        return
-    import _thread
-
-    def lost() -> None:
-        stage_logger(__name__).error("flow run %s: its stage lease was revoked; stopping", run_id)
-        _thread.interrupt_main()
-
-    ttl, store = config.execution.lost_after_s, ctx.store()
-    lease = RunLease(store, ctx.run_id, ttl, name=STAGE_LEASE, token=str(run_id), on_lost=lost)
-    lease.acquire()
-    try:
-        check_not_given_up(store, ctx.run_id, str(run_id))
-    except StageRunError:
-        lease.release()
-        raise
-    try:
-        yield
-    finally:
-        lease.release()
-
-
 def run_stage_deployment(
     deployment: str,
     parameters: dict[str, Any],
@@ -143,9 +106,10 @@ def run_stage_deployment(
     the config field naming the deployment (for the error when it does not exist).
 
     A flow run that is lost (see :class:`Watch`) or crashed is marked Crashed and fenced off
-    (:func:`_give_up`; Prefect lets a Crashed run that was only slow go on to Running, the fence stops
-    it), and the deployment is run again (``execution.redispatch_retries`` times): the new flow
-    run resumes from the last committed checkpoint wherever a worker picks it up."""
+    (:func:`verl_core.store.lease.fence_stage_holder`; Prefect lets a Crashed run that was only slow go
+    on to Running, the fence stops it), and the deployment is run again
+    (``execution.redispatch_retries`` times): the new flow run resumes from the last committed
+    checkpoint wherever a worker picks it up."""
     t0 = time.perf_counter()
     log = stage_logger(__name__)
     retries = execution.redispatch_retries
@@ -238,7 +202,7 @@ def _supervise(
                 client.set_flow_run_state(flow_run_id, Crashed(message=why), force=True)
             else:
                 why = f"crashed{': ' + message if message else ''}"
-            _give_up(store, run_id, str(flow_run_id))
+            fence_stage_holder(store, run_id, str(flow_run_id))
             return verdict, why
 
 
@@ -266,37 +230,6 @@ def echo_progress(client: Any, flow_run_id: Any, after: Any) -> Any:
         if line.timestamp != after and PROGRESS.match(line.message):
             log.info(line.message, extra={"send_to_api": False})
     return logs[-1].timestamp if logs else after
-
-
-def _give_up(store: ArtifactStore, run_id: str, flow_run_id: str) -> None:
-    """Fence a flow run given up as lost or crashed: add it to the run's revoked flow runs (a late start
-    of it stops at once, see :func:`heartbeat`), then revoke its stage lease if it holds it (a start that
-    read the list just before stops at its next renewal)."""
-    revoked = _revoked(store, run_id)
-    if flow_run_id not in revoked:
-        data = json.dumps({"revoked": [*revoked, flow_run_id]}, indent=2).encode()
-        store.put_atomic(posixpath.join(store.run_dir(run_id), REVOKED), data)
-    found = read_lease(store, run_id, STAGE_LEASE)
-    if found is not None and found[0] is not None and found[0].holder == flow_run_id:
-        revoke_lease(store, run_id, STAGE_LEASE, found[1])
-
-
-def check_not_given_up(store: ArtifactStore, run_id: str, flow_run_id: str) -> None:
-    """Raise :class:`StageRunError` if the pipeline gave ``flow_run_id`` up (a start so late that it was
-    declared lost and the stage dispatched again)."""
-    if flow_run_id in _revoked(store, run_id):
-        raise StageRunError(
-            f"flow run {flow_run_id}: the pipeline gave it up as lost (no heartbeat within "
-            "execution.start_timeout_s / lost_after_s) and dispatched the stage again; this late start stops"
-        )
-
-
-def _revoked(store: ArtifactStore, run_id: str) -> list[str]:
-    """The flow runs of ``run_id`` the pipeline gave up on (only the pipeline writes the list)."""
-    path = posixpath.join(store.run_dir(run_id), REVOKED)
-    if not store.exists(path):
-        return []
-    return list(json.loads(store.cat(path))["revoked"])
 
 
 def _lease(store: ArtifactStore, run_id: str) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.dispatch import heartbeat
+from flows.heartbeat import heartbeat
 from flows.progress import to_pipeline
 from flows.rl import rl_iterations
 from launcher.spmd import SpmdJob, needs_spmd, run_job

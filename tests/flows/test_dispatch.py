@@ -1,19 +1,13 @@
 """The dispatcher's verdict on a stage flow run it dispatched (:class:`flows.dispatch.Watch`), fed
 hand-made observations on a made-up clock: when it is lost (claimed, then its stage lease stands still),
 when it is unclaimed (no worker online), and what an unreadable lease or another holder's lease counts
-as; a flow run given up is fenced off (its lease revoked, a late start refused). The same logic against
-a real server, workers killed with -9: tests/flows/test_deployments.py."""
+as. The fence that stops a flow run given up (its lease revoked, a late start refused) is the lease's:
+tests/verl_core/store/test_lease.py. The same logic against a real server, workers killed with -9:
+tests/flows/test_deployments.py."""
 
 from __future__ import annotations
 
-import threading
-from pathlib import Path
-
-import pytest
-
-from flows.dispatch import UNKNOWN, StageRunError, Verdict, Watch, _give_up, check_not_given_up
-from verl_core.store import ArtifactStore
-from verl_core.store.lease import STAGE_LEASE, RunLease
+from flows.dispatch import UNKNOWN, Verdict, Watch
 
 WAIT, LOST, UNCLAIMED = Verdict.WAIT, Verdict.LOST, Verdict.UNCLAIMED
 
@@ -76,21 +70,3 @@ def test_final_states() -> None:
     paused = watch()  # a person paused it: never lost by silence
     paused.observe(0.0, "RUNNING", ("fr-1", "v1"), None)
     assert paused.observe(1e4, "PAUSED", ("fr-1", "v1"), None) is WAIT
-
-
-def test_a_flow_run_given_up_is_fenced_off(tmp_path: Path) -> None:
-    # the pipeline gives up flow run fr-1 while it holds the stage lease (it was only slow): its lease
-    # is revoked (its renewal thread calls on_lost) and a late start of it is refused; fr-2 is not
-    store = ArtifactStore(str(tmp_path / "store"))
-    lost = threading.Event()
-    lease = RunLease(store, "r", ttl_s=0.3, name=STAGE_LEASE, token="fr-1", on_lost=lost.set)
-    lease.acquire()
-    _give_up(store, "r", "fr-1")
-    assert lost.wait(2)  # at its next renewal, 0.1 s later
-    with pytest.raises(StageRunError, match="fr-1: the pipeline gave it up as lost"):
-        check_not_given_up(store, "r", "fr-1")
-    check_not_given_up(store, "r", "fr-2")
-    _give_up(store, "r", "fr-2")  # a second loss: both stay revoked
-    with pytest.raises(StageRunError):
-        check_not_given_up(store, "r", "fr-1")
-    lease.release()

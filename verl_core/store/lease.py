@@ -26,15 +26,18 @@ for ever. Within one process the lease is re-entrant (reference counted), so a f
 twice in a row, e.g. by tests. Expiry compares wall clocks: hosts must agree to well within ``ttl_s``.
 
 A stage flow run dispatched to a worker (``execution.mode=deployments``) holds a second lease of the
-run, :data:`STAGE_LEASE`, with its flow run id as the holder: its renewals are the heartbeat by which
-the dispatching pipeline tells a live stage from one whose worker was preempted
-(:mod:`flows.dispatch`), and the pipeline revokes it (:func:`revoke_lease`) before dispatching the
-stage again, so a holder that was only slow stops itself (``on_lost``) instead of writing beside its
-successor.
+run, :data:`STAGE_LEASE`, with its flow run id as the holder, for its whole length
+(:func:`stage_heartbeat`): its renewals are the heartbeat by which the dispatching pipeline tells a
+live stage from one whose worker was preempted (:mod:`flows.dispatch`). Before dispatching the stage
+again the pipeline fences the one it gave up (:func:`fence_stage_holder`): its flow run id goes on the
+run's revoked list (:data:`REVOKED`; a late start of it stops at once) and its stage lease is revoked
+(:func:`revoke_lease`; a holder that was only slow stops at its next renewal: the main thread is
+interrupted) instead of writing beside its successor.
 """
 
 from __future__ import annotations
 
+import _thread
 import json
 import logging
 import os
@@ -42,7 +45,8 @@ import posixpath
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
@@ -52,11 +56,16 @@ from verl_core.store.store import ArtifactStore
 
 LEASE = "lease.json"
 STAGE_LEASE = "stage-lease.json"  # held by a stage flow run dispatched to a worker (flows.dispatch)
+REVOKED = "stage-revoked.json"  # stage holders of the run given up as lost: a late start of one stops
 log = logging.getLogger(__name__)
 
 
 class RunInUseError(VerlFlowError):
     """Another live process holds the run's lease."""
+
+
+class StageRevokedError(VerlFlowError):
+    """A stage flow run started after the dispatcher had given it up (:func:`fence_stage_holder`)."""
 
 
 @dataclass(frozen=True)
@@ -232,6 +241,61 @@ def revoke_lease(store: ArtifactStore, run_id: str, name: str, version: str) -> 
     it stops, see ``on_lost``); False when it moved on meanwhile."""
     path = posixpath.join(store.run_dir(run_id), name)
     return conditional_writes(store.fs, store.url).delete(path, version)
+
+
+@contextmanager
+def stage_heartbeat(
+    store: ArtifactStore, run_id: str, holder: str, ttl_s: float, on_lost: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """The heartbeat of a dispatched stage flow run ``holder`` (its flow run id): hold the run's
+    :data:`STAGE_LEASE`, renewed every ``ttl_s / 3``, for the ``with`` block. A holder the dispatcher
+    gave up already is refused at once (:class:`StageRevokedError`); one given up meanwhile (its lease
+    revoked) calls ``on_lost`` and interrupts the main thread (a ``KeyboardInterrupt`` there), so a
+    stage that was only slow stops instead of writing beside the one dispatched after it."""
+
+    def lost() -> None:
+        if on_lost is not None:
+            on_lost()
+        _thread.interrupt_main()
+
+    lease = RunLease(store, run_id, ttl_s, name=STAGE_LEASE, token=holder, on_lost=lost)
+    lease.acquire()
+    try:
+        check_not_revoked(store, run_id, holder)
+        yield
+    finally:
+        lease.release()
+
+
+def fence_stage_holder(store: ArtifactStore, run_id: str, holder: str) -> None:
+    """Fence a stage holder the dispatcher gave up as lost or crashed: add it to the run's
+    :data:`REVOKED` list (a late start of it stops at once, :func:`stage_heartbeat`), then revoke its
+    stage lease if it holds it (a start that read the list just before stops at its next renewal)."""
+    revoked = revoked_holders(store, run_id)
+    if holder not in revoked:
+        data = json.dumps({"revoked": [*revoked, holder]}, indent=2).encode()
+        store.put_atomic(posixpath.join(store.run_dir(run_id), REVOKED), data)
+    found = read_lease(store, run_id, STAGE_LEASE)
+    if found is not None and found[0] is not None and found[0].holder == holder:
+        revoke_lease(store, run_id, STAGE_LEASE, found[1])
+
+
+def check_not_revoked(store: ArtifactStore, run_id: str, holder: str) -> None:
+    """Raise :class:`StageRevokedError` if the dispatcher gave ``holder`` up (a start so late that it
+    was declared lost and the stage dispatched again)."""
+    if holder in revoked_holders(store, run_id):
+        raise StageRevokedError(
+            f"flow run {holder}: the pipeline gave it up as lost (no heartbeat within "
+            "execution.start_timeout_s / lost_after_s) and dispatched the stage again; this late start stops"
+        )
+
+
+def revoked_holders(store: ArtifactStore, run_id: str) -> list[str]:
+    """The stage holders of ``run_id`` the dispatcher gave up on (only the dispatcher writes the list)."""
+    path = posixpath.join(store.run_dir(run_id), REVOKED)
+    if not store.exists(path):
+        return []
+    return list(json.loads(store.cat(path))["revoked"])
 
 
 def _parse(found: Versioned) -> LeaseRecord | None:

@@ -1,7 +1,8 @@
 """Run leases on memory://, a local directory and S3 (moto): an expired holder is taken over and can
 no longer renew; a release deletes only our own lease; a write whose answer was lost (reset after S3
 applied it, then retried) is recognised as ours; stores without conditional writes are refused; a
-revoked stage lease stops its holder.
+revoked stage lease stops its holder; a stage holder given up is fenced off (its heartbeat interrupts
+the main thread, a late start is refused).
 Refusal, dead-pid takeover, renewal and re-entrancy: tests/reliability/test_isolation.py; the
 two-process race: tests/reliability/test_lease_race.py."""
 
@@ -21,9 +22,13 @@ from verl_core.store.lease import (
     STAGE_LEASE,
     RunInUseError,
     RunLease,
+    StageRevokedError,
     acquire_run_lease,
+    fence_stage_holder,
     read_lease,
     revoke_lease,
+    revoked_holders,
+    stage_heartbeat,
 )
 
 
@@ -99,3 +104,24 @@ def test_a_revoked_stage_lease_stops_its_holder(store: ArtifactStore) -> None:
     assert current is not None and current.holder == run_lease.token  # the run's lease untouched
     stage.release()
     run_lease.release()
+
+
+def test_a_stage_holder_given_up_is_fenced_off(store: ArtifactStore) -> None:
+    # the dispatcher gives up flow run fr-1 while it holds the stage lease (it was only slow): its lease
+    # is revoked, its next renewal (every 0.1 s) calls on_lost and interrupts the main thread, and a
+    # late start of it is refused; fr-2 is not
+    lost = threading.Event()
+    with pytest.raises(KeyboardInterrupt), stage_heartbeat(store, "r", "fr-1", 0.3, on_lost=lost.set):
+        fence_stage_holder(store, "r", "fr-1")
+        for _ in range(200):  # an interrupt lands between bytecodes: short sleeps, 10 s at most
+            time.sleep(0.05)
+    assert lost.is_set()
+    refused = pytest.raises(StageRevokedError, match="fr-1: the pipeline gave it up as lost")
+    with refused, stage_heartbeat(store, "r", "fr-1", 0.3):
+        raise AssertionError("a revoked holder's start must not get here")
+    assert read_lease(store, "r", STAGE_LEASE) is None  # the refused start let its lease go
+    with stage_heartbeat(store, "r", "fr-2", 0.3):
+        found = read_lease(store, "r", STAGE_LEASE)
+        assert found is not None and found[0] is not None and found[0].holder == "fr-2"
+    fence_stage_holder(store, "r", "fr-2")  # a second loss: both stay revoked
+    assert revoked_holders(store, "r") == ["fr-1", "fr-2"]
