@@ -17,7 +17,8 @@
     runs         attaching to an existing run (its config and tracking context)
     run_links    where a run is tracked (its Prefect flow run, its MLflow run), recorded in its store
     results      typed results of the flows
-    artifacts    the Prefect UI artifacts of a run (summary markdown, eval samples table)
+    prefect_artifacts  the Prefect UI artifacts of a run (summary markdown, eval samples table); the
+                 run's own artifacts are store files (:mod:`verl_core.store`)
     quiet        library warnings dropped where they are logged
     cli          the ``verl-flow`` command, one module per command group
 

@@ -22,11 +22,11 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
-from flows.artifacts import publish
 from flows.deployments import deployment_config, form_overrides, record_overrides
 from flows.gating import require_promotion, run_gate
 from flows.parent_check import ParentCheck, check_once
 from flows.placement import gpu_stages
+from flows.prefect_artifacts import publish
 from flows.results import PipelineResult
 from flows.run_links import record_links
 from stages.eval import evaluate

@@ -14,7 +14,7 @@ import time
 
 from prefect import flow, get_run_logger
 
-from flows.artifacts import publish_rescore
+from flows.prefect_artifacts import publish_rescore
 from flows.results import RescoreResult
 from flows.runs import attach_run
 from stages.floor.rescore import plan_rescore, read_rescore_report, rescore_lease, rescore_settings

@@ -1,7 +1,7 @@
 """Prefect's own UI, in headless Chromium (Debian's, driven by Playwright), on a Prefect server on
 127.0.0.1 that serves it at ``/``: the quickstart deployment's Run form describes each parameter (the
 flow's docstring ``Args:``), and a finished run's page leads to its summary artifact, which shows the
-eval accuracy and the plots as images the browser loads (``data:`` PNGs, :mod:`flows.artifacts`),
+eval accuracy and the plots as images the browser loads (``data:`` PNGs, :mod:`flows.prefect_artifacts`),
 and to its eval-samples table, which shows the prompts without the chat template and no sample text
 turned into markdown headings. Without Chromium, the same run still checks that the pipeline flow
 run's own log (what ``prefect deployment run --watch`` follows) carries its subflows' progress lines.

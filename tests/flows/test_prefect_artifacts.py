@@ -1,5 +1,5 @@
 """The pieces of the pipeline's Prefect artifacts that make them readable in Prefect's UI
-(:mod:`flows.artifacts`); the UI itself renders them in tests/flows/test_prefect_ui_browser.py."""
+(:mod:`flows.prefect_artifacts`); the UI itself renders them in tests/flows/test_prefect_ui_browser.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from flows.artifacts import image_markdown, in_run, markdown_cell, user_text
+from flows.prefect_artifacts import image_markdown, in_run, markdown_cell, user_text
 from verl_core.store import ArtifactStore
 
 
