@@ -20,11 +20,11 @@ import torch
 from prefect import task
 
 from stages.floor.artifacts import load_tokenizer, read_policy, write_policy
+from stages.floor.commit import commit_once, committed
 from stages.floor.locations import SFT, SFT_CKPT
 from stages.floor.logging import progress, stage_logger
 from stages.floor.policy import build_policy, mixed_precision
 from stages.floor.specs import optim_spec
-from stages.floor.spmd import commit_once, committed
 from verl_core.config import ActorConfig, ModelConfig, SFTConfig, TrainerConfig
 from verl_core.errors import DataError
 from verl_core.models.checkpoint import load_state, save_state, seed_rngs

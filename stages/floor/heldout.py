@@ -8,7 +8,7 @@ folder of its tables in the stage (``""``: the stage's top, ``"sampled/"``...), 
 
 Generation runs on every rank of an SPMD job (each engine its share, every rank gets all the rollouts:
 :func:`~stages.floor.rollouts.sharded_rollouts`); scoring and writing are the main rank's, inside the
-stage's :func:`~stages.floor.spmd.commit_once`.
+stage's :func:`~stages.floor.commit.commit_once`.
 """
 
 from __future__ import annotations
