@@ -212,11 +212,12 @@ def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> dict[str, Any]:
-    from stages.floor.artifacts import batch_rows, rollouts_table
+    from stages.floor.artifacts import rollouts_table
     from stages.floor.rollouts import sampling_params
     from stages.floor.scorers import build_scorers, score_batch
     from stages.floor.specs import ppo_spec, update_seed
     from stages.floor.state import drop_state, get_state, init_state, ppo_models
+    from verl_core.data.prompt_stream import iteration_batch
     from verl_core.reward import batch_from_columns, rewards_table
     from verl_core.runtime.run import start_run
     from verl_core.training.batch import RolloutBatch
@@ -237,8 +238,8 @@ def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> d
     try:
         for it in range(iterations or cfg.trainer.total_iterations):
             t = time.perf_counter()
-            rows, _ = batch_rows(prompts.num_rows, d.train_batch_size, it, seed=d.seed, shuffle=d.shuffle)
-            batch = prompts.take(rows)
+            taken = iteration_batch(prompts.num_rows, d.train_batch_size, it, seed=d.seed, shuffle=d.shuffle)
+            batch = prompts.take(taken.rows)
             completions = state.engine.generate(
                 batch.column("input_ids").to_pylist(),
                 sampling_params(cfg.rollout, d.max_response_length, it, validation=False),

@@ -217,15 +217,14 @@ def _stop_ids(tokenizer: Any) -> list[int]:
 
 def iteration_prompts(s: dict[str, Any], iterations: int) -> Any:
     """The rows our rollout stage uses in iterations 0..iterations-1, in order (a pyarrow table)."""
-    from stages.floor.artifacts import batch_rows
+    from verl_core.data.prompt_stream import iteration_batch
 
     cfg = s["cfg"]
     rows: list[int] = []
     for it in range(iterations):
-        r, _ = batch_rows(
+        rows += iteration_batch(
             s["prompts"].num_rows, cfg.data.train_batch_size, it, seed=cfg.data.seed, shuffle=cfg.data.shuffle
-        )
-        rows += r
+        ).rows
     return s["prompts"].take(rows)
 
 

@@ -66,6 +66,7 @@ from stages.reward import reward
 from stages.rollout import rollout
 from stages.validate import validate
 from verl_core.config import VerlFlowConfig
+from verl_core.data.prompt_stream import iteration_cursor
 from verl_core.runtime.ranks import on_main
 from verl_core.runtime.run import RunContext
 from verl_core.runtime.run_length import check_completed
@@ -100,7 +101,7 @@ def run_iteration(loop: Loop, iteration: int) -> IterationArtifacts:
     ctx, cfg = loop.ctx, loop.config
     state = get_state(ctx)
     if cfg.parent is not None and cfg.parent.replay:  # the parent's stored rollouts and rewards
-        set_prompt_cursor(state, (iteration + 1) * cfg.data.train_batch_size)
+        set_prompt_cursor(state, iteration_cursor(iteration + 1, cfg.data.train_batch_size))
         r, w = replay_sources(ctx.store(), cfg.parent, iteration)
         return IterationArtifacts(r, w, _update(loop, iteration, r, w))
     if cfg.algorithm.filter_groups.enable:  # DAPO dynamic sampling: generation batches until full
@@ -108,7 +109,8 @@ def run_iteration(loop: Loop, iteration: int) -> IterationArtifacts:
         return IterationArtifacts(
             s.rollouts[-1], s.rewards[-1], _update(loop, iteration, s.rollouts, s.rewards)
         )
-    set_prompt_cursor(state, (iteration + 1) * cfg.data.train_batch_size)  # one batch per iteration
+    # one batch per iteration: the next one starts where this one ends
+    set_prompt_cursor(state, iteration_cursor(iteration + 1, cfg.data.train_batch_size))
     r = _rollout_call(loop, iteration)
     _stage_line(loop, iteration, "reward")
     with timed(loop.timings, "reward"), watched(ctx, "reward", cfg.execution.stall_timeout_s, iteration):

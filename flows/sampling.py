@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 from flows.loop import Loop
 from stages.floor.logging import DEFERRED_METRICS, stage_logger, timed, watched
 from stages.floor.state import get_state, set_prompt_cursor
+from verl_core.data.prompt_stream import next_cursor
 from verl_core.errors import DataError
 from verl_core.runtime.ranks import is_main, on_main
 
@@ -72,7 +73,7 @@ def sample_iteration(loop: Loop, iteration: int) -> SampledIteration:
 
         with timed(timings, "reward"), watched(ctx, "reward", stall, iteration):
             w, found = on_main(scored)  # the main rank scores and decides; every rank gets both
-        set_prompt_cursor(state, cursor + wanted)
+        set_prompt_cursor(state, next_cursor(cursor, wanted))  # one batch on
         rollouts.append(r)
         rewards.append(w)
         kept += found

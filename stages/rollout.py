@@ -10,7 +10,7 @@ rollout engine held (``ppo_update`` refuses a batch too far behind the trainer's
 
 Dynamic sampling (``algorithm.filter_groups``): the iteration samples generation batches
 ``iter-XXXX/rollout/gen-K``, each of ``data.train_batch_size`` prompts from the prompt stream's
-``cursor`` (:func:`stages.floor.artifacts.stream_rows`), seeded apart per K; their group ids continue
+``cursor`` (:mod:`verl_core.data.prompt_stream`), seeded apart per K; their group ids continue
 across batches (K·B + prompt), so the batches of an iteration concatenate into one.
 """
 
@@ -24,13 +24,14 @@ from typing import NamedTuple
 import pyarrow as pa
 from prefect import task
 
-from stages.floor.artifacts import batch_rows, rollouts_table, stream_rows
+from stages.floor.artifacts import rollouts_table
 from stages.floor.locations import generation_stage, iteration_stage
 from stages.floor.logging import DEFERRED_METRICS
 from stages.floor.rollouts import Rollouts, sampling_params, sharded_rollouts
 from stages.floor.spmd import commit_once, committed
 from stages.floor.state import RLState, get_state, rollout_version
 from verl_core.config import PLACEMENT_FIELDS, DataConfig, RolloutConfig, SandboxConfig
+from verl_core.data.prompt_stream import iteration_cursor, take_batch
 from verl_core.rollout import Completion, SamplingParams
 from verl_core.rollout.multi_turn import Trajectory
 from verl_core.runtime.run import RunContext
@@ -76,11 +77,9 @@ def rollout(
     # 2. The iteration's prompts
     prompts = store.read_table(store.read_manifest(template_pack_uri), "prompt_tokens/train.parquet")
     b = data.train_batch_size
-    if gen_batch is None:
-        rows, epoch = batch_rows(prompts.num_rows, b, iteration, seed=data.seed, shuffle=data.shuffle)
-    else:
-        rows, epoch = stream_rows(prompts.num_rows, cursor, b, seed=data.seed, shuffle=data.shuffle)
-    batch = prompts.take(rows)
+    start = cursor if gen_batch is not None else iteration_cursor(iteration, b)  # one batch: iteration·B
+    taken = take_batch(prompts.num_rows, start, b, seed=data.seed, shuffle=data.shuffle)
+    batch = prompts.take(taken.rows)
 
     # 3. Generate (every rank its share; every rank gets every rollout)
     sampling = sampling_params(cfg, data.max_response_length, iteration, validation=False)
@@ -89,13 +88,7 @@ def rollout(
     sampled = _generate(state, data, cfg, batch, sampling, greedy_baseline, sandbox)
 
     # 4. Write and commit on the main rank; every rank returns the URI
-    where = _Where(
-        iteration,
-        epoch,
-        cursor if gen_batch is not None else iteration * b,
-        (gen_batch or 0) * b,
-        gen_batch is not None,
-    )
+    where = _Where(iteration, taken.epoch, start, (gen_batch or 0) * b, gen_batch is not None)
     return commit_once(lambda: _commit(ctx, stage, batch, sampled, where))
 
 

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
 from torch import Tensor, nn
 
 from stages.floor.initial_model import model_dir
@@ -44,7 +43,6 @@ from verl_core.models.checkpoint import saved_model
 from verl_core.models.loading import apply_liger, enable_gradient_checkpointing, load_causal_lm, unwrap
 from verl_core.rollout import Completion
 from verl_core.rollout.multi_turn import Trajectory, turns_to_rows
-from verl_core.seeding import derive_seed
 from verl_core.store import ArtifactStore, Manifest, StageWriter, storage_options
 from verl_core.store.schemas import EXTRA_INFO, TOKEN_MASK, TURNS
 
@@ -274,30 +272,7 @@ def endpoint_source(url: str, served_model: str | None = None) -> EvalSource:
 
 
 # --------------------------------------------------------------------------------------------------
-# Rollouts: prompt batches and the rollouts table
-
-
-def batch_rows(n: int, batch_size: int, iteration: int, *, seed: int, shuffle: bool) -> tuple[list[int], int]:
-    """Rows of iteration ``iteration`` when every iteration takes one batch: the stream's rows from
-    cursor ``iteration·B`` (:func:`stream_rows`)."""
-    return stream_rows(n, iteration * batch_size, batch_size, seed=seed, shuffle=shuffle)
-
-
-def stream_rows(n: int, cursor: int, count: int, *, seed: int, shuffle: bool) -> tuple[list[int], int]:
-    """``count`` rows of the prompt stream from position ``cursor``, and the epoch of the first.
-    Row k of the stream is ``perm_e[k mod n]`` with e = k // n and perm_e a permutation seeded by
-    (seed, e) (identity without shuffle). An iteration of one batch starts at iteration·B; dynamic
-    sampling takes further batches from where the last one ended (the cursor kept in checkpoints)."""
-    if n == 0:
-        raise DataError("the prompt set is empty")
-    rows, perms = [], {}
-    for k in range(cursor, cursor + count):
-        epoch, pos = divmod(k, n)
-        if epoch not in perms:
-            g = torch.Generator().manual_seed(derive_seed("prompt_order", seed, epoch))
-            perms[epoch] = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
-        rows.append(perms[epoch][pos])
-    return rows, cursor // n
+# Rollouts: the rollouts table (a batch's prompts: verl_core.data.prompt_stream)
 
 
 def rollouts_table(

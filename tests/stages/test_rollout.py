@@ -1,70 +1,15 @@
-"""Rollout stage helpers: the deterministic batch loader across epochs, sampling parameters for
-training vs validation, the rollouts table."""
+"""Rollout stage helpers: sampling parameters for training vs validation, the rollouts table (the
+prompt batches: tests/verl_core/data/test_prompt_stream.py)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
-import pytest
 
-from stages.floor.artifacts import batch_rows, rollouts_table, stream_rows
+from stages.floor.artifacts import rollouts_table
 from stages.floor.rollouts import sampling_params
 from verl_core.config import RolloutConfig
-from verl_core.errors import DataError
 from verl_core.rollout import Completion
 from verl_core.seeding import derive_seed
-
-
-def test_batch_rows_without_shuffle_by_hand() -> None:
-    # n = 5 prompts, 3 per iteration: the stream is 0 1 2 3 4 | 0 1 2 3 4 | 0 1 2 3 4 | …
-    #   iteration 0 → k = 0,1,2   → [0, 1, 2], first row in epoch 0
-    #   iteration 1 → k = 3,4,5   → [3, 4, 0], first row (k=3) in epoch 0
-    #   iteration 2 → k = 6,7,8   → [1, 2, 3], epoch 1
-    #   iteration 3 → k = 9,10,11 → [4, 0, 1], epoch 1 (k=9 is the last row of epoch 1)
-    #   iteration 4 → k = 12..14  → [2, 3, 4], epoch 2
-    expected = [([0, 1, 2], 0), ([3, 4, 0], 0), ([1, 2, 3], 1), ([4, 0, 1], 1), ([2, 3, 4], 2)]
-    got = [batch_rows(5, 3, it, seed=7, shuffle=False) for it in range(5)]
-    assert got == expected
-
-
-def test_batch_rows_batch_larger_than_the_prompt_set() -> None:
-    # n = 3, batch 7: iteration 0 is k = 0..6 → 0 1 2 | 0 1 2 | 0
-    #                 iteration 1 is k = 7..13 → 1 2 | 0 1 2 | 0 1
-    assert batch_rows(3, 7, 0, seed=0, shuffle=False) == ([0, 1, 2, 0, 1, 2, 0], 0)
-    assert batch_rows(3, 7, 1, seed=0, shuffle=False) == ([1, 2, 0, 1, 2, 0, 1], 2)  # k=7 is in epoch 2
-
-
-def test_batch_rows_with_shuffle_is_a_permutation_per_epoch_and_deterministic() -> None:
-    n, b = 10, 4
-    # 10 iterations × 4 rows = 40 rows = exactly 4 epochs of 10
-    stream = [r for it in range(10) for r in batch_rows(n, b, it, seed=3, shuffle=True)[0]]
-    epochs = [stream[e * n : (e + 1) * n] for e in range(4)]
-    for perm in epochs:
-        assert sorted(perm) == list(range(n))  # every prompt exactly once per epoch
-    assert len({tuple(p) for p in epochs}) > 1  # reshuffled between epochs
-    assert epochs[0] != list(range(n))
-    # same (seed, iteration) → same rows, whatever was asked before (a resumed run)
-    assert batch_rows(n, b, 7, seed=3, shuffle=True) == batch_rows(n, b, 7, seed=3, shuffle=True)
-    assert batch_rows(n, b, 7, seed=3, shuffle=True)[0] == stream[28:32]
-    assert batch_rows(n, b, 7, seed=3, shuffle=True)[1] == 2  # k = 28 → epoch 2
-    # another seed, another order
-    other = [r for it in range(3) for r in batch_rows(n, b, it, seed=4, shuffle=True)[0]]
-    assert other[:n] != epochs[0]
-
-
-def test_stream_rows_from_a_cursor_by_hand() -> None:
-    # n = 5, no shuffle: the stream is 0 1 2 3 4 | 0 1 2 3 4 | …; dynamic sampling takes 3 rows
-    # from cursor 4 (k = 4, 5, 6 → 4 | 0 1, first row in epoch 0),
-    # then from cursor 7 (k = 7, 8, 9 → 2 3 4, epoch 1)
-    assert stream_rows(5, 4, 3, seed=7, shuffle=False) == ([4, 0, 1], 0)
-    assert stream_rows(5, 7, 3, seed=7, shuffle=False) == ([2, 3, 4], 1)
-    # one batch per iteration is the stream from cursor iteration·B (the same definition)
-    for it in range(6):
-        assert batch_rows(10, 4, it, seed=3, shuffle=True) == stream_rows(10, 4 * it, 4, seed=3, shuffle=True)
-
-
-def test_batch_rows_empty_prompt_set() -> None:
-    with pytest.raises(DataError, match="empty"):
-        batch_rows(0, 3, 0, seed=0, shuffle=True)
 
 
 def test_sampling_params_training_vs_validation() -> None:

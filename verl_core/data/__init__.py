@@ -1,5 +1,6 @@
 """Data kernels: dataset adapters and cleaning, chat templates, tokenizers, tokenization, packing,
-balancing and sampling. Pure functions over plain values; the stages unpack the config into them."""
+balancing and sampling, the RL prompt stream (``prompt_stream``: a batch's rows from a cursor).
+Pure functions over plain values; the stages unpack the config into them."""
 
 from verl_core.data.adapters import (
     Adapter,
