@@ -31,15 +31,18 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from browse.garbled import garbled_reasons
 from browse.sets import SampleSet
-from browse.sql import arrow_of, set_query
+from browse.sql import SEARCH_COLUMN, arrow_of, set_query
 
 CHUNK_ROWS = 8192  # samples per chunk of the mismatch pass (bounds its temporary arrays)
+EARLY_BLOCK = 512  # rows first flagged for a garbled filter's page before the background's (doubling)
+EARLY_ROWS = 8192  # rows flagged at most for it (~0.1 s of the pass), then it waits for the pass
 
 
 def mismatch_arrays(
@@ -269,3 +272,60 @@ def _read(path: str, columns: list[str], filesystem: Any, use_threads: bool = Tr
 def _has_column(cur: duckdb.DuckDBPyConnection, path: str, column: str) -> bool:
     names = cur.execute("SELECT name FROM parquet_schema(?)", [path]).fetchall()
     return (column,) in names
+
+
+def early_garbled_page(
+    cur: duckdb.DuckDBPyConnection,
+    table: str,
+    others: tuple[str, list[Any]],
+    order: str,
+    garbled: bool,
+    offset: int,
+    limit: int,
+) -> tuple[pd.DataFrame, int | None] | None:
+    """A garbled filter's page before the background flags are in: the rows of ``table`` matching
+    the other filters (``others``: a WHERE clause and its parameters), in the page's ``order``,
+    flagged here by :func:`browse.garbled.garbled_reasons` (what the background pass runs)
+    ``EARLY_BLOCK`` rows, then twice as many at a time, until rows ``offset .. offset + limit`` of
+    those whose flag is ``garbled`` are found; and their count when those rows were all of them (else
+    None). None when ``EARLY_ROWS`` rows do not fill the page (few flagged: the caller waits for the
+    pass)."""
+    where, params = others
+    found: list[tuple[int, int, str]] = []
+    start, size = 0, EARLY_BLOCK
+    while True:
+        if start >= EARLY_ROWS:
+            return None
+        block = arrow_of(
+            cur.execute(
+                f"""SELECT group_id, sample_index, response, truncated FROM {table} WHERE {where}
+                    ORDER BY {order} LIMIT ? OFFSET ?""",
+                [*params, size, start],
+            )
+        )
+        reasons = garbled_reasons(block["response"], block["truncated"].to_pylist())
+        keys = zip(block["group_id"].to_pylist(), block["sample_index"].to_pylist(), strict=True)
+        found += [(g, i, r) for (g, i), r in zip(keys, reasons, strict=True) if bool(r) == garbled]
+        if block.num_rows < size or len(found) >= offset + limit:
+            break
+        start, size = start + size, 2 * size
+    total = len(found) if block.num_rows < size else None  # every matching row seen
+    chosen = found[offset : offset + limit]
+    cur.register(
+        "early_page",
+        pa.table(
+            {
+                "group_id": pa.array([g for g, _, _ in chosen], pa.int64()),
+                "sample_index": pa.array([i for _, i, _ in chosen], pa.int32()),
+                "_rank": pa.array(range(len(chosen)), pa.int64()),
+            }
+        ),
+    )
+    page = cur.execute(
+        f"""SELECT t.* EXCLUDE ({SEARCH_COLUMN}) FROM early_page k
+            JOIN {table} t USING (group_id, sample_index) ORDER BY k._rank"""
+    ).df()
+    cur.unregister("early_page")
+    page["garbled_reason"] = [r for _, _, r in chosen]
+    page["garbled"] = [bool(r) for _, _, r in chosen]
+    return page, total

@@ -27,10 +27,9 @@ from typing import Any
 import duckdb
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from browse.decode import token_texts
-from browse.derived import Derived
+from browse.derived import Derived, early_garbled_page
 from browse.garbled import garbled_reasons
 from browse.sets import SampleKind, SampleSet, list_sets
 from browse.sql import (
@@ -38,7 +37,6 @@ from browse.sql import (
     SEARCH_COLUMN,
     TOKEN_COLUMNS,
     SampleFilter,
-    arrow_of,
     order_clause,
     padded,
     parse_sample_id,
@@ -57,8 +55,6 @@ _ALL = f"* EXCLUDE ({SEARCH_COLUMN})"  # a set table's SAMPLE_COLUMNS (its hidde
 
 __all__ = ["SAMPLE_COLUMNS", "TOKEN_COLUMNS", "Catalog", "SampleFilter", "SampleKind"]
 
-EARLY_BLOCK = 512  # rows first flagged for a garbled filter's page before the background's (doubling)
-EARLY_ROWS = 8192  # rows flagged at most for it (~0.1 s of the pass), then it waits for the pass
 MANIFEST_TTL_S = 5.0  # a run's manifests are listed again after this long (a run still writing)
 # The iteration chart's names for the logged metrics (the first one a run has)
 ITERATION_METRICS = {
@@ -195,13 +191,18 @@ class Catalog:
 
         A garbled filter waits for the set's background flags, unless ``count_later``: then a page
         within the first ``EARLY_ROWS`` matching the other filters is answered at once
-        (:meth:`_early_garbled_page`) with the count None (not known yet: ask again without
+        (:func:`browse.derived.early_garbled_page`) with the count None (not known yet: ask again without
         ``count_later`` for it)."""
         table = self._table(self._find(run_id, kind, key))
         f = filters or SampleFilter()
         order = order_clause(sort or [], SAMPLE_COLUMNS)
         if f.garbled is not None and not self._derived.garbled_ready(table):
-            early = self._early_garbled_page(table, f, order, offset, limit) if count_later else None
+            where, params = where_clause(replace(f, garbled=None))
+            early = (
+                early_garbled_page(self._db.cursor(), table, (where, params), order, f.garbled, offset, limit)
+                if count_later
+                else None
+            )
             if early is not None:
                 return early
             self._derived.wait_garbled(table)  # started when the table was made
@@ -223,55 +224,6 @@ class Catalog:
             found = cur.execute(f"SELECT count(*) FROM {table} WHERE {where}", params).fetchone()
             total = int(found[0]) if found else 0
         return _with_garbled(page), total
-
-    def _early_garbled_page(
-        self, table: str, f: SampleFilter, order: str, offset: int, limit: int
-    ) -> tuple[pd.DataFrame, int | None] | None:
-        """The page of a garbled filter before the background flags are in: the rows matching the
-        other filters, in the page's order, flagged here by :func:`browse.garbled.garbled_reasons`
-        (what the background pass runs) ``EARLY_BLOCK`` rows, then twice as many at a time, until
-        the page is full, and the count when those rows were all of them (else None). None when
-        ``EARLY_ROWS`` rows do not fill the page (few flagged: the caller waits for the pass)."""
-        where, params = where_clause(replace(f, garbled=None))
-        cur = self._db.cursor()
-        found: list[tuple[int, int, str]] = []
-        start, size = 0, EARLY_BLOCK
-        while True:
-            if start >= EARLY_ROWS:
-                return None
-            block = arrow_of(
-                cur.execute(
-                    f"""SELECT group_id, sample_index, response, truncated FROM {table} WHERE {where}
-                        ORDER BY {order} LIMIT ? OFFSET ?""",
-                    [*params, size, start],
-                )
-            )
-            reasons = garbled_reasons(block["response"], block["truncated"].to_pylist())
-            keys = zip(block["group_id"].to_pylist(), block["sample_index"].to_pylist(), strict=True)
-            found += [(g, i, r) for (g, i), r in zip(keys, reasons, strict=True) if bool(r) == f.garbled]
-            if block.num_rows < size or len(found) >= offset + limit:
-                break
-            start, size = start + size, 2 * size
-        total = len(found) if block.num_rows < size else None  # every matching row seen
-        chosen = found[offset : offset + limit]
-        cur.register(
-            "early_page",
-            pa.table(
-                {
-                    "group_id": pa.array([g for g, _, _ in chosen], pa.int64()),
-                    "sample_index": pa.array([i for _, i, _ in chosen], pa.int32()),
-                    "_rank": pa.array(range(len(chosen)), pa.int64()),
-                }
-            ),
-        )
-        page = cur.execute(
-            f"""SELECT t.* EXCLUDE ({SEARCH_COLUMN}) FROM early_page k
-                JOIN {table} t USING (group_id, sample_index) ORDER BY k._rank"""
-        ).df()
-        cur.unregister("early_page")
-        page["garbled_reason"] = [r for _, _, r in chosen]
-        page["garbled"] = [bool(r) for _, _, r in chosen]
-        return page, total
 
     def group(self, run_id: str, kind: SampleKind, key: str, prompt_id: int) -> pd.DataFrame:
         """The samples of prompt ``prompt_id`` in the set (its group: the n responses), by

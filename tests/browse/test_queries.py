@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from browse import queries
+from browse import derived
 from browse.garbled import garbled_reason
 from browse.queries import SAMPLE_COLUMNS, TOKEN_COLUMNS, Catalog, SampleFilter
 from browse.sql import mismatch_stats
@@ -285,8 +285,8 @@ def test_garbled_page_comes_before_its_count(
     # were seen
     run, key, sort = browse_run.run_id, "iter-0001/sampled", [("response_length", False)]
     want = {g: catalog.samples(run, "val", key, SampleFilter(garbled=g), sort, 1, 3) for g in (True, False)}
-    monkeypatch.setattr(queries, "EARLY_BLOCK", 2)
-    monkeypatch.setattr(queries, "EARLY_ROWS", 10_000)
+    monkeypatch.setattr(derived, "EARLY_BLOCK", 2)
+    monkeypatch.setattr(derived, "EARLY_ROWS", 10_000)
     monkeypatch.setattr(catalog._derived, "garbled_ready", lambda table: False)
     for garbled, (page, total) in want.items():
         early, count = catalog.samples(run, "val", key, SampleFilter(garbled=garbled), sort, 1, 3, True)
