@@ -30,10 +30,10 @@ def base_overrides(root: Path, iterations: int, sft_steps: int) -> list[str]:
 
 def build_inputs(cfg: VerlFlowConfig, run_id: str = "setup") -> tuple[RunContext, str, str | None]:
     """Run preprocess, template_pack and (if enabled) SFT: ``(ctx, template_pack URI, SFT URI)``."""
+    from flows.runs import start_run
     from stages.preprocess import preprocess
     from stages.sft import sft_warmup
     from stages.template_pack import template_pack
-    from verl_core.runtime.run import start_run
 
     ctx = start_run(cfg, run_id)
     tp = template_pack.fn(ctx, cfg.data, cfg.model, preprocess.fn(ctx, cfg.data))

@@ -151,8 +151,8 @@ def _weights_sum(model: torch.nn.Module) -> float:
 
 def run_flow(s: dict[str, Any], run_id: str) -> dict[str, Any]:
     from flows.rl import rl_loop
+    from flows.runs import start_run
     from stages.floor.artifacts import read_policy
-    from verl_core.runtime.run import start_run
 
     cfg = s["cfg"]
     ctx = start_run(cfg, run_id)
@@ -177,10 +177,11 @@ def run_flow(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
+    from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
+
     from flows.loop import Loop
     from flows.rl import loop_stages, run_iteration
-    from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
-    from verl_core.runtime.run import start_run
+    from flows.runs import start_run
 
     cfg = s["cfg"]
     ctx = start_run(cfg, run_id)
@@ -212,14 +213,15 @@ def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> dict[str, Any]:
+    from stages.floor.state import drop_state, get_state, init_state, ppo_models
+
+    from flows.runs import start_run
     from stages.floor.artifacts import rollouts_table
     from stages.floor.rollouts import sampling_params
     from stages.floor.scorers import build_scorers, score_batch
     from stages.floor.specs import ppo_spec, update_seed
-    from stages.floor.state import drop_state, get_state, init_state, ppo_models
     from verl_core.data.prompt_stream import iteration_batch
     from verl_core.reward import batch_from_columns, rewards_table
-    from verl_core.runtime.run import start_run
     from verl_core.training.batch import RolloutBatch
     from verl_core.training.ppo import ppo_iteration
 

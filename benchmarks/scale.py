@@ -360,12 +360,12 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     from prefect import flow
 
     from flows.rl import rl_loop
+    from flows.runs import start_run
     from stages.floor.locations import iteration_stage
     from verl_core.config import load_config
     from verl_core.planning.cost import measure_cpu_copy_bandwidth, measure_cpu_matmul_rate, workload_of
     from verl_core.planning.geometry import geometry_of
     from verl_core.planning.rates import measure_shape_rates, measure_write_bandwidth
-    from verl_core.runtime.run import start_run
 
     root = Path(args.workdir) / f"{size}-{algo}{args.tag}"
     subprocess.run(["rm", "-rf", str(root)], check=True)

@@ -235,10 +235,11 @@ UPDATE_PHASES = ("old_log_prob", "ref", "adv", "update_actor")  # the update sum
 
 
 def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
+    from stages.floor.state import drop_state, get_state, init_state
+
     from flows.loop import Loop
     from flows.rl import loop_stages, run_iteration
-    from stages.floor.state import drop_state, get_state, init_state
-    from verl_core.runtime.run import start_run
+    from flows.runs import start_run
 
     cfg = s["cfg"]
     ctx = start_run(cfg, run_id)

@@ -29,6 +29,7 @@ from flows.placement import gpu_stages
 from flows.prefect_artifacts import publish
 from flows.results import PipelineResult
 from flows.run_links import record_links
+from flows.runs import run_id_of, start_run
 from stages.eval import evaluate
 from stages.floor.artifacts import export_source
 from stages.floor.initial_model import fetch_initial_model
@@ -41,7 +42,7 @@ from stages.snapshot import resolve_snapshot
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, load_config, with_overrides
 from verl_core.errors import ConfigError
-from verl_core.runtime.run import RunContext, default_run_id, end_run, start_run
+from verl_core.runtime.run import RunContext, end_run
 from verl_core.runtime.run_length import check_completed
 from verl_core.store import ArtifactStore
 
@@ -94,7 +95,7 @@ def rlhf_pipeline(
     cfg, origin = start_from(cfg, snapshot.path)  # retrain.start_from: the champion's export, or the config
     s = cfg.store
     store = ArtifactStore(s.url, max_attempts=s.max_attempts, outage_budget_s=s.outage_budget_s)
-    check_once(store, cfg, run_id or default_run_id(cfg), parent_checked)  # a fork or replay, before any work
+    check_once(store, cfg, run_id or run_id_of(cfg), parent_checked)  # a fork or replay, before any work
     fetch_initial_model(cfg)  # model.path naming an export in the store: this machine's copy (template_pack)
     ctx = start_run_task(cfg, run_id, origin)
     record_links(ctx)  # runs/{run_id}/links.json: this flow run and the MLflow run (the rollout browser)

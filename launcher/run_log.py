@@ -161,7 +161,8 @@ def log_path(cfg: VerlFlowConfig, run_id: str | None) -> Path:
     artifacts), else under the working directory. Without ``--run-id``, a config with data snapshots
     learns its run id only inside the flow: then ``logs/{time}-{pid}.log``."""
     name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    rid = run_id or (default_run_id(cfg) if cfg.data.snapshot_prefix is None else None)
+    own = default_run_id(cfg.trainer.experiment_name, cfg.config_hash())
+    rid = run_id or (own if cfg.data.snapshot_prefix is None else None)
     local = normalize_url(cfg.store.url).startswith("file://")
     base = Path(ArtifactStore(cfg.store.url).root) if local else Path.cwd()
     return base / "logs" / rid / name if rid else base / "logs" / name

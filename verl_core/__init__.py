@@ -18,8 +18,7 @@ version).
 
 Rule: the kernels (algorithms, data, models, rollout, reward, tools, training, store) take tensors and
 plain values and return tensors or named results; they never take the config object (the stages
-unpack it). Not so, today: ``planning`` reads the whole config (a plan is of a run), and
-``runtime.run``'s ``start_run``, ``default_run_id``, ``family_tags`` and ``wandb_fields`` take it
-(what a run records at its start; they belong above verl_core and are to leave it, issue 42 item 3).
-verl_core never imports ``stages`` or ``flows``.
+unpack it). Not so, today: ``planning`` reads the whole config (a plan is of a run). A run is
+started from its config above verl_core (``flows.runs.start_run``); ``runtime.run`` holds the run
+context and values only. verl_core never imports ``stages`` or ``flows``.
 """

@@ -72,10 +72,10 @@ def run(
     checked = None
     if cfg.parent is not None:  # the parent's checkpoint: one line, before any work; the pipeline's check
         from flows.parent_check import check_start
-        from verl_core.runtime.run import default_run_id
+        from flows.runs import run_id_of
 
         try:
-            checked = check_start(open_store(cfg.store.url), cfg, run_id or default_run_id(cfg))
+            checked = check_start(open_store(cfg.store.url), cfg, run_id or run_id_of(cfg))
         except ConfigError as e:
             fail(e, 2)
         except VerlFlowError as e:

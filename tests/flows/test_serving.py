@@ -31,6 +31,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from flows.runs import start_run
 from stages.export import export_model
 from stages.floor.artifacts import load_tokenizer, write_policy
 from stages.floor.locations import ckpt_stage, template_pack_uri
@@ -43,7 +44,7 @@ from tests.vllm_env import vllm_python
 from verl_core.config import VerlFlowConfig, validate_config
 from verl_core.reward import HttpOptions, JudgeScorer, RemoteScorer, RewardBatch
 from verl_core.runtime import serve_records as records
-from verl_core.runtime.run import RunContext, start_run
+from verl_core.runtime.run import RunContext
 from verl_core.runtime.serving import group_alive, serves
 
 RUN = "serve-run"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from flows.runs import start_run
 from stages.export import export_model
 from stages.floor.artifacts import (
     copy_export,
@@ -23,7 +24,7 @@ from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig, validate_config
 from verl_core.errors import ArtifactNotFoundError, ConfigError
-from verl_core.runtime.run import RunContext, start_run
+from verl_core.runtime.run import RunContext
 
 TINY = {
     "data": {"arithmetic_train_size": 64, "arithmetic_val_size": 8},

@@ -17,6 +17,7 @@ import pytest
 
 from flows.gating import PromotionRefused, require_promotion
 from flows.results import GateOutcome
+from flows.runs import start_run
 from stages.eval import evaluate
 from stages.export import export_model
 from stages.floor.artifacts import export_source
@@ -29,7 +30,7 @@ from stages.template_pack import template_pack
 from tests.stages.test_export import _checkpoint
 from verl_core.config import VerlFlowConfig, validate_config, with_overrides
 from verl_core.errors import ArtifactError, ArtifactNotFoundError
-from verl_core.runtime.run import RunContext, start_run
+from verl_core.runtime.run import RunContext
 from verl_core.store import ArtifactStore
 
 TINY: dict[str, Any] = {

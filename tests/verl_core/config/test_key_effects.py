@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from flows import dispatch
+from flows.runs import start_run, wandb_fields
 from stages.floor.policy import build_policy, mixed_precision, quant_spec
 from stages.floor.scorers import build_scorers
 from stages.floor.specs import actor_spec, optim_spec, planned_iterations, ppo_spec
@@ -32,7 +33,7 @@ from verl_core.data import adapters
 from verl_core.data.prompt_stream import stream_rows
 from verl_core.data.tokenizer import train_tokenizer
 from verl_core.errors import ConfigError
-from verl_core.runtime.run import RunContext, end_run, start_run, wandb_fields
+from verl_core.runtime.run import RunContext, end_run
 from verl_core.store.lease import acquire_run_lease, release_run_lease
 
 # --------------------------------------------------------------------------------------------------

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
+from flows.runs import run_id_of, start_run, wandb_fields
 from verl_core.config import load_config
 from verl_core.errors import ConfigError
 from verl_core.runtime import tracking
-from verl_core.runtime.run import RunContext, default_run_id, start_run, wandb_fields
+from verl_core.runtime.run import RunContext
 from verl_core.runtime.tracking import RUN_ID_TAG, Columns, FanOutTracker, NullTracker, default_tracking_uri
 from verl_core.runtime.wandb_tracking import WandbTracker
 
@@ -67,7 +68,7 @@ def test_tracking_disabled_gives_null_tracker(tmp_path: Path) -> None:
 
 def test_default_run_id_and_tracking_uri(tmp_path: Path) -> None:
     cfg = load_config(None, [])
-    assert default_run_id(cfg) == f"quickstart-{cfg.config_hash()[:8]}"
+    assert run_id_of(cfg) == f"quickstart-{cfg.config_hash()[:8]}"
     assert default_tracking_uri(str(tmp_path)) == f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 

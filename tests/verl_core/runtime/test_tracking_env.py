@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.runs import attach_run
+from flows.runs import attach_run, start_run
 from verl_core.config import load_config
-from verl_core.runtime.run import start_run
 from verl_core.runtime.tracking import RUN_ID_TAG, default_tracking_uri, experiment_name
 
 
