@@ -14,7 +14,7 @@
     replay       the replay flow: a run from another run's checkpoint on its stored rollouts
     rescore      the rescore flow: stored rollouts scored again with other reward settings
     serving      ``verl-flow serve`` and the serve-model deployment
-    runs         attaching to an existing run (its config and tracking context)
+    runs         starting a run from its config (lease, run.json, tracker runs), attaching to an existing one
     run_links    where a run is tracked (its Prefect flow run, its MLflow run), recorded in its store
     results      typed results of the flows
     prefect_artifacts  the Prefect UI artifacts of a run (summary markdown, eval samples table); the

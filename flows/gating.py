@@ -46,7 +46,7 @@ def run_gate(
     champion_eval = None
     if found is not None:
         champion_eval = found.stored_eval or evaluate(ctx, cfg, template_pack_uri, found.source)
-    uri = gate(ctx, cfg, eval_uri, found, champion_eval)
+    uri = gate(ctx, cfg.gate, eval_uri, found, champion_eval)
     _publish(ctx, uri)
     return uri, GateOutcome.model_validate(store.read_manifest(uri).summary)
 

@@ -17,9 +17,14 @@ names, config → verl_core builders, artifact readers/writers, the RL state, lo
     rescore        a run's rollouts scored again with other reward settings (one URI per stage)
 
 What each takes, as it stands: ``snapshot``, ``preprocess``, ``template_pack``, ``sft``, ``rollout``,
-``reward`` and ``rescore`` take config sections (or values unpacked from them), ``report`` none;
-``ppo_update``, ``validate``, ``export``, ``eval`` and ``gate`` take the whole ``VerlFlowConfig``
-(each reads several sections; to take its sections instead: issue 42 item 3).
+``reward``, ``validate``, ``gate`` and ``rescore`` take config sections (or values unpacked from them),
+``report`` none; ``ppo_update``, ``export`` and ``eval`` take the whole ``VerlFlowConfig`` (each reads
+eight or nine sections; its docstring says which and why it keeps the whole config).
+
+The RL stages (``rollout``, ``validate``, ``ppo_update``) work on the run's RL session
+(:class:`stages.floor.session.RLSession`: models, engine, scorers, cursor, version): each task is a
+shell that looks the session the RL loop bound up once and hands it to its body (``run_rollout``,
+``run_validation``, ``run_update``), so Prefect sees only the run context, config and URIs.
 
 Rule: a stage file imports verl_core and the floor, never another stage file; stages meet only
 through artifacts (a stage that needs template_pack's outputs receives its manifest URI). Flows use

@@ -51,7 +51,13 @@ from verl_core.store import ArtifactStore
 @task(name="eval")
 def evaluate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, source: EvalSource) -> str:
     """Evaluate ``source`` on the held-out prompts of ``template_pack_uri`` (the run's template_pack
-    stage); returns the eval stage's manifest URI."""
+    stage); returns the eval stage's manifest URI.
+
+    Takes the whole config, not its sections: its engine is built as the RL loop's
+    (:func:`~stages.floor.engines.engine_kwargs`, a registry of per-engine builders that each take the
+    config: the rollout, model and actor sections), and its params
+    (:func:`~stages.floor.champion.eval_params`) and body read eval, reward, sandbox, data, rollout,
+    model and trainer besides: eight of the config's sections."""
     log = stage_logger(__name__)
     store = ctx.store()
     e = cfg.eval

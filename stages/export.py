@@ -54,7 +54,12 @@ def export_model(
     ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, iteration: int | None = None
 ) -> str:
     """Merge and export policy version ``iteration`` of the run (None: the latest checkpoint) with the
-    tokenizer of ``template_pack_uri``; returns the export stage's manifest URI."""
+    tokenizer of ``template_pack_uri``; returns the export stage's manifest URI.
+
+    Takes the whole config, not its sections: the model card
+    (:func:`~stages.floor.model_card.render_card`) states how the policy was trained, from the actor,
+    algorithm, data, gate, model, rollout, sft and trainer sections, and the registered model's name
+    (:func:`~stages.floor.registry.registered_name`) reads export and trainer: nine sections."""
     log = stage_logger(__name__)
     store = ctx.store()
     # 1. Source checkpoint and tokenizer; skip when this very checkpoint was exported already

@@ -28,24 +28,24 @@ from stages.floor.locations import GATE
 from stages.floor.logging import stage_logger
 from stages.floor.registry import promote, record_decision
 from verl_core.algorithms.paired import GateDecision, decide
-from verl_core.config import VerlFlowConfig
+from verl_core.config import GateConfig
 from verl_core.runtime.run import RunContext
 
 
 @task(name="gate")
 def gate(
     ctx: RunContext,
-    cfg: VerlFlowConfig,
+    g: GateConfig,
     challenger_eval_uri: str,
     champion: Champion | None,
     champion_eval_uri: str | None,
 ) -> str:
     """Decide on the challenger evaluated at ``challenger_eval_uri`` against ``champion`` (evaluated at
-    ``champion_eval_uri``; both None: no champion yet) and promote or record; returns the gate stage's
-    manifest URI (its summary holds ``verdict`` and ``line``)."""
+    ``champion_eval_uri``; both None: no champion yet) with the settings ``g`` (the config's ``gate``
+    section) and promote or record; returns the gate stage's manifest URI (its summary holds
+    ``verdict`` and ``line``)."""
     log = stage_logger(__name__)
     store = ctx.store()
-    g = cfg.gate
     # 1. Skip when this very pair was decided with these settings
     inputs = {"challenger": challenger_eval_uri}
     if champion_eval_uri is not None:

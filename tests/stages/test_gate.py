@@ -99,7 +99,7 @@ def test_gate_floor_promotion_reuse_reject_and_reevaluation(runs: dict[str, Run]
     assert uri is not None and champion(uri, NAME) is None
 
     # night a: no champion; accuracy 0/8 ≥ gate.min_accuracy 0 → pass, version a becomes champion
-    first = gate.fn(a.ctx, a.cfg, a.eval, None, None)
+    first = gate.fn(a.ctx, a.cfg.gate, a.eval, None, None)
     d = _decision(store, first)
     assert d["verdict"] == "pass" and d["champion"] is None
     assert [g["name"] for g in d["decision"]["guards"]] == ["floor"]
@@ -108,7 +108,7 @@ def test_gate_floor_promotion_reuse_reject_and_reevaluation(runs: dict[str, Run]
     assert held.decision["verdict"] == "pass" and held.decision["by"] == "gate"
     pairs = store.read_table(store.read_manifest(first), "paired.parquet")
     assert pairs.num_rows == 8 and pairs.column("champion_correct").null_count == 8
-    assert gate.fn(a.ctx, a.cfg, a.eval, None, None) == first  # rerun: decided already
+    assert gate.fn(a.ctx, a.cfg.gate, a.eval, None, None) == first  # rerun: decided already
 
     # run b has a's prompts and eval settings: a's stored eval is reused, not evaluated again
     found = find_champion(store, b.cfg, held, b.tp)
@@ -120,7 +120,7 @@ def test_gate_floor_promotion_reuse_reject_and_reevaluation(runs: dict[str, Run]
     # b better on every prompt (c=8, b=0: p = 2/2^8 = 0.0078 < 0.05; every resample d* = 1) → promoted
     b_good = _doctored(store, b.eval, "export-good", [True] * 8)
     a_bad = _doctored(store, a.eval, "export-bad", [False] * 8)
-    passed = gate.fn(b.ctx, b.cfg, b_good, found, a_bad)
+    passed = gate.fn(b.ctx, b.cfg.gate, b_good, found, a_bad)
     d = _decision(store, passed)
     assert d["verdict"] == "pass", d["line"]
     assert d["decision"]["p_value"] == pytest.approx(2 / 256) and d["decision"]["discordant"] == [0, 8]
@@ -148,7 +148,7 @@ def test_gate_floor_promotion_reuse_reject_and_reevaluation(runs: dict[str, Run]
     assert len(client.get_metric_history(c.ctx.mlflow_run_id, "eval/accuracy")) == 1
     c_bad = _doctored(store, c.eval, "export-bad", [False] * 6)
     b_on_c = _doctored(store, again, "champion-good", [True] * 6)
-    rejected = gate.fn(c.ctx, c.cfg, c_bad, found, b_on_c)
+    rejected = gate.fn(c.ctx, c.cfg.gate, c_bad, found, b_on_c)
     d = _decision(store, rejected)
     assert d["verdict"] == "reject" and "significance failed" in d["line"]
     assert store.read_table(store.read_manifest(rejected), "paired.parquet").num_rows == 6
