@@ -3,10 +3,12 @@
 which then does not check again; the replay flow gets the config the CLI built; a pipeline entered at
 another door (Python, a deployment) checks the parent itself. Each check reads every replayed
 iteration's manifests, so the tests count the calls of ``check_parent`` (a recording wrapper) through
-the real CLI and flows, stopped right after the pipeline's check (no stage runs)."""
+the real CLI and the flows' bodies (``.fn``: without Prefect's engine, whose temporary server would take
+most of the test's time), stopped right after the pipeline's check (no stage runs)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,12 +67,19 @@ def _counting(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, arg: int)
 
 @pytest.fixture
 def checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The run ids ``check_parent`` was called for; the pipeline stops right after its check."""
+    """The run ids ``check_parent`` was called for; the flows run as plain functions and the pipeline
+    stops right after its check."""
 
     def stop(*_: Any) -> None:
         raise Stop("stopped after the parent's check")
 
     monkeypatch.setattr(flows.pipeline, "fetch_initial_model", stop)
+    monkeypatch.setattr(flows.pipeline, "resolve_snapshot", flows.pipeline.resolve_snapshot.fn)
+    pipeline = flows.pipeline.rlhf_pipeline.fn
+    monkeypatch.setattr(flows.pipeline, "rlhf_pipeline", pipeline)  # as the CLI imports it
+    monkeypatch.setattr(flows.replay, "rlhf_pipeline", pipeline)  # as the replay flow calls it
+    monkeypatch.setattr(flows.replay, "replay_flow", flows.replay.replay_flow.fn)
+    monkeypatch.setattr(flows.replay, "get_run_logger", lambda: logging.getLogger("replay"))  # no flow run
     return _counting(monkeypatch, flows.parent_check, "check_parent", 2)  # (store, cfg, run_id)
 
 
