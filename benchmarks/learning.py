@@ -260,7 +260,8 @@ def run_sft_control(
     from _setup import shared_sft
 
     from stages.floor.locations import iteration_summaries
-    from stages.floor.state import drop_state, init_state
+    from stages.floor.opening import open_session
+    from stages.floor.session import bound
     from stages.validate import validate
     from verl_core.runtime.run import RunContext
     from verl_core.store import ArtifactStore
@@ -276,11 +277,22 @@ def run_sft_control(
     t0 = time.perf_counter()
     tp, sft = shared_sft(ccfg, run_id)
     ctx = RunContext(run_id=run_id, store_url=cfg.store.url)
+    session = open_session(ctx, ccfg, tp, sft)
     try:
-        init_state(ctx, ccfg, tp, sft)
-        accuracy = validate.fn(ctx, ccfg, tp, 0)
+        with bound(session):  # the validate task's shell finds the session as in the RL loop
+            accuracy = validate.fn(
+                ctx,
+                ccfg.data,
+                ccfg.rollout,
+                ccfg.reward,
+                ccfg.eval,
+                ccfg.sandbox,
+                tp,
+                0,
+                ccfg.tracking.log_samples,
+            )
     finally:
-        drop_state(run_id)
+        session.close()
     losses = (shared["final_val_loss"], store.read_manifest(sft).summary["final_val_loss"]) if sft else None
     summary = iteration_summaries(store, run_id, "val")[0]
     k = ccfg.eval.k

@@ -17,7 +17,7 @@ in its own run id so nothing is skipped) run three ways:
   (``trainer.test_freq=0``).
 - ``fn``:    the same iteration body, ``run_iteration`` with ``loop_stages(cfg, as_tasks=False)`` (the
   stage functions called directly, ``task.fn``), in a plain Python loop after
-  ``stages.floor.state.init_state``, with ``save_checkpoint`` at the end: artifacts written and read
+  ``stages.floor.opening.open_session``, with ``save_checkpoint`` at the end: artifacts written and read
   exactly as in the flow, no Prefect.
 - ``bare``:  the components only: ``engine.generate`` on the iteration's prompt ids, the floor's
   ``score_batch`` on the completions, and ``verl_core.training.ppo.ppo_iteration`` on the
@@ -177,26 +177,27 @@ def run_flow(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
-    from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
-
     from flows.loop import Loop
     from flows.rl import loop_stages, run_iteration
     from flows.runs import start_run
+    from stages.floor.checkpoint import save_checkpoint
+    from stages.floor.opening import open_session
+    from stages.floor.session import bound
 
     cfg = s["cfg"]
     ctx = start_run(cfg, run_id)
     parts: dict[str, float] = defaultdict(float)
     t0 = time.perf_counter()
-    init_state(ctx, cfg, s["tp"], s["sft"])
-    state = get_state(ctx)
-    loop = Loop(ctx, cfg, s["tp"], state.lineage, parts, loop_stages(cfg, as_tasks=False))
+    state = open_session(ctx, cfg, s["tp"], s["sft"])
+    loop = Loop(ctx, cfg, s["tp"], state.lineage, state.iterations, parts, loop_stages(cfg, as_tasks=False))
     try:
-        for it in range(cfg.trainer.total_iterations):
-            run_iteration(loop, it)
-        save_checkpoint(ctx, cfg, cfg.trainer.total_iterations)
+        with bound(state):  # the stage functions find the session as the loop's task shells do
+            for it in range(cfg.trainer.total_iterations):
+                run_iteration(loop, state, it)
+        save_checkpoint(state, ctx, cfg, cfg.trainer.total_iterations)
         weights = _weights_sum(state.lm)
     finally:
-        drop_state(run_id)
+        state.close()
     total = time.perf_counter() - t0
     tokens, scores, kernel = _from_manifests(ctx.store(), run_id, cfg.trainer.total_iterations)
     assert PROBE is not None
@@ -213,12 +214,12 @@ def run_fn(s: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> dict[str, Any]:
-    from stages.floor.state import drop_state, get_state, init_state, ppo_models
-
     from flows.runs import start_run
     from stages.floor.artifacts import rollouts_table
+    from stages.floor.opening import open_session
     from stages.floor.rollouts import sampling_params
     from stages.floor.scorers import build_scorers, score_batch
+    from stages.floor.session import ppo_models
     from stages.floor.specs import ppo_spec, update_seed
     from verl_core.data.prompt_stream import iteration_batch
     from verl_core.reward import batch_from_columns, rewards_table
@@ -230,8 +231,7 @@ def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> d
     store = ctx.store()
     parts: dict[str, float] = defaultdict(float)
     t0 = time.perf_counter()
-    init_state(ctx, cfg, s["tp"], s["sft"])
-    state = get_state(ctx)
+    state = open_session(ctx, cfg, s["tp"], s["sft"])
     prompts = store.read_table(store.read_manifest(s["tp"]), "prompt_tokens/train.parquet")
     scorers = build_scorers(cfg.reward, cfg.sandbox)
     d = cfg.data
@@ -267,7 +267,7 @@ def run_bare(s: dict[str, Any], run_id: str, iterations: int | None = None) -> d
             scores.append(update.metrics["critic/score/mean"])
         weights = _weights_sum(state.lm)
     finally:
-        drop_state(run_id)
+        state.close()
     return {
         "loop_s": sum(parts.values()),
         "parts": dict(parts),
@@ -426,7 +426,8 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, s
         f"\n3. fixed costs: one-off Prefect start-up (ephemeral server) {startup:.1f} s, not in the above; "
         f"per flow run (flow run creation, init_rl_state + checkpoint tasks): "
         f"{med('flow', lambda r: r['total_s'] - r['loop_s']):.2f} s vs "
-        f"{med('fn', lambda r: r['total_s'] - r['loop_s']):.2f} s for the direct init_state + save_checkpoint"
+        f"{med('fn', lambda r: r['total_s'] - r['loop_s']):.2f} s for the direct "
+        "open_session + save_checkpoint"
     )
     ref = results["bare"][0]
     same = all(

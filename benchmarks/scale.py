@@ -252,7 +252,7 @@ def instrument(rec: Recorder, store_dir: Path) -> None:
 
     import flows.rl as rl
     import stages.ppo_update as upd
-    from stages.floor import state
+    from stages.floor import checkpoint, session
     from verl_core.rollout import weight_sync
     from verl_core.rollout.vllm_process import VLLMProcessEngine
     from verl_core.store import store as store_module
@@ -263,14 +263,14 @@ def instrument(rec: Recorder, store_dir: Path) -> None:
     _wrap_split(rec, torch.Tensor, "backward", "backward")
     _wrap_split(rec, engine.SingleStrategy, "clip_grad_norm", "clip")
     _wrap_split(rec, adamw.GradScratchAdamW, "step", "optimizer")
-    _wrap_split(rec, state, "policy_weights", "state_dict", "sync")
-    _wrap_split(rec, state, "release_cached_memory", "heap_trim", "sync")
+    _wrap_split(rec, session, "policy_weights", "state_dict", "sync")
+    _wrap_split(rec, session, "release_cached_memory", "heap_trim", "sync")
     _wrap_split(rec, weight_sync, "stage_weights", "stage", "sync")
     _wrap_split(rec, VLLMProcessEngine, "load_staged_weights", "engine_load", "sync")
     # the checkpoint split: the policy (save_pretrained's folder + its files into the store), the
     # trainer state's serialisation, and within both the store's part: link + fsync, sha256 reads
-    _wrap_split(rec, state, "write_policy", "policy", "ckpt")
-    _wrap_split(rec, state, "save_state", "state_serialise", "ckpt")
+    _wrap_split(rec, checkpoint, "write_policy", "policy", "ckpt")
+    _wrap_split(rec, checkpoint, "save_state", "state_serialise", "ckpt")
     _wrap_split(rec, ArtifactStore, "put_atomic", "store_put_fsync", "ckpt")
     _wrap_split(rec, store_module, "sha256_of", "sha256", "ckpt")
 
@@ -288,14 +288,14 @@ def instrument(rec: Recorder, store_dir: Path) -> None:
     _wrap_flag(rl.checkpoint, rec)
     run_iteration = rl.run_iteration
 
-    def timed_iteration(loop: Any, it: int) -> Any:
+    def timed_iteration(loop: Any, session: Any, it: int) -> Any:
         from verl_core.planning.cost import measure_cpu_copy_bandwidth, measure_cpu_matmul_rate
 
         rec.rates.append(measure_cpu_matmul_rate(seconds=0.5))  # before each iteration, not timed in it
         rec.bandwidths.append(measure_cpu_copy_bandwidth())
         rec.iteration = it
         t = time.perf_counter()
-        out = run_iteration(loop, it)
+        out = run_iteration(loop, session, it)
         rec.wall[it] = time.perf_counter() - t
         rec.store_bytes[it] = _du(store_dir)
         return out

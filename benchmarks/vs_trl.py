@@ -235,18 +235,17 @@ UPDATE_PHASES = ("old_log_prob", "ref", "adv", "update_actor")  # the update sum
 
 
 def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
-    from stages.floor.state import drop_state, get_state, init_state
-
     from flows.loop import Loop
     from flows.rl import loop_stages, run_iteration
     from flows.runs import start_run
+    from stages.floor.opening import open_session
+    from stages.floor.session import bound
 
     cfg = s["cfg"]
     ctx = start_run(cfg, run_id)
     store = ctx.store()
     t0 = time.perf_counter()
-    init_state(ctx, cfg, s["tp"], s["sft"])
-    state = get_state(ctx)
+    state = open_session(ctx, cfg, s["tp"], s["sft"])
     init_s = time.perf_counter() - t0
     assert abs(_weights_sum(state.lm) - s["weights_sum"]) < 1e-6 * s["weights_sum"], "different start weights"
     torch.set_num_threads(_THREADS)
@@ -258,11 +257,12 @@ def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
     flops: dict[str, float] = defaultdict(float)  # the training phases' model FLOPs (see _hw)
     geometry = s["geometry"]
     reset_peak_memory(s["device"])
-    loop = Loop(ctx, cfg, s["tp"], state.lineage, stage_s, loop_stages(cfg, as_tasks=False))
+    loop = Loop(ctx, cfg, s["tp"], state.lineage, state.iterations, stage_s, loop_stages(cfg, as_tasks=False))
     try:
         loop0 = time.perf_counter()
         for it in range(iterations):
-            done = run_iteration(loop, it)
+            with bound(state):  # the stage functions find the session as the loop's task shells do
+                done = run_iteration(loop, state, it)
             rs = store.read_manifest(done.rollout).summary
             ws = store.read_manifest(done.reward).summary
             us = state.pending[-1].summary  # the update's manifest is published by the next checkpoint
@@ -288,7 +288,7 @@ def run_ours(s: dict[str, Any], iterations: int, run_id: str) -> dict[str, Any]:
             flops["actor update"] += cfg.actor.ppo_epochs * train_flops(geometry[0], lengths, *geometry[1:])
         loop_s = time.perf_counter() - loop0
     finally:
-        drop_state(run_id)
+        state.close()
     io = {
         "rollout: artifacts + other": stage_s["rollout"] - times["rollout: generate"],
         "reward: artifacts + other": stage_s["reward"] - times["reward: score_batch"],

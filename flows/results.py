@@ -1,6 +1,6 @@
 """Typed results of the flows (what the CLI prints and the run's summary artifact shows).
 
-The RL loop's :class:`~stages.floor.state.RLResult` lives in the floor, since the floor also rebuilds
+The RL loop's :class:`~stages.floor.lineage.RLResult` lives in the floor, since the floor also rebuilds
 it from the store after the loop ran as a deployment elsewhere; so does the eval's
 :class:`~stages.floor.reports.EvalReport`, which the eval stage commits and flows read back."""
 

@@ -1,5 +1,5 @@
 """The RL iteration loop: rollout → reward → ppo_update, × the planned iterations
-(:func:`stages.floor.specs.planned_iterations`, computed once by the RL state), with validation
+(:func:`stages.floor.specs.planned_iterations`, computed once by the RL session), with validation
 and checkpoints. One flow run, so in local mode the policy, reference and critic stay in memory across
 iterations (artifacts are still written for every stage). The calls of one loop share one context
 (:class:`flows.loop.Loop`: run, config, prompts, lineage, timings, and the stage callables, Prefect tasks
@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
+from contextvars import copy_context
 from dataclasses import replace
 from functools import partial
 from typing import Any, NamedTuple, TypeVar
@@ -40,27 +41,29 @@ import torch
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
-from flows.dispatch import heartbeat
+from flows.heartbeat import heartbeat
 from flows.loop import Loop, LoopStages
 from flows.progress import stage_line, to_pipeline
 from flows.sampling import sample_iteration
 from launcher.spmd import SpmdJob, needs_spmd, run_job
+from stages.floor.checkpoint import save_checkpoint
 from stages.floor.environment import check_environment
 from stages.floor.initial_model import fetch_initial_model
+from stages.floor.lineage import RLResult
 from stages.floor.locations import ckpt_stage, validations
 from stages.floor.logging import stage_logger, timed, watched
+from stages.floor.opening import open_session
 from stages.floor.parent import replay_sources
-from stages.floor.state import (
-    RLResult,
-    completed_iterations,
-    drop_state,
+from stages.floor.session import (
+    RLSession,
+    bound,
     engine_held,
-    get_state,
-    init_state,
-    save_checkpoint,
+    session_of,
     set_prompt_cursor,
+    slot_of,
     sync_rollout_weights,
 )
+from stages.floor.specs import iteration_count
 from stages.ppo_update import ppo_update
 from stages.reward import reward
 from stages.rollout import rollout
@@ -78,12 +81,14 @@ T = TypeVar("T")
 def init_rl_state(
     ctx: RunContext, config: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None
 ) -> int:
-    return init_state(ctx, config, template_pack_uri, sft_uri)
+    """Open the run's RL session into the slot the loop bound (:func:`stages.floor.session.bound`);
+    returns the iteration the loop starts from."""
+    return slot_of(ctx).fill(open_session(ctx, config, template_pack_uri, sft_uri)).version
 
 
 @task(name="checkpoint")
 def checkpoint(ctx: RunContext, config: VerlFlowConfig, iteration: int) -> str:
-    return save_checkpoint(ctx, config, iteration)
+    return save_checkpoint(session_of(ctx), ctx, config, iteration)
 
 
 class IterationArtifacts(NamedTuple):
@@ -95,22 +100,21 @@ class IterationArtifacts(NamedTuple):
     update: str
 
 
-def run_iteration(loop: Loop, iteration: int) -> IterationArtifacts:
+def run_iteration(loop: Loop, session: RLSession, iteration: int) -> IterationArtifacts:
     """rollout → reward → ppo_update of one iteration, adding each stage's seconds to ``loop.timings``.
     In an SPMD job the main rank alone scores (the others get the URI)."""
     ctx, cfg = loop.ctx, loop.config
-    state = get_state(ctx)
     if cfg.parent is not None and cfg.parent.replay:  # the parent's stored rollouts and rewards
-        set_prompt_cursor(state, iteration_cursor(iteration + 1, cfg.data.train_batch_size))
+        set_prompt_cursor(session, iteration_cursor(iteration + 1, cfg.data.train_batch_size))
         r, w = replay_sources(ctx.store(), cfg.parent, iteration)
         return IterationArtifacts(r, w, _update(loop, iteration, r, w))
     if cfg.algorithm.filter_groups.enable:  # DAPO dynamic sampling: generation batches until full
-        s = sample_iteration(loop, iteration)
+        s = sample_iteration(loop, session, iteration)
         return IterationArtifacts(
             s.rollouts[-1], s.rewards[-1], _update(loop, iteration, s.rollouts, s.rewards)
         )
     # one batch per iteration: the next one starts where this one ends
-    set_prompt_cursor(state, iteration_cursor(iteration + 1, cfg.data.train_batch_size))
+    set_prompt_cursor(session, iteration_cursor(iteration + 1, cfg.data.train_batch_size))
     r = _rollout_call(loop, iteration)
     _stage_line(loop, iteration, "reward")
     with timed(loop.timings, "reward"), watched(ctx, "reward", cfg.execution.stall_timeout_s, iteration):
@@ -163,50 +167,66 @@ def rl_iterations(
 ) -> RLResult:
     """The loop itself, in this process (one rank of an SPMD job, or the only process).
     ``as_tasks=False`` calls the stage functions without Prefect task runs (the benchmarks' baseline,
-    the other ranks of an SPMD job)."""
+    the other ranks of an SPMD job). The loop binds a slot for the run's RL session, which its init
+    task opens and its task shells look up (:mod:`stages.floor.session`); the session is closed when
+    the loop ends (its rollout engine, a vLLM process, and its scorers with it)."""
+    with bound(ctx.run_id) as slot:
+        try:
+            return _iterations(
+                ctx, config, template_pack_uri, sft_uri, loop_stages(config, as_tasks=as_tasks)
+            )
+        finally:
+            slot.close()
+
+
+def _iterations(
+    ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None, stages: LoopStages
+) -> RLResult:
+    """:func:`rl_iterations` inside its bound slot: opens the session (the init stage), then runs."""
     logger = stage_logger(__name__)
-    stages = loop_stages(config, as_tasks=as_tasks)
-    cfg, t, store = config, config.trainer, ctx.store()
-    stall = cfg.execution.stall_timeout_s
+    t, store = cfg.trainer, ctx.store()
     ahead = t.rollout_ahead and not (cfg.parent is not None and cfg.parent.replay)  # a replay samples none
     val: dict[int, float] = {}
     timings = {"rollout": 0.0, "reward": 0.0, "update": 0.0, "validate": 0.0}
-    try:  # one rollout engine for the whole loop, closed when the state is dropped (a vLLM process)
-        start = stages.init(ctx, cfg, template_pack_uri, sft_uri)
-        state = get_state(ctx)
-        loop = Loop(ctx, cfg, template_pack_uri, state.lineage, timings, stages)
-        total = state.iterations
-        if t.val_before_train and start == 0 and t.test_freq:
-            with timed(timings, "validate"), watched(ctx, "validate", stall, 0):
-                val[0] = stages.validate(ctx, cfg, template_pack_uri, 0)
-        last_ckpt = None
-        if ahead and start < total:  # iteration `start`'s rollout first (committed on a resume)
-            _rollout_call(loop, start)
-        for it in range(start, total):
-            if ahead and it + 1 < total:  # rollout i+1 (policy i) ∥ reward i + update i
-                _overlapped(loop, it)
-            else:
-                run_iteration(loop, it)
-            done = it + 1
-            if t.test_freq and (done % t.test_freq == 0 or done == total):
-                with timed(timings, "validate"), watched(ctx, "validate", stall, done):
-                    val[done] = stages.validate(ctx, cfg, template_pack_uri, done)
-            if done == total:  # the final checkpoint marks the plan done: not for a policy short of it
-                check_completed("rl", completed_iterations(ctx, cfg))
-            if done == total or (t.save_freq and done % t.save_freq == 0):
-                last_ckpt = stages.checkpoint(ctx, cfg, done)
-            acc = f", val accuracy {val[done]:.3f}" if done in val else ""
-            logger.info("rl: iteration %d/%d done%s", done, total, acc)
-        iterations = check_completed("rl", completed_iterations(ctx, cfg))
-        if last_ckpt is None:  # nothing left to run: the final checkpoint is already committed
-            last_ckpt = store.manifest_uri(ctx.run_id, ckpt_stage(total))
-        for done, accuracy in validations(
-            store, ctx.run_id, loop.lineage
-        ).items():  # of earlier (resumed) runs
-            val.setdefault(done, accuracy)
-    finally:
-        drop_state(ctx.run_id)
+    start = stages.init(ctx, cfg, template_pack_uri, sft_uri)
+    session = slot_of(ctx).opened()  # one rollout engine for the whole loop (closed by rl_iterations)
+    total = session.iterations
+    loop = Loop(ctx, cfg, template_pack_uri, session.lineage, total, timings, stages)
+    if t.val_before_train and start == 0 and t.test_freq:
+        val[0] = _validate_call(loop, 0)
+    last_ckpt = None
+    if ahead and start < total:  # iteration `start`'s rollout first (committed on a resume)
+        _rollout_call(loop, start)
+    for it in range(start, total):
+        if ahead and it + 1 < total:  # rollout i+1 (policy i) ∥ reward i + update i
+            _overlapped(loop, session, it)
+        else:
+            run_iteration(loop, session, it)
+        done = it + 1
+        if t.test_freq and (done % t.test_freq == 0 or done == total):
+            val[done] = _validate_call(loop, done)
+        if done == total:  # the final checkpoint marks the plan done: not for a policy short of it
+            check_completed("rl", iteration_count(cfg, session.iterations, session.version))
+        if done == total or (t.save_freq and done % t.save_freq == 0):
+            last_ckpt = stages.checkpoint(ctx, cfg, done)
+        acc = f", val accuracy {val[done]:.3f}" if done in val else ""
+        logger.info("rl: iteration %d/%d done%s", done, total, acc)
+    iterations = check_completed("rl", iteration_count(cfg, session.iterations, session.version))
+    if last_ckpt is None:  # nothing left to run: the final checkpoint is already committed
+        last_ckpt = store.manifest_uri(ctx.run_id, ckpt_stage(total))
+    for done, accuracy in validations(store, ctx.run_id, loop.lineage).items():  # of earlier (resumed) runs
+        val.setdefault(done, accuracy)
     return RLResult(last_ckpt, val, iterations, timings)
+
+
+def _validate_call(loop: Loop, iteration: int) -> float:
+    """The validation of policy version ``iteration`` (timed, watched), with the sections it reads."""
+    ctx, cfg = loop.ctx, loop.config
+    with timed(loop.timings, "validate"), watched(ctx, "validate", cfg.execution.stall_timeout_s, iteration):
+        return loop.stages.validate(
+            ctx, cfg.data, cfg.rollout, cfg.reward, cfg.eval, cfg.sandbox, loop.template_pack_uri, iteration,
+            cfg.tracking.log_samples,
+        )  # fmt: skip
 
 
 def _rollout_call(loop: Loop, iteration: int) -> str:
@@ -223,7 +243,7 @@ def _rollout_call(loop: Loop, iteration: int) -> str:
 
 def _stage_line(loop: Loop, iteration: int, stage: str) -> None:
     """``rl: iteration 3/10: reward`` (iteration index 2 in progress), rate-limited (flows.progress)."""
-    stage_line(loop.ctx.run_id, f"rl: iteration {iteration + 1}/{get_state(loop.ctx).iterations}: {stage}")
+    stage_line(loop.ctx.run_id, f"rl: iteration {iteration + 1}/{loop.iterations}: {stage}")
 
 
 def _ahead_rollout_body(loop: Loop, iteration: int, threads: int | None) -> tuple[str, float]:
@@ -242,10 +262,12 @@ ahead_rollout = task(name="rollout_ahead", cache_policy=NONE)(_ahead_rollout_bod
 
 
 def _in_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
-    """``fn(*args)`` in a worker thread of its own (the ahead rollout without Prefect task runs)."""
+    """``fn(*args)`` in a worker thread of its own (the ahead rollout without Prefect task runs), in a
+    copy of this context: the thread finds the loop's RL session (:func:`stages.floor.session.bound`),
+    as a Prefect task runner's thread does."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
     try:
-        return pool.submit(fn, *args)
+        return pool.submit(copy_context().run, fn, *args)
     finally:
         pool.shutdown(wait=False)  # the thread ends when fn returns
 
@@ -265,29 +287,28 @@ def loop_stages(config: VerlFlowConfig, *, as_tasks: bool = True) -> LoopStages:
     )  # fmt: skip
 
 
-def _overlapped(loop: Loop, iteration: int) -> None:
+def _overlapped(loop: Loop, session: RLSession, iteration: int) -> None:
     """Iteration ``iteration`` with ``trainer.rollout_ahead=1``: iteration i+1's rollout is generated
     from policy i in a worker thread (a Prefect task submitted to the flow's thread-pool task runner,
     or a plain thread without tasks) while :func:`run_iteration` scores and updates iteration i (its
     rollout is already committed: a skip). The engine holds version i until the ahead rollout is done
-    (:func:`stages.floor.state.engine_held`), then receives i+1: the iteration boundary. On CPU the
+    (:func:`stages.floor.session.engine_held`), then receives i+1: the iteration boundary. On CPU the
     torch threads are split, half to the rollout, the rest to the update (restored after).
 
     Runs every stage of the iteration to its end or raises; the ahead rollout is waited for either
     way (its failure is raised when the update succeeded), so the caller's checkpoint comes after it
     is committed: a resume from that checkpoint finds it and generates nothing again."""
-    state = get_state(loop.ctx)
-    cpu = state.device.type == "cpu"
+    cpu = session.device.type == "cpu"
     total_threads = torch.get_num_threads()
     rollout_threads = max(1, total_threads // 2) if cpu else None
-    with engine_held(state):
+    with engine_held(session):
         future = loop.stages.ahead(loop, iteration + 1, rollout_threads)
         if cpu:
             torch.set_num_threads(max(1, total_threads - total_threads // 2))
         try:
-            run_iteration(loop, iteration)
+            run_iteration(loop, session, iteration)
         except BaseException:
-            _wait(future)  # no thread left sampling a state the caller is about to drop
+            _wait(future)  # no thread left sampling a session the caller is about to close
             raise
         finally:
             if cpu:
@@ -295,7 +316,7 @@ def _overlapped(loop: Loop, iteration: int) -> None:
         _uri, seconds = future.result()
     loop.timings["rollout"] += seconds
     with timed(loop.timings, "weight_sync"):  # the boundary: the engine moves to the trainer's version
-        sync_rollout_weights(state)
+        sync_rollout_weights(session)
 
 
 def _wait(future: Any) -> None:

@@ -12,7 +12,7 @@ smaller batch. With none at all the iteration fails. verl fails at the cap whate
 informative groups would move the policy by its KL and entropy terms only, and skipping the update
 would break the one-update-per-iteration accounting that resume and the run length rest on.
 
-Resume: the cursor is checkpointed (:func:`stages.floor.state.save_checkpoint`); a rerun of an
+Resume: the cursor is checkpointed (:func:`stages.floor.checkpoint.save_checkpoint`); a rerun of an
 iteration starts from the same cursor, finds its committed batches (same cursor, same wanted count →
 same stage params) and so makes the same decisions and draws the same prompts.
 
@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 from flows.loop import Loop
 from stages.floor.logging import DEFERRED_METRICS, stage_logger, timed, watched
-from stages.floor.state import get_state, set_prompt_cursor
+from stages.floor.session import RLSession, set_prompt_cursor
 from verl_core.data.prompt_stream import next_cursor
 from verl_core.errors import DataError
 from verl_core.runtime.ranks import is_main, on_main
@@ -46,17 +46,18 @@ class SampledIteration(NamedTuple):
     kept_groups: int
 
 
-def sample_iteration(loop: Loop, iteration: int) -> SampledIteration:
+def sample_iteration(loop: Loop, session: RLSession, iteration: int) -> SampledIteration:
     """Generation batches of ``iteration`` until it holds ``data.train_batch_size`` informative groups
-    (or the cap), each rolled out and scored by ``loop.stages`` and timed into ``loop.timings``."""
+    (or the cap), each rolled out and scored by ``loop.stages`` and timed into ``loop.timings``; the
+    prompt cursor moves in ``session``."""
     ctx, cfg, timings = loop.ctx, loop.config, loop.timings
     fg, wanted, stall = cfg.algorithm.filter_groups, cfg.data.train_batch_size, cfg.execution.stall_timeout_s
-    state, store = get_state(ctx), ctx.store()
+    store = ctx.store()
     rollouts: list[str] = []
     rewards: list[str] = []
     kept = 0
     while kept < wanted and (fg.max_num_gen_batches == 0 or len(rollouts) < fg.max_num_gen_batches):
-        k, cursor = len(rollouts), state.prompt_cursor
+        k, cursor = len(rollouts), session.prompt_cursor
         with timed(timings, "rollout"), watched(ctx, "rollout", stall, iteration):
             r = loop.stages.rollout(
                 ctx, cfg.data, cfg.rollout, loop.template_pack_uri, iteration, loop.lineage, False,
@@ -73,7 +74,7 @@ def sample_iteration(loop: Loop, iteration: int) -> SampledIteration:
 
         with timed(timings, "reward"), watched(ctx, "reward", stall, iteration):
             w, found = on_main(scored)  # the main rank scores and decides; every rank gets both
-        set_prompt_cursor(state, next_cursor(cursor, wanted))  # one batch on
+        set_prompt_cursor(session, next_cursor(cursor, wanted))  # one batch on
         rollouts.append(r)
         rewards.append(w)
         kept += found

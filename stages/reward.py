@@ -20,7 +20,8 @@ nothing: its metrics go to the summary (``DEFERRED_METRICS``) and :mod:`flows.sa
 iteration's batches combined, once per step.
 
 The scoring itself is :func:`verl_core.reward.score_rollouts`;
-:func:`stages.floor.scorers.build_scorers` turns ``reward.*`` into scorers.
+:func:`stages.floor.scorers.build_scorers` turns ``reward.*`` into scorers; inside the RL loop they are
+the RL session's, built once per loop (:func:`stages.floor.session.loop_scorers`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from prefect import task
 from stages.floor.locations import generation_stage, iteration_stage
 from stages.floor.logging import DEFERRED_METRICS, stage_logger
 from stages.floor.retry import retry_unless_deterministic
-from stages.floor.scorers import run_scorers, score_batch
+from stages.floor.scorers import score_batch
+from stages.floor.session import loop_scorers
 from verl_core.algorithms.dynamic_sampling import FILTER_METRICS, filter_groups
 from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.errors import DataError
@@ -91,7 +93,7 @@ def reward(
 
     # 3. Build the scorers and score
     t0 = time.perf_counter()
-    result = score_batch(cfg, sandbox, batch, max_response_length, run_scorers(ctx.run_id, cfg, sandbox))
+    result = score_batch(cfg, sandbox, batch, max_response_length, loop_scorers(ctx, cfg, sandbox))
     seconds = time.perf_counter() - t0
     metrics = result.metrics
     baseline = rollouts.column("is_baseline").to_pylist()

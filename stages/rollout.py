@@ -25,11 +25,11 @@ import pyarrow as pa
 from prefect import task
 
 from stages.floor.artifacts import rollouts_table
+from stages.floor.commit import commit_once, committed
 from stages.floor.locations import generation_stage, iteration_stage
 from stages.floor.logging import DEFERRED_METRICS
 from stages.floor.rollouts import Rollouts, sampling_params, sharded_rollouts
-from stages.floor.spmd import commit_once, committed
-from stages.floor.state import RLState, get_state, rollout_version
+from stages.floor.session import RLSession, rollout_version, session_of
 from verl_core.config import PLACEMENT_FIELDS, DataConfig, RolloutConfig, SandboxConfig
 from verl_core.data.prompt_stream import iteration_cursor, take_batch
 from verl_core.rollout import Completion, SamplingParams
@@ -59,6 +59,27 @@ def rollout(
     ``sample_index = rollout.n``; it is scored like the others and used only as its group's baseline.
     ``gen_batch``: generation batch K of a dynamically sampled iteration, its prompts from the
     stream's position ``cursor`` (None: the iteration's one batch, from iteration·B)."""
+    return run_rollout(
+        session_of(ctx), ctx, data, cfg, template_pack_uri, iteration, lineage, greedy_baseline, sandbox,
+        gen_batch=gen_batch, cursor=cursor,
+    )  # fmt: skip
+
+
+def run_rollout(
+    session: RLSession,
+    ctx: RunContext,
+    data: DataConfig,
+    cfg: RolloutConfig,
+    template_pack_uri: str,
+    iteration: int,
+    lineage: str,
+    greedy_baseline: bool = False,
+    sandbox: SandboxConfig | None = None,
+    *,
+    gen_batch: int | None = None,
+    cursor: int = 0,
+) -> str:
+    """:func:`rollout`'s body, on the run's open RL session."""
     store = ctx.store()
     # 1. Skip when committed for this iteration of this policy lineage
     stage = _open_stage(
@@ -66,12 +87,11 @@ def rollout(
     )
     if committed(stage):
         return stage.manifest_uri
-    state = get_state(ctx)
-    lowest = rollout_version(state, iteration)  # rollout_ahead=1: the trainer may still be one behind
-    if not lowest <= state.version <= iteration:
+    lowest = rollout_version(session, iteration)  # rollout_ahead=1: the trainer may still be one behind
+    if not lowest <= session.version <= iteration:
         wanted = f"{iteration}" if lowest == iteration else f"{lowest} or {iteration}"
         raise RuntimeError(
-            f"rollout of iteration {iteration} needs policy version {wanted}, have {state.version}"
+            f"rollout of iteration {iteration} needs policy version {wanted}, have {session.version}"
         )
 
     # 2. The iteration's prompts
@@ -85,11 +105,11 @@ def rollout(
     sampling = sampling_params(cfg, data.max_response_length, iteration, validation=False)
     if gen_batch:  # batch K > 0 of the iteration draws apart from batch 0 (which draws as without filtering)
         sampling = replace(sampling, seed=derive_seed("rollout_gen_batch", cfg.seed, iteration, gen_batch))
-    sampled = _generate(state, data, cfg, batch, sampling, greedy_baseline, sandbox)
+    sampled = _generate(session, data, cfg, batch, sampling, greedy_baseline, sandbox)
 
     # 4. Write and commit on the main rank; every rank returns the URI
     where = _Where(iteration, taken.epoch, start, (gen_batch or 0) * b, gen_batch is not None)
-    return commit_once(lambda: _commit(ctx, stage, batch, sampled, where))
+    return commit_once(lambda: _commit(ctx, stage, batch, sampled, where, session.engine.policy_version))
 
 
 class _Sampled(NamedTuple):
@@ -150,7 +170,7 @@ def _open_stage(
 
 
 def _generate(
-    state: RLState,
+    session: RLSession,
     data: DataConfig,
     cfg: RolloutConfig,
     batch: pa.Table,
@@ -162,7 +182,7 @@ def _generate(
     t0 = time.perf_counter()
     ids = batch.column("input_ids").to_pylist()
     gen = partial(
-        sharded_rollouts, state.engine, state.tokenizer, ids,
+        sharded_rollouts, session.engine, session.tokenizer, ids,
         multi_turn=cfg.multi_turn, max_response_length=data.max_response_length, sandbox=sandbox,
     )  # fmt: skip
     main = gen(sampling)
@@ -175,9 +195,17 @@ def _generate(
     return _Sampled(main, baselines, baseline_traj, time.perf_counter() - t0)
 
 
-def _commit(ctx: RunContext, stage: StageWriter, batch: pa.Table, sampled: _Sampled, where: _Where) -> str:
+def _commit(
+    ctx: RunContext,
+    stage: StageWriter,
+    batch: pa.Table,
+    sampled: _Sampled,
+    where: _Where,
+    policy_version: int,
+) -> str:
     """Write ``rollouts.parquet`` (multi-turn rows carry their loss mask and turns), commit, log the
-    metrics; returns the manifest URI."""
+    metrics; returns the manifest URI. ``policy_version``: the weights the engine sampled from (synced
+    per update)."""
     main, baselines, seconds = sampled.main, sampled.baselines, sampled.seconds
     completions = main.completions
     marks = [False] * len(completions) + [True] * len(baselines)
@@ -186,7 +214,7 @@ def _commit(ctx: RunContext, stage: StageWriter, batch: pa.Table, sampled: _Samp
         completions + baselines,
         batch,
         where.iteration,
-        get_state(ctx).engine.policy_version,  # the weights the engine sampled from (synced per update)
+        policy_version,
         is_baseline=marks,
         trajectories=trajectories,
         group_offset=where.group_offset,

@@ -5,8 +5,8 @@ besides the stage tasks themselves.
                 built and parsed in one place
     policy      the policy and its reference from ``model``/``ref`` (scratch or pretrained, LoRA, QLoRA),
                 an actor/critic/ref section's mixed precision
-    scorers     reward scorers by name from ``reward``/``sandbox``, the RL loop's per-run scorer cache,
-                the one scoring call (reward stage, validation, eval, benchmarks)
+    scorers     reward scorers by name from ``reward``/``sandbox``, the one scoring call (reward
+                stage, validation, eval, benchmarks)
     engines     the rollout engine from ``rollout``: each engine's keyword arguments (keyed by verl_core's
                 engine registry entries), ``auto`` resolved, this rank's engine under torchrun
     rollouts    an iteration's sampling parameters, one engine's rollouts (multi-turn with tools), the
@@ -17,8 +17,13 @@ besides the stage tasks themselves.
     reports     what eval and report commit, read back for flows: the typed eval report and its
                 samples, per-iteration metric series and their markdown table
     samples     per-sample tables (train/val rollouts) for the tracker, Prefect table artifacts
-    state       the RL loop's in-memory state and its checkpoint protocol
-    spmd        the SPMD stage pattern (main rank decides the skip and commits, every rank computes)
+    session     the RL session: the models, engine, scorers, cursor and version one RL loop works on,
+                the functions that change it, and how the loop binds it for its task shells
+    opening     opening a session: the start point (own checkpoint, fork, SFT, initial model), the
+                reference, the engines
+    checkpoint  the session's checkpoints and the update manifests they publish, the resume iteration
+    lineage     a run's policy lineage, the RL loop's result and that result rebuilt from the store
+    commit      the SPMD stage pattern (main rank decides the skip and commits, every rank computes)
     heldout     the held-out passes validation and eval share (greedy and sampled, scored, pass@k)
     logging     stage loggers, progress bars, the ``timed`` context manager
     environment what a config needs of the environment (packages, CUDA): the fast check the GPU

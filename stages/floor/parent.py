@@ -133,7 +133,7 @@ class ForkStart(NamedTuple):
     reference policy of the family (the root run's SFT policy, or its initial model)."""
 
     checkpoint: Manifest | None  # None: pruned since, the fork resumes from its own checkpoint
-    identity: str  # the start of the fork's policy lineage (stages.floor.state.policy_lineage)
+    identity: str  # the start of the fork's policy lineage (stages.floor.lineage.policy_lineage)
     reference_sft: Manifest | None  # None: the root's initial model (reference_model, reference_seed)
     reference_model: ModelConfig
     reference_seed: int

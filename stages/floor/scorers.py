@@ -1,12 +1,13 @@
 """Reward scorers from the ``reward`` and ``sandbox`` sections: one builder per scorer name, the
-sandbox spec of the scorers (and tools) that run code, the RL loop's per-run scorer cache, and the one
-scoring call the reward stage, validation, eval and the benchmarks share."""
+sandbox spec of the scorers (and tools) that run code, and the one scoring call the reward stage,
+validation, eval and the benchmarks share. The RL loop keeps its scorers in its session
+(:meth:`stages.floor.session.RLSession.scorers`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from verl_core.config import JudgeConfig, RemoteRewardConfig, RewardConfig, SandboxConfig, canonical_json
+from verl_core.config import JudgeConfig, RemoteRewardConfig, RewardConfig, SandboxConfig
 from verl_core.registry import Registry
 from verl_core.reward import (
     CodeScorer,
@@ -116,27 +117,6 @@ def build_scorers(cfg: RewardConfig, sandbox: SandboxConfig) -> list[WeightedSco
     """The weighted scorers of ``reward.scorers`` (loads the function / reward model they name; an
     HTTP scorer's unset token variable fails here, and so does the code scorer without a sandbox)."""
     return [WeightedScorer(s.name, s.weight, SCORER_BUILDERS.get(s.name)(cfg, sandbox)) for s in cfg.scorers]
-
-
-_RUN_SCORERS: dict[str, dict[str, list[WeightedScorer]]] = {}  # run id → sections' JSON → scorers
-
-
-def run_scorers(run_id: str, cfg: RewardConfig, sandbox: SandboxConfig) -> list[WeightedScorer]:
-    """The scorers of ``cfg`` (and ``sandbox``) for run ``run_id``, built on the phase's first call and
-    reused until :func:`drop_scorers` ends the phase (the RL loop): a ``model`` scorer loads its weights
-    once, not every iteration. Keyed by the two sections' JSON, so another config gets its own. The
-    cost: a reward model stays on ``reward.model_device`` through the whole phase, updates included;
-    size the device for it."""
-    key = canonical_json([cfg.model_dump(mode="json"), sandbox.model_dump(mode="json")])
-    built = _RUN_SCORERS.setdefault(run_id, {})
-    if key not in built:
-        built[key] = build_scorers(cfg, sandbox)
-    return built[key]
-
-
-def drop_scorers(run_id: str) -> None:
-    """Forget run ``run_id``'s scorers (a reward model's weights are freed with them)."""
-    _RUN_SCORERS.pop(run_id, None)
 
 
 def score_batch(

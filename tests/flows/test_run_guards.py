@@ -127,9 +127,9 @@ def test_an_rl_loop_short_of_its_plan_fails_before_the_final_checkpoint(
     root, tp = prompts
     real_iteration = rl_flow.run_iteration
 
-    def no_batch_for_the_last(loop: Any, it: int) -> Any:
+    def no_batch_for_the_last(loop: Any, session: Any, it: int) -> Any:
         if it < 2:  # the prompt source had nothing for iteration 2: nothing sampled, nothing trained
-            return real_iteration(loop, it)
+            return real_iteration(loop, session, it)
 
     monkeypatch.setattr(rl_flow, "run_iteration", no_batch_for_the_last)
     ctx = RunContext(run_id="rl-short", store_url=str(root))

@@ -17,7 +17,8 @@ import flows.rl as rl_flow
 import verl_core.training.ppo as ppo_module
 from flows.rl import rl_loop
 from stages.floor.locations import list_checkpoints
-from stages.floor.state import RLState, drop_state, get_state, init_state
+from stages.floor.opening import open_session
+from stages.floor.session import RLSession, session_of
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig
@@ -65,12 +66,12 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return root, template_pack.fn(ctx, CFG.data, CFG.model, preprocess.fn(ctx, CFG.data))
 
 
-def _final_norm(state: RLState) -> torch.nn.Module:
+def _final_norm(state: RLSession) -> torch.nn.Module:
     return state.lm.get_decoder().norm  # type: ignore[no-any-return]
 
 
 @contextmanager
-def _logits(value: float, with_grad: bool, state: RLState) -> Iterator[None]:
+def _logits(value: float, with_grad: bool, state: RLSession) -> Iterator[None]:
     """Every logit of the policy's forward becomes ``value`` (through the last norm's output)."""
 
     def hook(module: torch.nn.Module, inputs: Any, out: torch.Tensor) -> torch.Tensor | None:
@@ -84,7 +85,7 @@ def _logits(value: float, with_grad: bool, state: RLState) -> Iterator[None]:
 
 
 @contextmanager
-def _loss(value: float, state: RLState) -> Iterator[None]:
+def _loss(value: float, state: RLSession) -> Iterator[None]:
     real = ppo_module.actor_loss
 
     def actor_loss(*args: Any, **kw: Any) -> Any:
@@ -99,7 +100,7 @@ def _loss(value: float, state: RLState) -> Iterator[None]:
 
 
 @contextmanager
-def _gradient(value: float, state: RLState) -> Iterator[None]:
+def _gradient(value: float, state: RLSession) -> Iterator[None]:
     param = next(p for n, p in state.actor.named_parameters() if n.endswith("q_proj.weight"))
     handle = param.register_hook(lambda g: g * value)
     try:
@@ -108,7 +109,7 @@ def _gradient(value: float, state: RLState) -> Iterator[None]:
         handle.remove()
 
 
-Inject = Callable[[RLState], Any]
+Inject = Callable[[RLSession], Any]
 LOSS_NAN = r"^ppo_update: iteration 1 actor: loss is nan at step \d+, micro-batch 0$"
 OLD_LOGP = r"^ppo_update: iteration 1: old_log_probs contains NaN/Inf \(before any optimizer step\)$"
 GRAD_INF = (
@@ -136,7 +137,7 @@ def test_non_finite_stops_the_update_before_commit(
     def update(ctx: RunContext, cfg: VerlFlowConfig, r: str, w: str, it: int) -> Any:
         if it != 1:
             return real_update(ctx, cfg, r, w, it)
-        with inject(get_state(ctx)):
+        with inject(session_of(ctx)):  # the session the loop bound
             return real_update(ctx, cfg, r, w, it)
 
     monkeypatch.setattr(rl_flow, "ppo_update", update)
@@ -149,13 +150,13 @@ def test_non_finite_stops_the_update_before_commit(
     assert ckpt is not None
     before = {f.name: f.sha256 for f in ckpt.files}
     assert store.committed(run_id, "iter-0000/update") is not None  # published with ckpt 1
-    # the previous checkpoint loads: a fresh state resumes from it at iteration 1
-    drop_state(run_id)
+    # the previous checkpoint loads: a fresh session resumes from it at iteration 1
+    session = open_session(ctx, CFG, tp, None)
     try:
-        assert init_state(ctx, CFG, tp, None) == 1
-        weights = dict(get_state(ctx).lm.named_parameters())
+        assert session.version == 1
+        weights = dict(session.lm.named_parameters())
         assert all(torch.isfinite(p).all() for p in weights.values())
     finally:
-        drop_state(run_id)
+        session.close()
     after = store.committed(run_id, "ckpt/iter-0001")
     assert after is not None and {f.name: f.sha256 for f in after.files} == before

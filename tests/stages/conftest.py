@@ -3,10 +3,14 @@ template_pack output (arithmetic prompts, the locally trained tokenizer), made o
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from stages.floor.opening import open_session
+from stages.floor.session import RLSession, bound
 from stages.preprocess import preprocess
 from stages.template_pack import template_pack
 from verl_core.config import VerlFlowConfig
@@ -44,3 +48,17 @@ def tiny_rl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("rl-stages")
     ctx = RunContext(run_id="data", store_url=str(root))
     return root, template_pack.fn(ctx, TINY_RL.data, TINY_RL.model, preprocess.fn(ctx, TINY_RL.data))
+
+
+@contextmanager
+def opened(
+    ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, sft_uri: str | None
+) -> Iterator[RLSession]:
+    """``with opened(ctx, cfg, tp, sft) as session:`` the run's RL session, open and bound for the RL
+    task shells (as the RL loop binds it), closed after."""
+    session = open_session(ctx, cfg, template_pack_uri, sft_uri)
+    try:
+        with bound(session):
+            yield session
+    finally:
+        session.close()

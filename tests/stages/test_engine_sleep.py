@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from stages import ppo_update as ppo_update_module
-from stages.floor import state as state_module
-from stages.floor.state import drop_state, engine_held, get_state, init_state, rest_engine
+from stages.floor import session as session_module
+from stages.floor.session import engine_held, rest_engine, session_of
 from stages.ppo_update import ppo_update
 from stages.reward import reward
 from stages.rollout import rollout
-from tests.stages.conftest import TINY_RL
+from tests.stages.conftest import TINY_RL, opened
 from tests.verl_core.rollout.conftest import vllm_spec
 from verl_core.config import SandboxConfig
 from verl_core.rollout import Completion, SamplingParams
@@ -57,20 +57,19 @@ class RecordingEngine(VLLMEngineBase):
 @pytest.fixture
 def ctx(tiny_rl: tuple[Path, str], request: pytest.FixtureRequest) -> Iterator[RunContext]:
     run = RunContext(run_id=request.node.name.replace("[", "-").rstrip("]"), store_url=str(tiny_rl[0]))
-    init_state(run, TINY_RL, tiny_rl[1], None)
-    yield run
-    drop_state(run.run_id)
+    with opened(run, TINY_RL, tiny_rl[1], None):
+        yield run
 
 
 @pytest.mark.parametrize("can_sleep", [True, False], ids=["sleep-mode", "no-sleep-mode"])
 def test_the_update_runs_while_the_engine_sleeps_and_the_sync_wakes_it_first(
     can_sleep: bool, ctx: RunContext, tiny_rl: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lineage = get_state(ctx).lineage
+    lineage = session_of(ctx).lineage
     r = rollout.fn(ctx, TINY_RL.data, TINY_RL.rollout, tiny_rl[1], 0, lineage)  # (the HF engine)
     w = reward.fn(ctx, TINY_RL.reward, r, 0, TINY_RL.data.max_response_length, sandbox=SandboxConfig())
     calls: list[str] = []
-    state = get_state(ctx)
+    state = session_of(ctx)
     state.engine = RecordingEngine(can_sleep, calls)
     iteration = ppo_update_module.ppo_iteration
 
@@ -79,8 +78,8 @@ def test_the_update_runs_while_the_engine_sleeps_and_the_sync_wakes_it_first(
         return iteration(*args, **kwargs)
 
     monkeypatch.setattr(ppo_update_module, "ppo_iteration", recorded_iteration)
-    monkeypatch.setattr(state_module, "release_cached_memory", lambda: calls.append("release"))
-    monkeypatch.setattr(state_module, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(session_module, "release_cached_memory", lambda: calls.append("release"))
+    monkeypatch.setattr(session_module, "barrier", lambda: calls.append("barrier"))
     ppo_update.fn(ctx, TINY_RL, r, w, 0)
     state.engine.generate([[1, 2]], SamplingParams(max_new_tokens=1))  # the next rollout
     # with sleep mode the engine frees the device for the update and wakes before the reload (its

@@ -83,13 +83,16 @@ def test_scan_sees_the_stage_files() -> None:
         "artifacts",
         "reports",
         "samples",
-        "state",
+        "session",  # issue 42: state.py split by job, the RL session explicit
+        "opening",
+        "checkpoint",
+        "lineage",
         "logging",
         "environment",
         "rescore",
         "retry",
         "parent",
-        "spmd",
+        "commit",  # issue 42: was spmd.py (the SPMD skip-and-commit pattern)
         "heldout",
         "registry",  # issue 40: the model registry (aliases, decisions), the gate's champion, model cards
         "champion",

@@ -21,9 +21,11 @@ from flows.loop import Loop
 from flows.rl import loop_stages, run_iteration
 from stages.export import export_model
 from stages.floor.artifacts import load_tokenizer, materialise_export, read_policy
+from stages.floor.checkpoint import save_checkpoint
 from stages.floor.locations import ckpt_stage, iteration_stage
+from stages.floor.opening import open_session
 from stages.floor.policy import build_policy
-from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
+from stages.floor.session import bound
 from stages.preprocess import preprocess
 from stages.sft import sft_warmup
 from stages.template_pack import template_pack
@@ -160,18 +162,18 @@ def test_qlora_sft_and_two_grpo_iterations_train_the_adapters(
     assert "policy/adapter_model.safetensors" in names and not any("policy-base" in n for n in names)
 
     # 2. Two GRPO iterations from the SFT adapter
-    init_state(ctx, cfg, tp, sft_uri)
+    state = open_session(ctx, cfg, tp, sft_uri)
     try:
-        state = get_state(ctx)
         trainable = {n for n, p in state.lm.named_parameters() if p.requires_grad}
         assert trainable and all("lora_" in n for n in trainable)  # adapters only
         base_weights = {n: p.detach().clone() for n, p in state.lm.named_parameters() if "lora_" not in n}
         before = _lora(state.lm)
         assert any(v.abs().sum() > 0 for n, v in before.items() if "lora_B" in n)  # SFT moved them
-        loop = Loop(ctx, cfg, tp, state.lineage, {}, loop_stages(cfg, as_tasks=False))
+        loop = Loop(ctx, cfg, tp, state.lineage, state.iterations, {}, loop_stages(cfg, as_tasks=False))
         for it in range(2):
-            run_iteration(loop, it)  # rollout → reward → update
-            save_checkpoint(ctx, cfg, it + 1)
+            with bound(state):  # as the RL loop binds it for its task shells
+                run_iteration(loop, state, it)  # rollout → reward → update
+            save_checkpoint(state, ctx, cfg, it + 1)
             update = store.read_manifest(store.manifest_uri(ctx.run_id, iteration_stage(it, "update")))
             assert math.isfinite(update.summary["actor/pg_loss"])
             assert update.summary["policy_version"] == it + 1
@@ -183,7 +185,7 @@ def test_qlora_sft_and_two_grpo_iterations_train_the_adapters(
         assert all(torch.equal(base_weights[n], p) for n, p in frozen)
         trained = _lora(state.lm)
     finally:
-        drop_state(ctx.run_id)
+        state.close()
 
     # 3. The checkpoint reloads the trained adapters; the export merges them into a plain HF model
     ckpt_manifest = store.read_manifest(store.manifest_uri(ctx.run_id, ckpt_stage(2)))

@@ -1,7 +1,7 @@
-"""The RL state's checkpoint protocol (stages/floor/state.py) on a tiny model: a checkpoint publishes
-the update manifests it makes durable, a resume restores the policy version, the optimizer and the
-weights, checkpoints of another policy lineage or missing iterations are refused with the field to
-change, and only the last ``trainer.max_ckpt_to_keep`` are kept."""
+"""The RL session's opening and checkpoint protocol (stages/floor/opening.py, checkpoint.py) on a
+tiny model: a checkpoint publishes the update manifests it makes durable, a resume restores the policy
+version, the optimizer and the weights, checkpoints of another policy lineage or missing iterations
+are refused with the field to change, and only the last ``trainer.max_ckpt_to_keep`` are kept."""
 
 from __future__ import annotations
 
@@ -11,18 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from stages.floor.checkpoint import save_checkpoint
 from stages.floor.locations import ckpt_stage, iteration_stage, list_checkpoints
+from stages.floor.opening import open_session
+from stages.floor.session import RLSession, advance_policy, seal_update, set_prompt_cursor
 from stages.floor.specs import planned_iterations
-from stages.floor.state import (
-    advance_policy,
-    drop_state,
-    get_state,
-    init_state,
-    save_checkpoint,
-    seal_update,
-    set_prompt_cursor,
-)
-from tests.stages.conftest import TINY_RL
+from tests.stages.conftest import TINY_RL, opened
 from verl_core.config import with_overrides
 from verl_core.errors import ConfigError
 from verl_core.runtime.run import RunContext
@@ -30,14 +24,12 @@ from verl_core.runtime.run import RunContext
 
 @pytest.fixture
 def ctx(tiny_rl: tuple[Path, str], request: pytest.FixtureRequest) -> Iterator[RunContext]:
-    run = RunContext(run_id=request.node.name.replace("[", "-").rstrip("]"), store_url=str(tiny_rl[0]))
-    yield run
-    drop_state(run.run_id)
+    yield RunContext(run_id=request.node.name.replace("[", "-").rstrip("]"), store_url=str(tiny_rl[0]))
 
 
-def _train_one_step(ctx: RunContext) -> None:
+def _train_one_step(session: RLSession) -> None:
     """One actor optimizer step on a toy loss (sum of squares), as an update would take."""
-    engine = get_state(ctx).actor_engine
+    engine = session.actor_engine
     engine.step([0], lambda _: sum((p.float() ** 2).sum() for p in engine.params) * 1e-3)
 
 
@@ -45,9 +37,8 @@ def test_fresh_state_plans_its_lr_schedule_over_the_planned_iterations(
     ctx: RunContext, tiny_rl: tuple[Path, str]
 ) -> None:
     cfg = with_overrides(TINY_RL, ["trainer.total_epochs=1"])
-    assert init_state(ctx, cfg, tiny_rl[1], None) == 0
-    state = get_state(ctx)
-    assert state.version == 0 and state.critic is not None
+    with opened(ctx, cfg, tiny_rl[1], None) as state:
+        assert state.version == 0 and state.critic is not None
     n = int(ctx.store().read_manifest(tiny_rl[1]).summary["rows"]["prompts_train"])
     # 1 epoch of n prompts at 2 per iteration caps the 4 iterations only when n < 8
     assert planned_iterations(cfg, n) == min(4, -(-n // 2))
@@ -60,9 +51,8 @@ def test_checkpoint_publishes_pending_updates_and_resume_restores_the_optimizer(
     ctx: RunContext, tiny_rl: tuple[Path, str]
 ) -> None:
     store = ctx.store()
-    init_state(ctx, TINY_RL, tiny_rl[1], None)
-    state = get_state(ctx)
-    _train_one_step(ctx)
+    state = open_session(ctx, TINY_RL, tiny_rl[1], None)
+    _train_one_step(state)
     advance_policy(state, 0)  # the policy after update 0: version 1
     set_prompt_cursor(state, 6)  # e.g. three generation batches of 2 prompts (dynamic sampling)
     # an update stage sealed, not published: it becomes visible only with the checkpoint
@@ -71,7 +61,7 @@ def test_checkpoint_publishes_pending_updates_and_resume_restores_the_optimizer(
     seal_update(state, update.seal({"iteration": 0}))
     assert store.committed(ctx.run_id, iteration_stage(0, "update")) is None
 
-    uri = save_checkpoint(ctx, TINY_RL, 1)
+    uri = save_checkpoint(state, ctx, TINY_RL, 1)
     ckpt = store.read_manifest(uri)
     assert ckpt.stage == ckpt_stage(1)
     assert ckpt.summary["pending"] == ["iter-0000/update"] and state.pending == []
@@ -79,9 +69,8 @@ def test_checkpoint_publishes_pending_updates_and_resume_restores_the_optimizer(
     weights = {k: v.clone() for k, v in state.lm.state_dict().items()}
     optimizer = state.actor_engine.optimizer.state_dict()
 
-    drop_state(ctx.run_id)
-    assert init_state(ctx, TINY_RL, tiny_rl[1], None) == 1  # resume_mode=auto: the last checkpoint
-    resumed = get_state(ctx)
+    state.close()
+    resumed = open_session(ctx, TINY_RL, tiny_rl[1], None)  # resume_mode=auto: the last checkpoint
     assert resumed.version == 1 and resumed.prompt_cursor == 6
     assert resumed.actor_engine.global_step == 1
     assert resumed.actor_engine.scheduler.last_epoch == 1
@@ -91,43 +80,44 @@ def test_checkpoint_publishes_pending_updates_and_resume_restores_the_optimizer(
         assert torch.equal(moments[k]["exp_avg"], s["exp_avg"])
     for k, v in resumed.lm.state_dict().items():
         assert torch.equal(v, weights[k]), k
+    resumed.close()
 
 
 def test_checkpoint_of_another_lineage_is_refused(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
-    init_state(ctx, TINY_RL, tiny_rl[1], None)
-    save_checkpoint(ctx, TINY_RL, 0)
-    drop_state(ctx.run_id)
+    with opened(ctx, TINY_RL, tiny_rl[1], None) as session:
+        save_checkpoint(session, ctx, TINY_RL, 0)
     other = with_overrides(TINY_RL, ["actor.lr=5e-4"])  # changes what the policy becomes
     with pytest.raises(
         ConfigError, match=r"^trainer.resume_mode: checkpoint ckpt/iter-0000 .* other settings"
     ):
-        init_state(ctx, other, tiny_rl[1], None)
+        open_session(ctx, other, tiny_rl[1], None)
     # resume_mode=disable restarts RL from the initial policy instead
-    assert init_state(ctx, with_overrides(other, ["trainer.resume_mode=disable"]), tiny_rl[1], None) == 0
+    with opened(ctx, with_overrides(other, ["trainer.resume_mode=disable"]), tiny_rl[1], None) as session:
+        assert session.version == 0
 
 
 def test_resume_from_a_missing_iteration_lists_the_checkpoints(
     ctx: RunContext, tiny_rl: tuple[Path, str]
 ) -> None:
     with pytest.raises(ConfigError, match=r"no checkpoint at iteration 2 .* \(available: none\)"):
-        init_state(ctx, with_overrides(TINY_RL, ["trainer.resume_mode=2"]), tiny_rl[1], None)
-    init_state(ctx, TINY_RL, tiny_rl[1], None)
-    save_checkpoint(ctx, TINY_RL, 0)
-    save_checkpoint(ctx, TINY_RL, 1)
-    drop_state(ctx.run_id)
+        open_session(ctx, with_overrides(TINY_RL, ["trainer.resume_mode=2"]), tiny_rl[1], None)
+    with opened(ctx, TINY_RL, tiny_rl[1], None) as session:
+        save_checkpoint(session, ctx, TINY_RL, 0)
+        save_checkpoint(session, ctx, TINY_RL, 1)
     with pytest.raises(
         ConfigError,
         match=r"^trainer.resume_mode: no checkpoint at iteration 2 in run .* \(available: 0, 1\)$",
     ):
-        init_state(ctx, with_overrides(TINY_RL, ["trainer.resume_mode=2"]), tiny_rl[1], None)
-    assert init_state(ctx, with_overrides(TINY_RL, ["trainer.resume_mode=0"]), tiny_rl[1], None) == 0
+        open_session(ctx, with_overrides(TINY_RL, ["trainer.resume_mode=2"]), tiny_rl[1], None)
+    with opened(ctx, with_overrides(TINY_RL, ["trainer.resume_mode=0"]), tiny_rl[1], None) as session:
+        assert session.version == 0
 
 
 def test_only_the_last_checkpoints_are_kept(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
     cfg = with_overrides(TINY_RL, ["trainer.max_ckpt_to_keep=2"])
-    init_state(ctx, cfg, tiny_rl[1], None)
-    for it in (1, 2, 3):
-        save_checkpoint(ctx, cfg, it)
+    with opened(ctx, cfg, tiny_rl[1], None) as session:
+        for it in (1, 2, 3):
+            save_checkpoint(session, ctx, cfg, it)
     assert list_checkpoints(ctx.store(), ctx.run_id) == [2, 3]
 
 
@@ -160,8 +150,7 @@ def test_ref_path_loads_that_reference(ctx: RunContext, tiny_rl: tuple[Path, str
 
     path = _saved_policy(tiny_rl, tmp_path / "ref", seed=123)
     cfg = with_overrides(TINY_RL, [f"ref.path={path}", "actor.use_kl_loss=true"])
-    init_state(ctx, cfg, tiny_rl[1], None)
-    state = get_state(ctx)
+    state = open_session(ctx, cfg, tiny_rl[1], None)
     assert state.ref is not None
     batch = make_ppo_batch([[5, 6, 7]], [[8, 9]])
     with torch.no_grad():
@@ -170,6 +159,7 @@ def test_ref_path_loads_that_reference(ctx: RunContext, tiny_rl: tuple[Path, str
         policy = response_log_probs(state.actor, batch)[0]
     torch.testing.assert_close(got, want)
     assert not torch.allclose(got, policy)  # not the starting policy
+    state.close()
 
 
 def test_ref_path_with_lora_loads_that_reference_not_the_base(
@@ -183,14 +173,14 @@ def test_ref_path_with_lora_loads_that_reference_not_the_base(
 
     path = _saved_policy(tiny_rl, tmp_path / "ref", seed=123)
     cfg = with_overrides(TINY_RL, [f"ref.path={path}", "actor.use_kl_loss=true", "model.lora_rank=4"])
-    init_state(ctx, cfg, tiny_rl[1], None)
-    state = get_state(ctx)
+    state = open_session(ctx, cfg, tiny_rl[1], None)
     assert isinstance(state.ref, PackedCausalLM)  # not AdapterDisabledPolicy(actor)
     batch = make_ppo_batch([[5, 6, 7]], [[8, 9]])
     with torch.no_grad():
         got = response_log_probs(state.ref, batch)[0]
         want = response_log_probs(PackedCausalLM(load_causal_lm(path)), batch)[0]
     torch.testing.assert_close(got, want)
+    state.close()
 
 
 def test_ref_path_with_another_vocabulary_is_refused(
@@ -199,13 +189,13 @@ def test_ref_path_with_another_vocabulary_is_refused(
     path = _saved_policy(tiny_rl, tmp_path / "ref", seed=123, extra_vocab=7)
     cfg = with_overrides(TINY_RL, [f"ref.path={path}", "algorithm.use_kl_in_reward=true"])
     with pytest.raises(ConfigError, match=r"ref.path: .* has a vocabulary of \d+ tokens, the policy \d+"):
-        init_state(ctx, cfg, tiny_rl[1], None)
+        open_session(ctx, cfg, tiny_rl[1], None)
 
 
 def test_release_cached_memory_returns_freed_heap_to_the_os() -> None:
     import psutil
 
-    from stages.floor.state import release_cached_memory
+    from stages.floor.session import release_cached_memory
 
     proc = psutil.Process()
     # freeing a 16 MiB tensor (mmapped) raises glibc's mmap threshold to 16 MiB: the 4 MiB tensors

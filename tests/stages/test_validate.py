@@ -2,7 +2,7 @@
 rewards, committed with the policy lineage, skipped on rerun, refused for the wrong policy version;
 with partial-credit rewards, accuracy is the fraction scoring ≥ ``reward.correct_threshold`` (not the
 mean reward), as the eval stage counts it on the same policy; the scorers are built once for the
-run's validations."""
+RL session's validations."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ import pytest
 
 from stages.eval import evaluate
 from stages.floor import scorers
+from stages.floor import session as session_module
 from stages.floor.artifacts import in_run_source
+from stages.floor.checkpoint import save_checkpoint
 from stages.floor.locations import iteration_stage, validations
 from stages.floor.reports import read_eval_report
-from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
+from stages.floor.session import RLSession
 from stages.validate import validate
-from tests.stages.conftest import TINY_RL
+from tests.stages.conftest import TINY_RL, opened
 from verl_core.config import RewardConfig, SandboxConfig, VerlFlowConfig, validate_config
 from verl_core.reward import WeightedScorer
 from verl_core.runtime.run import RunContext
@@ -35,17 +37,31 @@ PARTIAL_CREDIT = validate_config(
 PASS_AT_K = PARTIAL_CREDIT.model_copy(update={"eval": PARTIAL_CREDIT.eval.model_copy(update={"k": 4})})
 
 
+def _validate(ctx: RunContext, cfg: VerlFlowConfig, template_pack_uri: str, iteration: int) -> float:
+    """The validate task's function with the sections the RL loop hands it."""
+    return validate.fn(
+        ctx, cfg.data, cfg.rollout, cfg.reward, cfg.eval, cfg.sandbox, template_pack_uri, iteration,
+        cfg.tracking.log_samples,
+    )  # fmt: skip
+
+
 @pytest.fixture
-def ctx(tiny_rl: tuple[Path, str]) -> Iterator[RunContext]:
+def session(tiny_rl: tuple[Path, str]) -> Iterator[RLSession]:
     run = RunContext(run_id="validate", store_url=str(tiny_rl[0]))
-    init_state(run, TINY_RL, tiny_rl[1], None)
-    yield run
-    drop_state(run.run_id)
+    with opened(run, TINY_RL, tiny_rl[1], None) as opened_session:
+        yield opened_session
 
 
-def test_validation_accuracy_is_the_mean_of_correct(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
+@pytest.fixture
+def ctx(session: RLSession, tiny_rl: tuple[Path, str]) -> RunContext:
+    return RunContext(run_id=session.run_id, store_url=str(tiny_rl[0]))
+
+
+def test_validation_accuracy_is_the_mean_of_correct(
+    ctx: RunContext, session: RLSession, tiny_rl: tuple[Path, str]
+) -> None:
     store = ctx.store()
-    accuracy = validate.fn(ctx, TINY_RL, tiny_rl[1], 0)
+    accuracy = _validate(ctx, TINY_RL, tiny_rl[1], 0)
     m = store.committed(ctx.run_id, iteration_stage(0, "val"))
     assert m is not None
     rollouts, rewards = store.read_table(m, "rollouts.parquet"), store.read_table(m, "rewards.parquet")
@@ -53,20 +69,20 @@ def test_validation_accuracy_is_the_mean_of_correct(ctx: RunContext, tiny_rl: tu
     assert rollouts.num_rows == rewards.num_rows == 8
     correct = rewards.column("correct").to_pylist()
     assert accuracy == sum(correct) / len(correct)
-    assert m.summary["val/accuracy"] == accuracy and m.summary["iteration_lineage"] == get_state(ctx).lineage
-    assert validations(store, ctx.run_id, get_state(ctx).lineage) == {0: accuracy}
+    assert m.summary["val/accuracy"] == accuracy and m.summary["iteration_lineage"] == session.lineage
+    assert validations(store, ctx.run_id, session.lineage) == {0: accuracy}
 
     # a rerun reads the committed accuracy and generates nothing
     def no_generation(*args: object, **kwargs: object) -> None:
         raise AssertionError("validation generated again")
 
-    get_state(ctx).engine.generate = no_generation  # type: ignore[method-assign]
-    assert validate.fn(ctx, TINY_RL, tiny_rl[1], 0) == accuracy
+    session.engine.generate = no_generation  # type: ignore[method-assign]
+    assert _validate(ctx, TINY_RL, tiny_rl[1], 0) == accuracy
 
 
 def test_validation_needs_the_policy_of_its_iteration(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
     with pytest.raises(RuntimeError, match="validation at iteration 1 needs policy version 1, have 0"):
-        validate.fn(ctx, TINY_RL, tiny_rl[1], 1)
+        _validate(ctx, TINY_RL, tiny_rl[1], 1)
 
 
 def test_partial_credit_accuracy_counts_scores_at_the_threshold(tiny_rl: tuple[Path, str]) -> None:
@@ -74,12 +90,9 @@ def test_partial_credit_accuracy_counts_scores_at_the_threshold(tiny_rl: tuple[P
     assert cfg.reward.correct_threshold == 1.0
     ctx = RunContext(run_id="validate-partial", store_url=str(tiny_rl[0]))
     store = ctx.store()
-    init_state(ctx, cfg, tiny_rl[1], None)
-    try:
-        accuracy = validate.fn(ctx, cfg, tiny_rl[1], 0)
-        save_checkpoint(ctx, cfg, 0)  # the same policy, for the eval stage
-    finally:
-        drop_state(ctx.run_id)
+    with opened(ctx, cfg, tiny_rl[1], None) as session:
+        accuracy = _validate(ctx, cfg, tiny_rl[1], 0)
+        save_checkpoint(session, ctx, cfg, 0)  # the same policy, for the eval stage
     m = store.committed(ctx.run_id, iteration_stage(0, "val"))
     assert m is not None
     rewards = store.read_table(m, "rewards.parquet")
@@ -116,12 +129,9 @@ def test_validation_pass_at_k_is_the_eval_stages(tiny_rl: tuple[Path, str]) -> N
     k = cfg.eval.k
     ctx = RunContext(run_id="validate-pass-at-k", store_url=str(tiny_rl[0]))
     store = ctx.store()
-    init_state(ctx, cfg, tiny_rl[1], None)
-    try:
-        validate.fn(ctx, cfg, tiny_rl[1], 0)
-        save_checkpoint(ctx, cfg, 0)  # the same policy, for the eval stage
-    finally:
-        drop_state(ctx.run_id)
+    with opened(ctx, cfg, tiny_rl[1], None) as session:
+        _validate(ctx, cfg, tiny_rl[1], 0)
+        save_checkpoint(session, ctx, cfg, 0)  # the same policy, for the eval stage
     m = store.committed(ctx.run_id, iteration_stage(0, "val"))
     assert m is not None
     rewards = store.read_table(m, "sampled/rewards.parquet")
@@ -155,23 +165,17 @@ def test_validations_of_one_run_build_the_scorers_once(
         builds.append(cfg)
         return build(cfg, sandbox)
 
-    monkeypatch.setattr(scorers, "build_scorers", counting)
+    monkeypatch.setattr(session_module, "build_scorers", counting)
     cfg = PASS_AT_K  # a greedy and a sampled pass each validation, scored by the same scorers
 
     def val_samples(n: int) -> VerlFlowConfig:  # other stage params (a new attempt), the same reward
         return cfg.model_copy(update={"data": cfg.data.model_copy(update={"max_val_samples": n})})
 
     ctx = RunContext(run_id="validate-scorers", store_url=str(tiny_rl[0]))
-    init_state(ctx, cfg, tiny_rl[1], None)
-    try:
-        validate.fn(ctx, val_samples(8), tiny_rl[1], 0)
-        validate.fn(ctx, val_samples(7), tiny_rl[1], 0)
+    with opened(ctx, cfg, tiny_rl[1], None):
+        _validate(ctx, val_samples(8), tiny_rl[1], 0)
+        _validate(ctx, val_samples(7), tiny_rl[1], 0)
         assert len(builds) == 1
-    finally:
-        drop_state(ctx.run_id)
-    init_state(ctx, cfg, tiny_rl[1], None)  # the run's next phase builds them again
-    try:
-        validate.fn(ctx, val_samples(6), tiny_rl[1], 0)
-    finally:
-        drop_state(ctx.run_id)
+    with opened(ctx, cfg, tiny_rl[1], None):  # the run's next session builds them again
+        _validate(ctx, val_samples(6), tiny_rl[1], 0)
     assert len(builds) == 2

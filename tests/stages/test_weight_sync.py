@@ -20,12 +20,15 @@ import pytest
 import torch
 from torch import nn
 
-import stages.floor.state as state_module
-from stages.floor.state import drop_state, get_state, init_state, save_checkpoint
+import stages.floor.session as session_module
+import verl_core.training.distributed as distributed_module
+from stages.floor.checkpoint import save_checkpoint
+from stages.floor.opening import open_session
+from stages.floor.session import bound, session_of
 from stages.ppo_update import ppo_update
 from stages.reward import reward
 from stages.rollout import rollout
-from tests.stages.conftest import TINY_RL
+from tests.stages.conftest import TINY_RL, opened
 from verl_core.config import SandboxConfig, VerlFlowConfig
 from verl_core.errors import DataError
 from verl_core.runtime.run import RunContext
@@ -38,9 +41,8 @@ LORA_CFG = SYNC_CFG.model_copy(update={"model": SYNC_CFG.model.model_copy(update
 
 def _ctx(root: Path, tp: str, cfg: VerlFlowConfig, name: str) -> Iterator[RunContext]:
     run = RunContext(run_id=name, store_url=str(root))
-    init_state(run, cfg, tp, None)
-    yield run
-    drop_state(run.run_id)
+    with opened(run, cfg, tp, None):
+        yield run
 
 
 @pytest.fixture
@@ -54,13 +56,13 @@ def lora_ctx(tiny_rl: tuple[Path, str], request: pytest.FixtureRequest) -> Itera
 
 
 def _rollout(ctx: RunContext, cfg: VerlFlowConfig, tp: str, i: int) -> tuple[str, str]:
-    r = rollout.fn(ctx, cfg.data, cfg.rollout, tp, i, get_state(ctx).lineage)
+    r = rollout.fn(ctx, cfg.data, cfg.rollout, tp, i, session_of(ctx).lineage)
     return r, reward.fn(ctx, cfg.reward, r, i, cfg.data.max_response_length, sandbox=SandboxConfig())
 
 
 def _snapshot(ctx: RunContext) -> nn.Module:
     """A frozen copy of the trainer's policy as it is now."""
-    return copy.deepcopy(get_state(ctx).lm).eval()
+    return copy.deepcopy(session_of(ctx).lm).eval()
 
 
 def _reference_logprobs(model: nn.Module, prompt: list[int], response: list[int], t: float) -> torch.Tensor:
@@ -99,22 +101,22 @@ def _check_synced_loop(ctx: RunContext, cfg: VerlFlowConfig, tp: str, updates: i
             assert _max_gap(ctx, r, snapshots[i - 1], t) > 1e-4
         if i < updates:
             ppo_update.fn(ctx, cfg, r, w, i)
-            assert get_state(ctx).engine.policy_version == i + 1
+            assert session_of(ctx).engine.policy_version == i + 1
             snapshots.append(_snapshot(ctx))
 
 
 def test_own_copy_engine_samples_the_trainer_policy_of_each_version(
     ctx: RunContext, tiny_rl: tuple[Path, str]
 ) -> None:
-    engine = get_state(ctx).engine
-    assert not engine.shares_weights and engine.model is not get_state(ctx).lm  # type: ignore[attr-defined]
+    engine = session_of(ctx).engine
+    assert not engine.shares_weights and engine.model is not session_of(ctx).lm  # type: ignore[attr-defined]
     _check_synced_loop(ctx, SYNC_CFG, tiny_rl[1], updates=2)
 
 
 def test_without_the_sync_the_version_guard_fails_the_update(
     ctx: RunContext, tiny_rl: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(state_module, "sync_rollout_weights", lambda state: 0.0)  # advance_policy's sync
+    monkeypatch.setattr(session_module, "sync_rollout_weights", lambda session: 0.0)  # advance_policy's sync
     r0, w0 = _rollout(ctx, SYNC_CFG, tiny_rl[1], 0)
     before = _snapshot(ctx)
     ppo_update.fn(ctx, SYNC_CFG, r0, w0, 0)  # trainer at version 1, the engine still at 0
@@ -123,7 +125,7 @@ def test_without_the_sync_the_version_guard_fails_the_update(
     assert _max_gap(ctx, r1, before, SYNC_CFG.rollout.temperature) < 1e-5  # indeed the stale policy
     with pytest.raises(DataError, match=r"iteration 1: .* policy version 0, but the trainer is at version 1"):
         ppo_update.fn(ctx, SYNC_CFG, r1, w1, 1)
-    assert get_state(ctx).version == 1  # refused before any weight changed
+    assert session_of(ctx).version == 1  # refused before any weight changed
 
 
 def test_rollout_ahead_allows_a_lagging_batch(ctx: RunContext, tiny_rl: tuple[Path, str]) -> None:
@@ -145,19 +147,19 @@ def test_resumed_state_gives_its_engine_the_checkpointed_policy(
 ) -> None:
     r0, w0 = _rollout(ctx, SYNC_CFG, tiny_rl[1], 0)
     ppo_update.fn(ctx, SYNC_CFG, r0, w0, 0)
-    save_checkpoint(ctx, SYNC_CFG, 1)
-    drop_state(ctx.run_id)
-    assert init_state(ctx, SYNC_CFG, tiny_rl[1], None) == 1  # resumed (trainer.resume_mode auto)
-    state = get_state(ctx)
-    assert state.engine.policy_version == 1
-    own = state.engine.model.state_dict()  # type: ignore[attr-defined]
-    assert all(torch.equal(own[k], v) for k, v in state.lm.state_dict().items())
+    save_checkpoint(session_of(ctx), ctx, SYNC_CFG, 1)
+    state = open_session(ctx, SYNC_CFG, tiny_rl[1], None)  # resumed (trainer.resume_mode auto)
+    with bound(state):
+        assert state.version == 1 and state.engine.policy_version == 1
+        own = state.engine.model.state_dict()  # type: ignore[attr-defined]
+        assert all(torch.equal(own[k], v) for k, v in state.lm.state_dict().items())
+    state.close()
 
 
 def test_lora_engine_receives_the_adapter_of_each_version(
     lora_ctx: RunContext, tiny_rl: tuple[Path, str]
 ) -> None:
-    state = get_state(lora_ctx)
+    state = session_of(lora_ctx)
     assert hasattr(state.lm, "peft_config") and hasattr(state.engine.model, "peft_config")  # type: ignore[attr-defined]
     _check_synced_loop(lora_ctx, LORA_CFG, tiny_rl[1], updates=1)
 
@@ -234,8 +236,8 @@ def test_an_offloaded_shard_is_gathered_on_its_mesh_s_device(monkeypatch: pytest
     shard = _MeshShard(torch.arange(4.0), "cpu", "cuda", log)
     monkeypatch.setattr(dtensor, "DTensor", _MeshShard)
     monkeypatch.setattr(dcp_state_dict, "get_model_state_dict", lambda lm, options: {"w": shard})
-    monkeypatch.setattr(state_module, "distributed", lambda: True)
-    weights = state_module.policy_weights(nn.Linear(1, 1))
+    monkeypatch.setattr(distributed_module, "multi_process", lambda: True)
+    weights = distributed_module.policy_weights(nn.Linear(1, 1))
     assert log == [("to", "cuda"), ("full_tensor", "cuda")]
     assert type(weights["w"]) is torch.Tensor and weights["w"].device.type == "cpu"
     assert torch.equal(weights["w"], torch.arange(4.0))

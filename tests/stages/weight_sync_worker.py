@@ -1,7 +1,7 @@
 """The weight sync from an FSDP2-sharded policy, one rank of ``torchrun --nproc_per_node 2``:
-every rank takes part in gathering the full weights (:func:`stages.floor.state.policy_weights`), rank
-0 alone keeps them (on the CPU), loads them into its own-copy HF engine and samples greedily; writes
-``OUT_DIR/rank{r}.json``.
+every rank takes part in gathering the full weights
+(:func:`verl_core.training.distributed.policy_weights`), rank 0 alone keeps them (on the CPU), loads
+them into its own-copy HF engine and samples greedily; writes ``OUT_DIR/rank{r}.json``.
 
 torchrun --nproc_per_node 2 tests/stages/weight_sync_worker.py OUT_DIR
 """
@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from stages.floor.state import policy_weights
 from verl_core.data.tokenizer import train_tokenizer
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
 from verl_core.rollout import HFEngine, SamplingParams
+from verl_core.training.distributed import policy_weights
 
 PROMPTS = ["Q: 12 + 7 = ? A:", "Q: 3 + 4", "Q: 45 + 45 = ? A:"]
 

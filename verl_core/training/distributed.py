@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -266,3 +266,62 @@ def load_full_optimizer_state(
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=_full())
+
+
+def multi_process() -> bool:
+    """Whether this process is one rank of a multi-process torch.distributed job."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def policy_weights(lm: nn.Module, *, keep: bool = True) -> dict[str, Tensor]:
+    """The policy's full state dict (the names of ``lm.state_dict()``, each tensor its full shape, e.g.
+    ``(V, H)`` for the embedding) for a rollout engine holding its own weights. One process: the plain
+    state dict (as it is; DeepSpeed's gathered, cloned).
+
+    Sharded (FSDP2 / TP parameters are DTensors, DeepSpeed ZeRO-3 partitions) every rank must call
+    (all-gathers). The full tensors are gathered one at a time, each moved to the CPU as it arrives
+    and kept only where ``keep`` (the ranks that own an engine; the others get ``{}``): one CPU copy
+    per engine, and no rank ever holds more than one full tensor on its device."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    if any(hasattr(p, "ds_id") for p in lm.parameters()):  # DeepSpeed ZeRO-3 partitions
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(lm.parameters())):
+            if not multi_process():
+                return {k: v.detach().clone() for k, v in lm.state_dict().items()}
+            return {k: v.detach().to("cpu", copy=True) for k, v in lm.state_dict().items()} if keep else {}
+    sharded = any(isinstance(p, DTensor) for p in lm.parameters())
+    if not sharded and not multi_process():
+        return lm.state_dict()
+    state = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=False))
+    # tied weights are gathered once, decided by the module's structure (the same on every rank: each
+    # gather is a collective); the state dict's tensors are distinct objects even where tied
+    first_name: dict[str, str] = {}
+    by_param: dict[int, str] = {}
+    for pname, param in lm.named_parameters(remove_duplicate=False):
+        first_name[pname] = by_param.setdefault(id(param), pname)
+    out: dict[str, Tensor] = {}
+    gathered: set[str] = set()
+    for name, value in state.items():
+        if not isinstance(value, Tensor):
+            continue
+        source = first_name.get(name, name)
+        if source in gathered:
+            if keep:
+                out[name] = out[source]
+            continue
+        gathered.add(name)
+        if isinstance(value, DTensor):
+            # a collective on the mesh's device: an offloaded (CPU) shard moves there first, as in
+            # torch's own full state dict (torch.distributed._state_dict_utils._gather_state_dict)
+            mesh = value.device_mesh.device_type
+            shard = value if value.device.type == mesh else value.to(mesh)  # .to keeps a DTensor
+            full = cast(DTensor, shard).full_tensor()
+        else:
+            full = value.detach()
+        if keep:
+            out[name] = full.to("cpu", copy=True)
+        del full
+    return out
