@@ -93,6 +93,7 @@ def rlhf_pipeline(
     snapshot = resolve_snapshot(cfg.data)
     cfg = cfg.model_copy(update={"data": snapshot.data})
     cfg, origin = start_from(cfg, snapshot.path)  # retrain.start_from: the champion's export, or the config
+    gpu = gpu_stages(cfg.execution)  # SFT, RL, export: in this process or as deployments, chosen once
     s = cfg.store
     store = ArtifactStore(s.url, max_attempts=s.max_attempts, outage_budget_s=s.outage_budget_s)
     check_once(store, cfg, run_id or run_id_of(cfg), parent_checked)  # a fork or replay, before any work
@@ -112,7 +113,6 @@ def rlhf_pipeline(
     }
     result = PipelineResult(run_id=ctx.run_id, data_snapshot=snapshot.path)
     stages, timing = result.stages, result.timing_s
-    gpu = gpu_stages(cfg.execution)  # in this process or as deployments on the gpu pool
     try:
         with timed(timing, "preprocess"):
             stages.preprocess = preprocess.with_options(**io_retry)(ctx, cfg.data)
