@@ -9,9 +9,8 @@ on (``config``, ``parent_checked``): the config is built once and the parent che
 deployment (or Python) the flow builds the config and the pipeline checks the parent
 (:mod:`flows.parent_check`). The pipeline does the rest as for any run with a ``parent``
 (:mod:`stages.floor.parent`): preprocess and template_pack of its own, no SFT, the RL loop from R's
-checkpoint, validation, export, eval;
-``deployments`` mode sends the RL loop to the gpu pool as usual. Rerun with the same arguments, the
-replay resumes (same run id, committed stages skip).
+checkpoint, validation, export, eval; ``deployments`` mode sends the RL loop to the gpu pool as usual.
+Rerun with the same arguments, the replay resumes (same run id, committed stages skip).
 """
 
 from __future__ import annotations

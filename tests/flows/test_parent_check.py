@@ -24,6 +24,7 @@ from flows.cli import app
 from flows.parent_check import ParentCheck, check_once, check_start
 from stages.floor.locations import ckpt_stage, iteration_stage
 from verl_core.config import load_config, with_overrides
+from verl_core.errors import ConfigError
 from verl_core.store import ArtifactStore
 
 TINY = str(Path(__file__).resolve().parents[1] / "reliability" / "tiny.yaml")
@@ -132,3 +133,12 @@ def test_a_handed_over_check_counts_only_for_its_run_store_and_config(
     assert checks == ["F", "F", "G"]
     plain = fork.model_copy(update={"parent": None})
     assert check_start(store, plain, "F") is None and checks == ["F", "F", "G"]  # no parent, no check
+
+
+def test_the_replay_flow_refuses_a_config_that_is_not_the_replay_it_is_asked_for(
+    store: ArtifactStore, checks: list[str]
+) -> None:
+    cfg = stages.floor.parent.replay_config(store, "P", 2, [], None)
+    with pytest.raises(ConfigError, match=r"^config.parent: .* is not a replay of "):
+        flows.replay.replay_flow(run_id="P", start_iteration=1, store_url=store.url, config=cfg)
+    assert checks == []  # refused before the pipeline
