@@ -1,9 +1,9 @@
 """What the calls of one RL loop share, built once per loop (:func:`flows.rl.rl_iterations`): the run,
 its config, the tokenized prompts, the policy lineage and planned iterations, the phase timings and the
 stage callables, Prefect tasks or their plain functions (chosen in one place,
-:func:`flows.rl.loop_stages`). Plain values only: the loop hands its RL session
-(:class:`stages.floor.session.RLSession`) to the helpers that need it as a parameter, and the ahead
-rollout's Prefect task takes a :class:`Loop`, so no model rides in a task's parameters."""
+:func:`flows.rl.loop_stages`). No models: the ahead rollout's Prefect task takes a :class:`Loop` as a
+parameter, so the RL session (:class:`stages.floor.session.RLSession`) is not here; the loop hands it
+to the helpers that need it as a parameter."""
 
 from __future__ import annotations
 

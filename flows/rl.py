@@ -5,6 +5,12 @@ iterations (artifacts are still written for every stage). The calls of one loop 
 (:class:`flows.loop.Loop`: run, config, prompts, lineage, timings, and the stage callables, Prefect tasks
 or their functions, chosen once by :func:`loop_stages`).
 
+The RL session (:class:`stages.floor.session.RLSession`: models, engine, scorers, cursor, version) is
+the loop's: :func:`rl_iterations` binds a slot for it (:func:`stages.floor.session.bound`), the
+``init_rl_state`` task opens it there, the loop's helpers receive it as a parameter, and each RL task
+shell looks it up once; the loop closes it at its end. Prefect's task parameters stay the run context,
+config sections and URIs.
+
 Resume (``trainer.resume_mode``): the loop starts after the last committed checkpoint; iterations
 whose rollout/reward artifacts are committed are not sampled again (same seeds → same data).
 
