@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from stages.floor import session as session_module
-from stages.floor.session import RLSession, bound
+from stages.floor.session import bound
 from stages.reward import reward
 from tests.stages.test_reward import Spy, rollouts_table
+from tests.stages.test_session import stub_session
 from verl_core.config import RewardConfig, SandboxConfig
 from verl_core.reward import WeightedScorer
 from verl_core.runtime.run import RunContext
@@ -33,24 +33,6 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> list[RewardConfig]:
     return seen
 
 
-class _Engine:
-    """A rollout engine stand-in: the scorer cache needs none, closing it is recorded."""
-
-    closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def _session(run_id: str) -> RLSession:
-    """A session with no models (the scorer cache reads none of them)."""
-    none: Any = None
-    return RLSession(
-        run_id=run_id, lm=none, actor=none, actor_engine=none, ref=None, critic=None, critic_engine=None,
-        tokenizer=None, engine=_Engine(), kl_ctrl=none, version=0, iterations=1, lineage="l", device=none,
-    )  # fmt: skip
-
-
 @pytest.fixture
 def rollouts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RunContext, str]]:
     ctx = RunContext(run_id="scorers-once", store_url=str(tmp_path / "store"))
@@ -65,7 +47,7 @@ def test_reward_calls_of_one_session_build_the_scorers_once(
 ) -> None:
     ctx, uri = rollouts
     cfg, sandbox = RewardConfig(), SandboxConfig()
-    session = _session(ctx.run_id)
+    session = stub_session(ctx.run_id)
     with bound(session):
         for iteration in range(3):  # three iterations' reward stages
             reward.fn(ctx, cfg, uri, iteration, 16, sandbox=sandbox)
@@ -73,7 +55,7 @@ def test_reward_calls_of_one_session_build_the_scorers_once(
     assert ctx.store().committed(ctx.run_id, "iter-0002/reward") is not None
     session.close()  # the loop's end: the scorers go with the session, and its engine is closed
     assert session.built_scorers == {} and session.engine.closed  # type: ignore[attr-defined]
-    with bound(_session(ctx.run_id)):  # the run's next session builds them again
+    with bound(stub_session(ctx.run_id)):  # the run's next session builds them again
         reward.fn(ctx, cfg, uri, 3, 16, sandbox=sandbox)
     assert len(builds) == 2
 
@@ -84,14 +66,14 @@ def test_outside_a_session_each_reward_call_builds_its_scorers(
     ctx, uri = rollouts
     cfg, sandbox = RewardConfig(), SandboxConfig()
     reward.fn(ctx, cfg, uri, 0, 16, sandbox=sandbox)
-    with bound(_session("another-run")):  # another run's session is not this run's
+    with bound(stub_session("another-run")):  # another run's session is not this run's
         reward.fn(ctx, cfg, uri, 1, 16, sandbox=sandbox)
     assert len(builds) == 2
 
 
 def test_another_session_or_config_gets_its_own_scorers(builds: list[RewardConfig]) -> None:
     cfg, sandbox = RewardConfig(), SandboxConfig()
-    a_session, b_session = _session("scorers-a"), _session("scorers-b")
+    a_session, b_session = stub_session("scorers-a"), stub_session("scorers-b")
     a = a_session.scorers(cfg, sandbox)
     assert a_session.scorers(RewardConfig(), SandboxConfig()) is a  # an equal config: the same
     assert b_session.scorers(cfg, sandbox) is not a
