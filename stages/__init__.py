@@ -1,6 +1,6 @@
 """Pipeline stages: one file per stage, each a Prefect task taking the run context, config and
 artifact URIs and returning a manifest URI, plus the stage floor :mod:`stages.floor` (stage-location
-names, config → verl_core builders, artifact readers/writers, the RL state, logging).
+names, config → verl_core builders, artifact readers/writers, the RL session, logging).
 
     snapshot       the newest dated data snapshot (returns the resolved ``data`` section)
     preprocess     raw rows → cleaned prompt and SFT tables

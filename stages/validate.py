@@ -65,7 +65,7 @@ def validate(
     sandbox: SandboxConfig,
     template_pack_uri: str,
     iteration: int,
-    log_samples: int = 0,
+    log_samples: int,
 ) -> float:
     """Held-out accuracy of policy version ``iteration``: mean ``correct`` (a rule scorer's verdict, or
     score ≥ ``reward.correct_threshold``), the same rule as eval's. ``heldout``: the ``eval`` section;

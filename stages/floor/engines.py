@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from verl_core.config import VerlFlowConfig
+from verl_core.errors import ConfigError
 from verl_core.rollout import ENGINES, RolloutEngine, make_engine
 from verl_core.rollout.placement import GroupMemberEngine, current_topology, engine_placement
 from verl_core.rollout.registry import EngineFactory
@@ -72,8 +73,17 @@ ENGINE_KWARGS: dict[EngineFactory, EngineKwargs] = {
 
 def engine_kwargs(cfg: VerlFlowConfig, name: str | None = None) -> dict[str, Any]:
     """Keyword arguments of ``verl_core.rollout.make_engine(name, ...)``, ``name`` by default
-    ``rollout.name`` (an unknown one fails with the engine registry's list of names)."""
-    return ENGINE_KWARGS[ENGINES.get(cfg.rollout.name if name is None else name)](cfg)
+    ``rollout.name`` (an unknown one fails with the engine registry's list of names; an engine
+    registered by a user's code, which the floor has no arguments for, fails naming it)."""
+    name = cfg.rollout.name if name is None else name
+    kwargs = ENGINE_KWARGS.get(ENGINES.get(name))
+    if kwargs is None:
+        known = ", ".join(sorted(n for n in ENGINES.names() if ENGINES.get(n) in ENGINE_KWARGS))
+        raise ConfigError(
+            f"rollout.name={name!r}: the pipeline knows no engine arguments for it (it builds {known}); "
+            "a registered engine replaced or added after import is not built by the stages"
+        )
+    return kwargs(cfg)
 
 
 def build_rollout_engine(

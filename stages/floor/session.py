@@ -7,8 +7,9 @@ loop), the KL controller, the prompt cursor and the policy version (PPO updates 
 opened by :func:`stages.floor.opening.open_session` (from the last committed checkpoint, a fork's
 parent, the SFT policy or the initial model) and closed by :meth:`RLSession.close` (its rollout engine,
 a vLLM process, stops; its scorers are freed). It changes only through this module's functions
-(:func:`advance_policy`, :func:`seal_update`, :func:`set_prompt_cursor`, :func:`engine_held`) and
-:func:`stages.floor.checkpoint.save_checkpoint`; ``tests/stages/test_structure.py`` holds that line.
+(:func:`advance_policy`, :func:`seal_update`, :func:`set_prompt_cursor`, :func:`engine_held`),
+:func:`stages.floor.checkpoint.save_checkpoint` and, restoring a checkpoint, :mod:`stages.floor.opening`;
+``tests/stages/test_structure.py`` holds that line.
 
 Where the Prefect task shells find it: Prefect tasks take the run context and URIs, never models, so
 the loop (:func:`flows.rl.rl_iterations`) binds a :class:`SessionSlot` for its run in a context

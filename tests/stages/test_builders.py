@@ -12,12 +12,25 @@ from stages.floor.engines import ENGINE_KWARGS, engine_kwargs, vllm_spec
 from stages.floor.scorers import SCORER_BUILDERS, build_scorers
 from stages.floor.specs import actor_spec, critic_spec, optim_spec, ppo_spec, update_seed
 from verl_core.config import RewardConfig, RewardScorerConfig, SandboxConfig, load_config
+from verl_core.errors import ConfigError
+from verl_core.registry import UnknownNameError
 from verl_core.reward import CodeScorer
 from verl_core.rollout import ENGINES
 from verl_core.rollout.vllm_spec import VLLMSpec
 from verl_core.runtime import sandbox
 from verl_core.runtime.sandbox import SandboxUnavailableError
 from verl_core.seeding import derive_seed
+
+
+def test_an_engine_the_floor_cannot_build_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an engine a user's code registers after import has no kwargs builder: a config error naming it
+    # and the engines the stages build, not a KeyError of a function object
+    monkeypatch.setattr(ENGINES, "_entries", {**ENGINES._entries, "mine": lambda **kw: None})
+    cfg = load_config(None, [])
+    with pytest.raises(ConfigError, match=r"rollout.name='mine': .* \(it builds auto, hf, vllm\)"):
+        engine_kwargs(cfg, "mine")
+    with pytest.raises(UnknownNameError, match="Valid names"):  # not registered at all
+        engine_kwargs(cfg, "nope")
 
 
 def test_every_rollout_engine_has_its_kwargs_builder() -> None:

@@ -236,7 +236,7 @@ def test_an_offloaded_shard_is_gathered_on_its_mesh_s_device(monkeypatch: pytest
     shard = _MeshShard(torch.arange(4.0), "cpu", "cuda", log)
     monkeypatch.setattr(dtensor, "DTensor", _MeshShard)
     monkeypatch.setattr(dcp_state_dict, "get_model_state_dict", lambda lm, options: {"w": shard})
-    monkeypatch.setattr(distributed_module, "multi_process", lambda: True)
+    monkeypatch.setattr(distributed_module, "distributed", lambda: True)
     weights = distributed_module.policy_weights(nn.Linear(1, 1))
     assert log == [("to", "cuda"), ("full_tensor", "cuda")]
     assert type(weights["w"]) is torch.Tensor and weights["w"].device.type == "cpu"

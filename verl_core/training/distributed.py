@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from verl_core.data.packing import karmarkar_karp
 from verl_core.errors import ConfigError
 from verl_core.models.loading import unwrap
+from verl_core.runtime.ranks import distributed
 from verl_core.training.precision import MixedPrecision
 
 if TYPE_CHECKING:
@@ -268,11 +269,6 @@ def load_full_optimizer_state(
     set_optimizer_state_dict(model, optimizer, state, options=_full())
 
 
-def multi_process() -> bool:
-    """Whether this process is one rank of a multi-process torch.distributed job."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
 def policy_weights(lm: nn.Module, *, keep: bool = True) -> dict[str, Tensor]:
     """The policy's full state dict (the names of ``lm.state_dict()``, each tensor its full shape, e.g.
     ``(V, H)`` for the embedding) for a rollout engine holding its own weights. One process: the plain
@@ -289,11 +285,11 @@ def policy_weights(lm: nn.Module, *, keep: bool = True) -> dict[str, Tensor]:
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(list(lm.parameters())):
-            if not multi_process():
+            if not distributed():
                 return {k: v.detach().clone() for k, v in lm.state_dict().items()}
             return {k: v.detach().to("cpu", copy=True) for k, v in lm.state_dict().items()} if keep else {}
     sharded = any(isinstance(p, DTensor) for p in lm.parameters())
-    if not sharded and not multi_process():
+    if not sharded and not distributed():
         return lm.state_dict()
     state = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=False))
     # tied weights are gathered once, decided by the module's structure (the same on every rank: each
