@@ -11,9 +11,9 @@ deployments on the ``gpu`` pool (``run_deployment``); they meet only through the
 Where SFT, the RL loop and the export run is chosen once, at the top (:mod:`flows.placement`).
 
 A fork or replay (``config.parent``, :mod:`stages.floor.parent`) is checked before any work, once per
-run (:mod:`flows.parent_check`: here, unless the caller hands over its own check of the same run),
-runs preprocess and template_pack itself, skips SFT and starts the RL loop from the parent's
-checkpoint.
+run (:mod:`flows.parent_check`: here, unless the caller hands over, in this process, its own check
+of the same run), runs preprocess and template_pack itself, skips SFT and starts the RL loop from the
+parent's checkpoint.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from prefect import flow, get_run_logger, task
 
 from flows.deployments import deployment_config, form_overrides, record_overrides
 from flows.gating import require_promotion, run_gate
-from flows.parent_check import ParentCheck, check_once
+from flows.parent_check import check_once
 from flows.placement import gpu_stages
 from flows.prefect_artifacts import publish
 from flows.results import PipelineResult
@@ -69,7 +69,6 @@ def rlhf_pipeline(
     overrides: list[str] | None = None,
     run_id: str | None = None,
     config_file: str | None = None,
-    parent_checked: ParentCheck | None = None,
 ) -> PipelineResult:
     """Run the whole pipeline for ``config`` (or the YAML ``config_file``, relative to the working
     directory) + dotted ``overrides`` as run ``run_id`` (None: experiment name + config hash).
@@ -81,8 +80,6 @@ def rlhf_pipeline(
         overrides: Dotted overrides applied last, e.g. ``trainer.total_iterations=3``.
         run_id: The run's id in the store (None: experiment name + config hash; the same id resumes).
         config_file: A YAML config, relative to the worker's working directory (the checkout).
-        parent_checked: A check of ``config.parent`` already made for this run (``verl-flow run
-            --fork`` and ``replay`` check before any flow starts); empty: the flow checks the parent.
     """
     base, edits = _base_config(config, config_file)
     if edits is not None:  # from a deployment's config: the flow run records overrides, not the config
@@ -96,7 +93,7 @@ def rlhf_pipeline(
     gpu = gpu_stages(cfg.execution)  # SFT, RL, export: in this process or as deployments, chosen once
     s = cfg.store
     store = ArtifactStore(s.url, max_attempts=s.max_attempts, outage_budget_s=s.outage_budget_s)
-    check_once(store, cfg, run_id or run_id_of(cfg), parent_checked)  # a fork or replay, before any work
+    check_once(store, cfg, run_id or run_id_of(cfg))  # a fork or replay, before any work
     fetch_initial_model(cfg)  # model.path naming an export in the store: this machine's copy (template_pack)
     ctx = start_run_task(cfg, run_id, origin)
     record_links(ctx)  # runs/{run_id}/links.json: this flow run and the MLflow run (the rollout browser)

@@ -93,9 +93,11 @@ def run(
         fail(e, 2)
 
     def pipeline() -> PipelineResult:
+        from flows.parent_check import handed_over
         from flows.pipeline import rlhf_pipeline
 
-        return rlhf_pipeline(config=cfg, run_id=run_id, parent_checked=checked)  # checked once: here
+        with handed_over(checked):  # checked once: here (in this process, never a flow parameter)
+            return rlhf_pipeline(config=cfg, run_id=run_id)
 
     _run_logged(cfg, run_id, verbose, pipeline, require_promotion=require_promotion)
 
@@ -318,7 +320,7 @@ def replay_cmd(
     RUN_ID's stored rollouts and rewards (or a rescore's) with OVERRIDES, instead of sampling. With no
     overrides it reproduces RUN_ID's checkpoints bit for bit; settings that would change the rollouts
     are refused. Rerun the same command to resume."""
-    from flows.parent_check import check_start
+    from flows.parent_check import BuiltReplay, check_start
     from stages.floor.locations import check_rescore_name
     from stages.floor.parent import replay_config, replay_run_id
 
@@ -329,17 +331,20 @@ def replay_cmd(
         cfg = replay_config(st, run_id, start, overrides or [], rewards)
         new_run_id = new_run_id or replay_run_id(run_id, start, cfg.config_hash())
         checked = check_start(st, cfg, new_run_id)  # the pipeline's check, handed on: made once
+        built = BuiltReplay(run_id, start, tuple(overrides or []), rewards, st.url, cfg)
     except ConfigError as e:
         fail(e, 2)
     except VerlFlowError as e:
         fail(e, 1)
 
     def replay() -> PipelineResult:  # the config built and the parent checked above, once
+        from flows.parent_check import handed_over
         from flows.replay import replay_flow
 
-        return replay_flow(
-            run_id=run_id, start_iteration=start, overrides=overrides or [], new_run_id=new_run_id,
-            rewards=rewards, store_url=st.url, config=cfg, parent_checked=checked,
-        )  # fmt: skip
+        with handed_over(checked, built):  # in this process, never flow parameters
+            return replay_flow(
+                run_id=run_id, start_iteration=start, overrides=overrides or [], new_run_id=new_run_id,
+                rewards=rewards, store_url=st.url,
+            )  # fmt: skip
 
     _run_logged(cfg, new_run_id, verbose, replay)

@@ -1,7 +1,8 @@
 """A fork's or replay's parent is checked once per run (:mod:`flows.parent_check`): ``verl-flow run
---fork`` and ``verl-flow replay`` check before any flow starts and hand their check to the pipeline,
-which then does not check again; the replay flow gets the config the CLI built; a pipeline entered at
-another door (Python, a deployment) checks the parent itself. Each check reads every replayed
+--fork`` and ``verl-flow replay`` check before any flow starts and hand their check over to the
+pipeline in this process (never as a flow parameter), which then does not check again; the replay flow
+uses the config the CLI built when it is the replay asked for; a pipeline entered at another door
+(Python, a deployment, a retried flow run) checks the parent itself. Each check reads every replayed
 iteration's manifests, so the tests count the calls of ``check_parent`` (a recording wrapper) through
 the real CLI and the flows' bodies (``.fn``: without Prefect's engine, whose temporary server would take
 most of the test's time), stopped right after the pipeline's check (no stage runs)."""
@@ -21,10 +22,9 @@ import flows.pipeline
 import flows.replay
 import stages.floor.parent
 from flows.cli import app
-from flows.parent_check import ParentCheck, check_once, check_start
+from flows.parent_check import BuiltReplay, ParentCheck, check_once, check_start, handed_over
 from stages.floor.locations import ckpt_stage, iteration_stage
 from verl_core.config import load_config, with_overrides
-from verl_core.errors import ConfigError
 from verl_core.store import ArtifactStore
 
 TINY = str(Path(__file__).resolve().parents[1] / "reliability" / "tiny.yaml")
@@ -125,20 +125,64 @@ def test_a_handed_over_check_counts_only_for_its_run_store_and_config(
     fork = with_overrides(fork, ["parent.run_id=P", "parent.iteration=2"])
     done = check_start(store, fork, "F")
     assert done == ParentCheck(run_id="F", store_url=store.url, config_hash=fork.config_hash())
-    check_once(store, fork, "F", done)  # the same run, store and config: not again
-    assert checks == ["F"]
-    other = with_overrides(fork, ["trainer.seed=7"])  # e.g. a data snapshot changed the config since
-    check_once(store, other, "F", done)
-    check_once(store, fork, "G", done)  # another run id: its own checkpoints decide
-    assert checks == ["F", "F", "G"]
+    with handed_over(done):
+        check_once(store, fork, "F")  # the same run, store and config: not again
+        assert checks == ["F"]
+        other = with_overrides(fork, ["trainer.seed=7"])  # e.g. a data snapshot changed the config since
+        check_once(store, other, "F")
+        check_once(store, fork, "G")  # another run id: its own checkpoints decide
+        assert checks == ["F", "F", "G"]
+    check_once(store, fork, "F")  # outside the block nothing is handed over (a Prefect "Retry")
+    assert checks == ["F", "F", "G", "F"]
     plain = fork.model_copy(update={"parent": None})
-    assert check_start(store, plain, "F") is None and checks == ["F", "F", "G"]  # no parent, no check
+    assert check_start(store, plain, "F") is None and len(checks) == 4  # no parent, no check
 
 
-def test_the_replay_flow_refuses_a_config_that_is_not_the_replay_it_is_asked_for(
+def test_the_parent_check_and_config_are_no_flow_parameters() -> None:
+    # a deployment's Run form (and a retry's saved parameters) could otherwise skip the check
+    assert set(flows.pipeline.rlhf_pipeline.parameters.properties) == {
+        "config", "overrides", "run_id", "config_file",
+    }  # fmt: skip
+    assert set(flows.replay.replay_flow.parameters.properties) == {
+        "run_id", "start_iteration", "overrides", "new_run_id", "rewards", "store_url",
+    }  # fmt: skip
+
+
+def test_the_replay_flow_builds_and_checks_again_when_the_handed_config_is_another_replay(
+    store: ArtifactStore, checks: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flow_builds = _counting(monkeypatch, flows.replay, "replay_config", 1)
+    cfg = stages.floor.parent.replay_config(store, "P", 2, [], None)
+    done = check_start(store, cfg, "R")
+    assert checks == ["R"]
+    kl = ["algorithm.kl_ctrl.kl_coef=0.01"]
+    asked: dict[str, Any] = {"run_id": "P", "start_iteration": 2, "store_url": store.url, "new_run_id": "R"}
+    for other in (
+        BuiltReplay("P", 2, (), None, store.url, cfg),  # asked with overrides the config lacks
+        BuiltReplay("P", 2, tuple(kl), None, f"{store.url}-other", cfg),  # another store
+        BuiltReplay("P", 2, tuple(kl), "v2", store.url, cfg),  # another rescore's rewards
+    ):
+        with handed_over(done, other), pytest.raises(Stop):
+            flows.replay.replay_flow(**asked, overrides=kl)
+    # each time built here, and its config (another hash) checked by the pipeline
+    assert flow_builds == ["P"] * 3 and checks == ["R"] * 4
+    with handed_over(done, BuiltReplay("P", 2, (), None, store.url, cfg)), pytest.raises(Stop):
+        flows.replay.replay_flow(**asked)  # the replay asked for: the handed config and check
+    assert flow_builds == ["P"] * 3 and checks == ["R"] * 4
+
+
+def test_a_fork_whose_parent_check_finds_a_config_error_exits_2_in_one_line(
     store: ArtifactStore, checks: list[str]
 ) -> None:
-    cfg = stages.floor.parent.replay_config(store, "P", 2, [], None)
-    with pytest.raises(ConfigError, match=r"^config.parent: .* is not a replay of "):
-        flows.replay.replay_flow(run_id="P", start_iteration=1, store_url=store.url, config=cfg)
-    assert checks == []  # refused before the pipeline
+    # run L's recorded parent is L itself: the check walks up to the root and finds a loop (ConfigError)
+    loop = load_config(TINY, ["trainer.total_iterations=3", f"store.url={store.url}"])
+    loop = with_overrides(loop, ["parent.run_id=L", "parent.iteration=2"])
+    store.write_run_record("L", loop.model_dump(mode="json"), loop.config_hash())
+    _commit(store, "L", ckpt_stage(2))
+    args = ["run", TINY, f"store.url={store.url}", "trainer.total_iterations=3", "--fork", "L@2"]
+    r = CliRunner().invoke(app, [*args, "--run-id", "F"])
+    assert r.exit_code == 2, r.output  # the documented config-error code (flows/cli/run.py), not 1
+    assert r.stderr.strip().splitlines() == ["error: parent.run_id: the parent chain of run 'L' loops"], (
+        r.stderr
+    )
+    assert checks == ["F"]
