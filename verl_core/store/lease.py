@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import posixpath
+import signal
 import threading
 import time
 import uuid
@@ -262,9 +263,29 @@ def stage_heartbeat(
     lease.acquire()
     try:
         check_not_revoked(store, run_id, holder)
-        yield
+        with _interruptible():
+            yield
     finally:
         lease.release()
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGINT handled by Python in the main thread for the block, so that ``_thread.interrupt_main``
+    reaches it: that call does nothing while SIGINT is ignored, and a process started in the
+    background by a non-interactive shell (``prefect worker start … &``) has SIGINT ignored and passes
+    that on to its children (the worker's flow runs). A handler of the process's own is left alone."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) not in (
+        signal.SIG_IGN,
+        signal.SIG_DFL,
+    ):
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def fence_stage_holder(store: ArtifactStore, run_id: str, holder: str) -> None:

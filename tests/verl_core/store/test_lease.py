@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 
@@ -104,6 +105,21 @@ def test_a_revoked_stage_lease_stops_its_holder(store: ArtifactStore) -> None:
     assert current is not None and current.holder == run_lease.token  # the run's lease untouched
     stage.release()
     run_lease.release()
+
+
+def test_a_revoked_holder_is_interrupted_with_sigint_ignored(store: ArtifactStore) -> None:
+    # a worker started in the background by a shell (`prefect worker start ... &`) has SIGINT ignored,
+    # and so do its flow runs: the heartbeat's interrupt must still reach the main thread, and the
+    # ignored SIGINT comes back after the block
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt), stage_heartbeat(store, "r", "fr-1", 0.3):
+            fence_stage_holder(store, "r", "fr-1")
+            for _ in range(200):  # 10 s at most
+                time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def test_a_stage_holder_given_up_is_fenced_off(store: ArtifactStore) -> None:
