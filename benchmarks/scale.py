@@ -1,10 +1,10 @@
 """One RL iteration at four model sizes: seconds, FLOP/s, memory and bytes of every phase, and the cost
-model's prediction of the largest from the three smaller.
+model's prediction of the largest from the smaller ones (and a wide, shallow fifth fitted beside them).
 
-    .venv/bin/python benchmarks/scale.py --sizes qs,34m,135m --hf     # ~15 min; waits for the lock
-    .venv/bin/python benchmarks/scale.py --sizes 34m,135m --algos grpo --prompts 8 --tag p8   # ~6 min
+    .venv/bin/python benchmarks/scale.py --sizes qs,34m,135m,w1k --hf     # ~20 min; waits for the lock
+    .venv/bin/python benchmarks/scale.py --sizes 34m,135m,w1k --algos grpo --prompts 8 --tag p8   # ~10 min
     .venv/bin/python benchmarks/scale.py --sizes 0.5b --algos grpo --hf   # ~7 min, ~20 GiB resident
-    .venv/bin/python benchmarks/scale.py --report     # tables + the fit on qs/34m/135m, checked on 0.5b
+    .venv/bin/python benchmarks/scale.py --report     # tables + the fit on qs/34m/135m/w1k, checked on 0.5b
 
 (``--tag``: a second workload shape under its own records, so that the fit can tell per-parameter
 from per-FLOP costs apart; each iteration's record also splits the training steps (backward, clipping,
@@ -28,8 +28,13 @@ run's text and padded to a real model's vocabulary (``model.vocab_pad_to``), tie
  qs          128 / 2 / 4 / 2 / 256            ≤ 512        the quickstart (its trained vocabulary)
  34m         512 / 6 / 8 / 2 / 1408           32,000       a Llama-2-vocabulary 34M model
  135m        576 / 30 / 9 / 3 / 1536          49,152       SmolLM-135M
+ w1k         1024 / 4 / 16 / 4 / 5632         32,000       wide and shallow (112M), for the fit only
  0.5b        896 / 24 / 14 / 2 / 4864         151,936      Qwen2.5-0.5B
 ==========  ==============================  ===========  =========================================
+
+The cost model is fitted on qs, 34m, 135m and w1k and checked on 0.5b (:data:`FIT_SIZES`). w1k is
+there because 34m and 135m are nearly as wide (512, 576): across qs/34m/135m alone a cost per FLOP and
+one per activation element or per layer grow together, and the fit cannot tell them apart.
 
 Algorithms (``--algos``): ``grpo`` (GRPO, KL loss: a frozen reference) and ``ppo`` (GAE: a critic).
 Workload (fixed across sizes): ``--prompts`` arithmetic prompts × ``--n`` samples, responses of at most
@@ -83,13 +88,16 @@ SIZES: dict[str, dict[str, Any]] = {
     "qs": {},  # the schema's scratch model, as configs/quickstart.yaml builds it
     "34m": {"hidden": 512, "layers": 6, "heads": 8, "kv": 2, "mlp": 1408, "vocab": 32000},
     "135m": {"hidden": 576, "layers": 30, "heads": 9, "kv": 3, "mlp": 1536, "vocab": 49152},
+    # wide and shallow, for the fit only: 34m and 135m are nearly as wide (512, 576), so per-FLOP and
+    # per-activation costs (which fall with the width, per FLOP) grow together across qs/34m/135m
+    "w1k": {"hidden": 1024, "layers": 4, "heads": 16, "kv": 4, "mlp": 5632, "vocab": 32000},
     "0.5b": {"hidden": 896, "layers": 24, "heads": 14, "kv": 2, "mlp": 4864, "vocab": 151936},
 }
 ALGOS = {
     "grpo": ["algorithm.adv_estimator=grpo", "actor.use_kl_loss=true"],
     "ppo": ["algorithm.adv_estimator=gae"],
 }
-FIT_SIZES = ("qs", "34m", "135m")  # the cost model is fitted on these, never on 0.5b
+FIT_SIZES = ("qs", "34m", "135m", "w1k")  # the cost model is fitted on these, never on 0.5b
 UPDATE_PHASES = ("old_log_prob", "ref", "values", "adv", "update_actor", "update_critic")
 
 

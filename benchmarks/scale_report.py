@@ -20,8 +20,10 @@ from verl_core.planning.rates import ShapeRates
 
 GIB = 1024**3
 # price FLOPs at the records' own shape rates and the checkpoint at their write bandwidth where they
-# carry them (False: one matmul rate and a per-byte checkpoint, the cost model before them)
-SHAPES = True
+# carry them; False: one matmul rate and a per-byte checkpoint, the form `verl-flow plan` predicts with
+# (CPU_CALIBRATION). On the quiet 29 Nov records the shaped form predicts 0.5B no better (forwards
+# 1.06-1.15 against 1.03-1.14) and its save further off (1.9-2.1 against 1.4-2.1): benchmarks/RESULTS.md
+SHAPES = False
 # the fit's relative error turns absolute below this many seconds (fit_calibration's floor_s); 0: plain
 # relative error, as CPU_CALIBRATION was fitted (0.2 s was tried: benchmarks/RESULTS.md, issue 37)
 FIT_FLOOR_S = 0.0
@@ -168,13 +170,13 @@ def orchestration_table(records: list[dict[str, Any]]) -> None:
 
 def fit_and_check(records: list[dict[str, Any]], fit_sizes: tuple[str, ...]) -> Calibration | None:
     """Fit on ``fit_sizes``, print predicted vs measured for every record. One rate for all: the highest
-    matmul rate measured in any record (the machine without other jobs' load), so the load a
+    matmul rate measured in any fitted record (the machine without other jobs' load), so the load a
     1-s measurement happened to catch does not move one size's FLOP features against another's."""
     fit = [r for r in records if r["size"] in fit_sizes]
     if not fit:
         return None
-    rate = max(best_rate(r) for r in records)
-    bw = max(best_bandwidth(r) for r in records)
+    rate = max(best_rate(r) for r in fit)  # the fitted records' only: nothing of a checked size
+    bw = max(best_bandwidth(r) for r in fit)
     rows = [(features(r, rate, bw)[p], s) for r in fit for p, s in measured(r).items() if p in features(r)]
     cal = fit_calibration(rows, FIT_FLOOR_S)
     print(f"\nCost model fitted on {sorted({r['size'] for r in fit})} ({len(rows)} phase rows), rate "
@@ -271,8 +273,8 @@ def check_external(
     """The cost model fitted on ``fit_sizes`` (at the records' highest rate) against ``external``'s
     kernel phases."""
     fit = [r for r in records if r["size"] in fit_sizes]
-    rate = max(best_rate(r) for r in records)
-    bw = max(best_bandwidth(r) for r in records)
+    rate = max(best_rate(r) for r in fit)
+    bw = max(best_bandwidth(r) for r in fit)
     rows = [(features(r, rate, bw)[p], s) for r in fit for p, s in measured(r).items() if p in features(r)]
     pred = predict(features(external, rate, bw), fit_calibration(rows, FIT_FLOOR_S))
     meas = external["iterations"][-1]["phases"]

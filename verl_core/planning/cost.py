@@ -121,23 +121,26 @@ class Calibration:
 
 
 # Fitted (fit_calibration) on this project's CPU machine (2 cores of an Intel Xeon VM, fp32, 2 torch
-# threads, load 1.4-1.9), 28 Nov 2026, by benchmarks/scale.py on the quickstart's, 34M and 135M
-# geometries, GRPO and PPO, and GRPO with twice the prompts (83 phase rows), at the machine's best
-# measured rate (164 GFLOP/s fp32) and copy bandwidth (34.8 GB/s): the defaults of a CPU plan. Checked
-# on 0.5B (never fitted on it): generation, the update, weight sync, orchestration and checkpoint load
-# within ±25%; old and reference log-probs over-predicted 1.4-1.6x (wider matmuls run nearer the
-# plain matmul's rate), checkpoint save 1.4x (benchmarks/RESULTS.md). opt_param fits 0: with one
-# micro-batch per optimizer step in every record, AdamW's passes are in weight_pass (records with two
-# micro-batches per step separate them on the updates alone: 6 weight passes per micro-batch, 53 per
-# step; in the joint fit weight_pass stays shared with the forwards, which want ~20 per forward phase).
+# threads, no other job running: 1-min load 0.6-2.0 with the run itself), 29 Nov 2026, by
+# benchmarks/scale.py on the quickstart's, 34M, 135M and a wide, shallow 112M geometry (1024 wide,
+# 4 layers: across qs/34M/135M alone, 512 and 576 wide, a per-FLOP and a per-activation or per-layer
+# cost grow together), GRPO and PPO, GRPO with twice the prompts (p8) and with two micro-batches per
+# optimizer step (mb2): 144 phase rows, at the fitted records' best measured rate (174 GFLOP/s fp32)
+# and copy bandwidth (35.5 GB/s), never on 0.5B. The defaults of a CPU plan. Checked on two 0.5B GRPO
+# runs (benchmarks/RESULTS.md): generation, old and reference log-probs, orchestration within ±25%
+# (0.91-1.14), the iteration 0.80-0.89; the phases that move memory and disk under-predicted where the
+# 0.5B run leaves the 24 GiB machine ~1-3 GiB free (update 0.71-0.75, weight sync 0.67-0.82, checkpoint
+# load 0.69-0.70) and the checkpoint save over-predicted 1.4-2.1x (its sha256 re-reads ran at 0.7 and
+# 1.3 GB/s in the two runs). matmul_flop ~1: forwards and training run at the plain 1024² matmul's rate,
+# their other costs in the per-parameter passes (weight_pass, opt_param: both separate with the mb2 rows).
 CPU_CALIBRATION = Calibration(
-    gen_flop=5.56, gen_call=0.211, matmul_flop=1.29, fwd_call=0.0146, train_call=0.0371, logit=0.0,
-    weight_pass=27.4, opt_param=0.0, sync_byte=81.2, sync_call=0.498, save_byte=4.2e-9,
-    load_byte=4.62e-9, ckpt_call=0.0474, reward_sample=0.0, reward_call=3.04e-4, adv_token=2.86e-6,
-    stage_call=0.0685, artifact_token=0.0,
+    gen_flop=5.51, gen_call=0.161, matmul_flop=0.963, fwd_call=0.00948, train_call=0.029, logit=1.06e-8,
+    weight_pass=18.6, opt_param=5.55, sync_byte=73.3, sync_call=0.553, save_byte=3.75e-9,
+    load_byte=3.78e-9, ckpt_call=0.063, reward_sample=2.59e-6, reward_call=2.69e-4, adv_token=2.97e-6,
+    stage_call=0.0661, artifact_token=2.15e-6,
 )  # fmt: skip
-CPU_RATE_FLOPS = 164e9  # the rate CPU_CALIBRATION was fitted at (measure_cpu_matmul_rate on that machine)
-CPU_BANDWIDTH = 34.8e9  # bytes/s, measure_cpu_copy_bandwidth on that machine: the default bandwidth
+CPU_RATE_FLOPS = 174e9  # the rate CPU_CALIBRATION was fitted at (measure_cpu_matmul_rate on that machine)
+CPU_BANDWIDTH = 35.5e9  # bytes/s, measure_cpu_copy_bandwidth on that machine: the default bandwidth
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s, matched on the
 # device name.
