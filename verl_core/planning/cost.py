@@ -47,10 +47,11 @@ parameter per optimizer step (AdamW, clipping: memory traffic), per byte synced 
 sample scored, per stage call and per token stored (orchestration: Prefect task runs, manifests, Parquet,
 tracking), and a fixed cost per phase (small kernels, Python, the engine's round trip).
 
-Fixed costs per layer (kernel dispatch) are left out on purpose: at one workload shape the layer count
-grows with the FLOPs across sizes, so a fit cannot tell them apart and a per-layer term takes the FLOPs'
-share, then mispredicts a model whose depth and width grow differently (135M: 30 narrow layers; 0.5B:
-24 wide ones).
+Fixed costs per layer (kernel dispatch) and the activations' elementwise traffic are left out: across
+sizes whose widths barely differ both grow with the FLOPs and a fit trades one for the other; with a
+wide, shallow size among the fitted ones (``benchmarks/scale.py``'s w1k: 1024 wide, 4 layers) they
+separate, and fitted they move no 0.5B phase by more than 0.03 (per layer) or make the old log-probs
+worse (activations: 0.80-0.88 against 1.03-1.14).
 
 The coefficients are fitted (:func:`fit_calibration`, non-negative least squares on relative error,
 absolute below a floor of seconds) on measured phases of *smaller* models (``benchmarks/scale.py``),
@@ -128,7 +129,7 @@ class Calibration:
 # optimizer step (mb2): 144 phase rows, at the fitted records' best measured rate (174 GFLOP/s fp32)
 # and copy bandwidth (35.5 GB/s), never on 0.5B. The defaults of a CPU plan. Checked on two 0.5B GRPO
 # runs (benchmarks/RESULTS.md): generation, old and reference log-probs, orchestration within ±25%
-# (0.91-1.14), the iteration 0.80-0.89; the phases that move memory and disk under-predicted where the
+# (0.84-1.14), the iteration 0.80-0.89; the phases that move memory and disk under-predicted where the
 # 0.5B run leaves the 24 GiB machine ~1-3 GiB free (update 0.71-0.75, weight sync 0.67-0.82, checkpoint
 # load 0.69-0.70) and the checkpoint save over-predicted 1.4-2.1x (its sha256 re-reads ran at 0.7 and
 # 1.3 GB/s in the two runs). matmul_flop ~1: forwards and training run at the plain 1024² matmul's rate,
