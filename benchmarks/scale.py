@@ -48,7 +48,8 @@ artifacts, MLflow tracking), with ``--lock`` held around all the children of one
 
 Per phase, the seconds the pipeline itself records (rollout ``seconds`` = ``engine.generate``, reward
 ``seconds``, the update's ``timing_s/*``), weight sync (``advance_policy``), the checkpoint save (the
-checkpoint task's body) and load (the policy, trainer state and critic read back from the store),
+checkpoint task's body) and load (the policy, trainer state and critic read back as a resume reads
+them: from the store's own files, the state memory-mapped and each tensor read once),
 Parquet writes (``StageWriter.write_table``); tokens/s; peak RSS of the trainer process and of the vLLM
 process tree (sampled with psutil every 0.2 s); bytes the iteration added to the store; each phase's
 FLOPs (:mod:`verl_core.planning.cost`) over its seconds against the matmul rate measured in the same
@@ -75,7 +76,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -517,23 +518,44 @@ def _group_prompts(rollouts: Any) -> list[list[int]]:
     return list(seen.values())
 
 
+def _tensors(obj: Any) -> Iterator[Any]:
+    """Every tensor in a nested dict / list (a trainer state)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
 def _checkpoint_load(
     cfg: Any, store: Any, ckpt_uri: str, tp_uri: str, hf: bool, last: dict[str, Any]
 ) -> dict[str, Any]:
-    """Seconds to read the final checkpoint back (policy model, trainer state, critic files), and with
-    ``hf`` the HF engine's generation of the last iteration's prompts from the loaded policy."""
-    from stages.floor.artifacts import files_under, load_tokenizer, read_policy
+    """Seconds to read the final checkpoint back as a resume does (``stages.floor.opening``): the
+    policy model and the critic from the store's own files, the trainer state memory-mapped, each of
+    its tensors read once (the pages the first optimizer step would read); with ``hf`` the HF engine's
+    generation of the last iteration's prompts from the loaded policy."""
+    from stages.floor.artifacts import load_tokenizer, local_model_dir, read_policy
     from stages.floor.engines import engine_kwargs
     from stages.floor.rollouts import sampling_params
-    from verl_core.models.checkpoint import load_state_bytes
+    from verl_core.models.checkpoint import load_state
+    from verl_core.models.heads import load_value_model
     from verl_core.rollout import make_engine
 
     manifest = store.read_manifest(ckpt_uri)
     t0 = time.perf_counter()
     lm = read_policy(store, manifest, "policy", cfg.model)
-    load_state_bytes(store.read_bytes(manifest, "trainer_state.pt"), "trainer_state.pt")
+    with store.local_file(manifest, "trainer_state.pt") as path:
+        state = load_state(path, "trainer_state.pt")
+    for t in _tensors(state):
+        t.sum()  # reads every page of the mapping
     if cfg.use_critic:
-        files_under(store, manifest, "critic")
+        with local_model_dir(store, manifest, "critic") as directory:
+            load_value_model(str(directory), dtype=cfg.model.dtype)
     out: dict[str, Any] = {
         "checkpoint_load_s": time.perf_counter() - t0,
         "checkpoint_bytes": sum(entry.size for entry in manifest.files),

@@ -23,7 +23,8 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,8 +100,8 @@ def read_policy(
     False: for merging and evaluation, the base in ``model.dtype`` without quantization."""
     from peft import PeftModel, prepare_model_for_kbit_training
 
-    with tempfile.TemporaryDirectory() as tmp:
-        policy_dir = _materialise(store, manifest, prefix, Path(tmp) / "policy")
+    with ExitStack() as dirs:
+        policy_dir = dirs.enter_context(local_model_dir(store, manifest, prefix))
         if model.lora_rank == 0:
             lm = load_causal_lm(
                 str(policy_dir),
@@ -110,7 +111,7 @@ def read_policy(
             )
         else:
             if model.init == "scratch":
-                base_path = str(_materialise(store, manifest, f"{prefix}-base", Path(tmp) / "base"))
+                base_path = str(dirs.enter_context(local_model_dir(store, manifest, f"{prefix}-base")))
             else:
                 assert model.path is not None
                 base_path = model_dir(model.path)  # a store URI: this process's copy
@@ -142,13 +143,26 @@ def files_under(store: ArtifactStore, manifest: Manifest, prefix: str) -> dict[s
     }
 
 
-def _materialise(store: ArtifactStore, manifest: Manifest, prefix: str, directory: Path) -> Path:
-    files = files_under(store, manifest, prefix)
-    if not files:
+@contextmanager
+def local_model_dir(store: ArtifactStore, manifest: Manifest, prefix: str) -> Iterator[Path]:
+    """A directory of a committed stage's files under ``prefix/`` (a model dir) for loaders that take
+    a path, no file read into memory (a 2 GB policy at 0.5B, a critic beside it): links to the store's
+    own files on a local store, downloads elsewhere, each checked against the manifest
+    (:meth:`ArtifactStore.local_file`); removed on exit."""
+    start = prefix.rstrip("/") + "/"
+    names = [f.name for f in manifest.files if f.name.startswith(start)]
+    if not names:
         raise ConfigError(
             f"stage {manifest.stage!r} of run {manifest.run_id!r} has no checkpoint under {prefix}/"
         )
-    return write_files(files, directory)
+    with ExitStack() as files, tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            rel = name[len(start) :]
+            if "/" in rel or rel.startswith("."):
+                raise DataError(f"{store.file_uri(manifest, name)}: expected a plain file name under {start}")
+            local = files.enter_context(store.local_file(manifest, name))
+            (Path(tmp) / rel).symlink_to(local.resolve())
+        yield Path(tmp)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -12,11 +12,9 @@ cursor, and publishes the update manifests it recorded as pending.
 
 from __future__ import annotations
 
-import tempfile
-
 from torch import nn
 
-from stages.floor.artifacts import files_under, load_tokenizer, read_policy
+from stages.floor.artifacts import load_tokenizer, local_model_dir, read_policy
 from stages.floor.checkpoint import publish_pending, resume_iteration
 from stages.floor.engines import build_rollout_engine
 from stages.floor.lineage import policy_lineage, start_identity
@@ -29,11 +27,11 @@ from stages.floor.specs import actor_spec, critic_spec, planned_iterations
 from verl_core.algorithms import make_kl_controller
 from verl_core.config import VerlFlowConfig
 from verl_core.errors import ArtifactNotFoundError, ConfigError
-from verl_core.files import write_files
 from verl_core.models.checkpoint import load_state, seed_rngs, set_rng_state
 from verl_core.models.heads import load_value_model, value_model_from_policy
 from verl_core.models.loading import enable_gradient_checkpointing, resolve_device
 from verl_core.models.packed import PackedCausalLM, PackedScoreModel
+from verl_core.runtime.heap import restore_heap, retain_freed_heap
 from verl_core.runtime.ranks import on_main
 from verl_core.runtime.run import RunContext
 from verl_core.seeding import derive_seed
@@ -86,6 +84,7 @@ def open_session(
     # the rollout engine before the actor is sharded: an own-copy engine copies the whole policy
     engine = build_rollout_engine(cfg, lm, tokenizer, device)  # this rank's (placement)
     try:  # a failure from here on leaves no engine (a vLLM subprocess) behind
+        retain_freed_heap()  # an update's freed tensors serve its next micro-batch (RLSession.close undoes)
         a = cfg.actor
         actor_engine = build_train_engine(
             actor, actor_spec(cfg, iterations), strategy=a.strategy, device=device, zero_stage=a.zero_stage,
@@ -112,6 +111,7 @@ def open_session(
         seconds = sync_rollout_weights(session)  # the engine holds the loaded policy, as version `version`
     except BaseException:
         engine.close()
+        restore_heap()
         raise
     stage_logger(__name__).info(
         "rl: rollout engine at policy version %d (sync %.2f s)", session.version, seconds
@@ -181,12 +181,12 @@ def _critic(
 ) -> nn.Module:
     """The checkpoint's critic; a new one when there is no checkpoint, or a fork's parent had none.
     ``model.gradient_checkpointing`` recomputes its activations in backward as it does the policy's."""
-    files = files_under(store, ckpt, "critic") if ckpt is not None else {}
-    if ckpt is not None and not files and own:
+    saved = ckpt is not None and any(f.name.startswith("critic/") for f in ckpt.files)
+    if ckpt is not None and not saved and own:
         raise ArtifactNotFoundError(f"checkpoint {ckpt.stage} of run {ckpt.run_id} has no critic")
-    if files:
-        with tempfile.TemporaryDirectory() as tmp:
-            critic = load_value_model(str(write_files(files, tmp)), dtype=cfg.model.dtype)
+    if ckpt is not None and saved:
+        with local_model_dir(store, ckpt, "critic") as directory:  # the store's files, not read whole
+            critic = load_value_model(str(directory), dtype=cfg.model.dtype)
     elif cfg.critic.path:
         critic = load_value_model(
             cfg.critic.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code

@@ -43,6 +43,7 @@ from verl_core.models.packed import PackedCausalLM, PackedScoreModel
 from verl_core.reward import WeightedScorer
 from verl_core.rollout import RolloutEngine
 from verl_core.rollout.placement import GroupMemberEngine
+from verl_core.runtime.heap import restore_heap, trim_heap
 from verl_core.runtime.ranks import barrier
 from verl_core.runtime.run import RunContext
 from verl_core.store import Manifest
@@ -89,10 +90,11 @@ class RLSession:
         return self.built_scorers[key]
 
     def close(self) -> None:
-        """Free the scorers (a reward model's weights go with them) and close the rollout engine (a
-        vLLM engine's process stops here)."""
+        """Free the scorers (a reward model's weights go with them), close the rollout engine (a
+        vLLM engine's process stops here) and give glibc's heap its defaults back."""
         self.built_scorers.clear()
         self.engine.close()
+        restore_heap()
 
 
 class SessionSlot:
@@ -205,21 +207,16 @@ def sync_rollout_weights(session: RLSession) -> float:
 
 def release_cached_memory() -> None:
     """Free Python's garbage and return the CUDA caching allocator's unused blocks to the driver
-    (nothing on a process that never initialised CUDA), and glibc's freed heap to the OS: glibc keeps
-    freed blocks under its mmap threshold (which rises to 32 MiB as larger tensors are freed, so a
-    0.5B model's activations and gradients) resident until ``malloc_trim``; without it a CPU
-    trainer holds the update's high-water mark through weight sync and generation."""
-    import contextlib
-    import ctypes
+    (nothing on a process that never initialised CUDA), and glibc's freed heap to the OS
+    (:func:`verl_core.runtime.heap.trim_heap`): the session keeps what an update frees for its next
+    micro-batch (:func:`~verl_core.runtime.heap.retain_freed_heap`), so without the trim a CPU trainer
+    holds the update's high-water mark through weight sync and generation."""
     import gc
-    import sys
 
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-    if sys.platform == "linux":
-        with contextlib.suppress(OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trim_heap()
 
 
 def rest_engine(session: RLSession) -> None:

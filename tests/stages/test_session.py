@@ -1,7 +1,7 @@
 """How the RL task shells find the run's session (stages/floor/session.py): only inside a binding of
 that run (a slot the loop bound and the init task filled, or an open session bound whole), in copied
 contexts too (Prefect's task runners, the ahead rollout's thread), never in a plain thread; closing
-the session closes its engine and frees its scorers."""
+the session closes its engine, frees its scorers and gives glibc's heap its defaults back."""
 
 from __future__ import annotations
 
@@ -69,7 +69,11 @@ def test_a_copied_context_carries_the_binding_into_a_thread_a_plain_thread_does_
         assert pool.submit(lookup).result() == "unbound"
 
 
-def test_closing_closes_the_engine_and_frees_the_scorers() -> None:
+def test_closing_closes_the_engine_and_frees_the_scorers_and_restores_the_heap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    restored: list[bool] = []
+    monkeypatch.setattr("stages.floor.session.restore_heap", lambda: restored.append(True))
     session = stub_session("a")
     session.scorers(RewardConfig(), SandboxConfig())
     with bound("a") as slot:
@@ -77,3 +81,4 @@ def test_closing_closes_the_engine_and_frees_the_scorers() -> None:
         slot.close()
         assert slot.session is None
     assert session.built_scorers == {} and session.engine.closed  # type: ignore[attr-defined]
+    assert restored == [True]  # glibc's defaults back (opening the session retained the freed heap)
