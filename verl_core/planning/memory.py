@@ -41,9 +41,10 @@ full-length samples), ``L`` layers, hidden ``h``, MLP width ``I``, ``H``/``K`` q
   loading layout to reload (``L·layer·c`` more), and its LM head twice (the embedding's and a packed one).
 * checkpoint: its files stream to the store (trainer state, policy, critic: no copy); a LoRA model
   from scratch rebuilds its base as a plain module to save it, ``P·b`` (:mod:`.memory_terms`).
-* on CPU, :data:`CPU_HEAP_RETAINED` of an update's freed activations and logits stays resident (glibc's
-  heap) through the checkpoint, unless a weight sync trimmed it first (``malloc_trim`` before
-  every sync to an engine with its own weights: vLLM, an HF engine's own copy).
+* on CPU, an RL update's freed activations and logits stay resident (the session keeps glibc's freed
+  heap: :mod:`verl_core.runtime.heap`) through the checkpoint, unless a weight sync trimmed it first
+  (``malloc_trim`` before every sync to an engine with its own weights: vLLM, an HF engine's own
+  copy); :data:`CPU_HEAP_RETAINED` of SFT's (glibc's defaults) through its checkpoint.
 * a per-process baseline: Python, torch, transformers, Prefect, MLflow, pyarrow resident (measured, see
   :data:`TRAINER_BASELINE`), vLLM's engine process and its runtime (:data:`VLLM_BASELINE`).
 
@@ -98,8 +99,9 @@ CUDA_CONTEXT = 512 * MIB
 # vLLM's sampler: float32 logits and probabilities of its largest batch (max_num_seqs sequences)
 VLLM_MAX_NUM_SEQS = 256
 # Share of an update's freed activations and logits that stays in a CPU process's resident set into the
-# phases after it: glibc keeps freed heap pages (medium tensors come from its heap once its mmap
-# threshold has risen) and returns them only on malloc_trim. Measured: 0.78 on the 135M PPO run before
+# phases after it under glibc's default settings (SFT; an RL session keeps all of it): glibc keeps freed
+# heap pages (medium tensors come from its heap once its mmap threshold has risen) and returns them
+# only on malloc_trim. Measured: 0.78 on the 135M PPO run before
 # the sync trimmed the heap, as the checkpoint's residual above the serialised moments it then held
 # (benchmarks/plan_vs_peaks.py), 0.4 on a 49M update alone; 0.75 here. Checkpoints stream now, so it
 # decides a peak only at an SFT or a scratch-LoRA checkpoint (elsewhere the update is higher); not
@@ -241,7 +243,8 @@ def _trainer(cfg: VerlFlowConfig, run: _Run) -> tuple[Parts, Parts, dict[str, Pa
     freed = max(_freed(parts) for name, parts in phases.items() if name.endswith("update"))
     # a sync to an engine with its own weights trims the heap first (release_cached_memory)
     trimmed = run.gpu or ro.name != "hf" or not ro.share_weights or cfg.trainer.rollout_ahead > 0
-    held = () if trimmed else (_c("heap kept from the update", CPU_HEAP_RETAINED * freed, "glibc"),)
+    # an RL session keeps every freed block in the heap until a trim (verl_core.runtime.heap)
+    held = () if trimmed else (_c("heap kept from the update", freed, "glibc, retained"),)
     host_phases: dict[str, Parts] = {}
 
     def on_host(phase: str, device_side: Parts, *parts: Component) -> None:

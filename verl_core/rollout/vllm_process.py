@@ -42,7 +42,6 @@ from verl_core.errors import ConfigError
 from verl_core.rollout.base import Completion, SamplingParams
 from verl_core.rollout.vllm_base import VLLMEngineBase, save_for_engine
 from verl_core.rollout.vllm_spec import VLLMSpec
-from verl_core.runtime.heap import RETAINED_HEAP_ENV
 
 PYTHON_ENV = "VERL_FLOW_VLLM_PYTHON"  # the vLLM environment's interpreter, when not in the config
 VENV = ".venv-vllm"  # where `make .venv-vllm` builds it, beside the project
@@ -167,7 +166,7 @@ class VLLMProcessEngine(VLLMEngineBase):
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
-            env={**RETAINED_HEAP_ENV, **os.environ, **logging_level, **(env or {})},
+            env={**os.environ, **logging_level, **(env or {})},
             cwd=self._tmp,
         )
         start = {"op": "start", "model": path, "spec": spec.to_json(), "lora_rank": lora_rank}

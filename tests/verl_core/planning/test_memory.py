@@ -215,6 +215,13 @@ def test_a_checkpoint_streams_its_files_and_holds_no_copy() -> None:
     # moments (2·P·4 = 11,840 bytes for the actor, the critic's too) and the policy's file (P·4 =
     # 5,920) stream to the store: nothing but the kept heap is added to the resident state
     assert set(_added(_trainer(), "checkpoint")) == {"heap kept from the update"}
+    # all of the larger update's freed activations and logit chunks: the RL session retains the heap
+    trainer = _trainer()
+    freed = [
+        sum(n for name, n in _added(trainer, phase).items() if "activations" in name or "chunks" in name)
+        for phase in ("actor update", "critic update")
+    ]
+    assert _added(trainer, "checkpoint")["heap kept from the update"] == max(freed) > 0
     # vLLM: the sync trimmed the heap; nothing is added
     assert _added(_trainer("rollout.name=vllm"), "checkpoint") == {}
 
