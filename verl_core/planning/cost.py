@@ -122,26 +122,26 @@ class Calibration:
 
 
 # Fitted (fit_calibration) on this project's CPU machine (2 cores of an Intel Xeon VM, fp32, 2 torch
-# threads, no other job running: 1-min load 0.6-2.0 with the run itself), 29 Nov 2026, by
-# benchmarks/scale.py on the quickstart's, 34M, 135M and a wide, shallow 112M geometry (1024 wide,
-# 4 layers: across qs/34M/135M alone, 512 and 576 wide, a per-FLOP and a per-activation or per-layer
-# cost grow together), GRPO and PPO, GRPO with twice the prompts (p8) and with two micro-batches per
-# optimizer step (mb2): 144 phase rows, at the fitted records' best measured rate (174 GFLOP/s fp32)
-# and copy bandwidth (35.5 GB/s), never on 0.5B. The defaults of a CPU plan. Checked on two 0.5B GRPO
-# runs (benchmarks/RESULTS.md): generation, old and reference log-probs, orchestration within ±25%
-# (0.84-1.14), the iteration 0.80-0.89; the phases that move memory and disk under-predicted where the
-# 0.5B run leaves the 24 GiB machine ~1-3 GiB free (update 0.71-0.75, weight sync 0.67-0.82, checkpoint
-# load 0.69-0.70) and the checkpoint save over-predicted 1.4-2.1x (its sha256 re-reads ran at 0.7 and
-# 1.3 GB/s in the two runs). matmul_flop ~1: forwards and training run at the plain 1024² matmul's rate,
-# their other costs in the per-parameter passes (weight_pass, opt_param: both separate with the mb2 rows).
+# threads, nothing else running; the VM's matmul rate 117-171 GFLOP/s between measurements that day),
+# 29 Nov 2026 09:00-09:40, by benchmarks/scale.py on the quickstart's, 34M, 135M and a wide, shallow 112M
+# geometry (1024 wide, 4 layers: across qs/34M/135M alone, 512 and 576 wide, a per-FLOP and a
+# per-activation or per-layer cost grow together), GRPO and PPO, GRPO with twice the prompts (p8) and
+# with two micro-batches per optimizer step (mb2): 14 records, at the fitted records' best measured
+# rate (171 GFLOP/s fp32) and copy bandwidth (34.7 GB/s), never on 0.5B; the RL session kept glibc's
+# freed heap (verl_core.runtime.heap) and the load read the store's own files. The defaults of a CPU
+# plan. Checked on a 0.5B GRPO run (benchmarks/RESULTS.md): generation, old and reference log-probs,
+# actor update, weight sync, orchestration and the iteration within ±25% (0.77-1.16); the checkpoint
+# save and load over-predicted 1.5x and 1.4x (0.5B writes and reads a byte faster than the small sizes
+# with their per-tensor and per-module costs). opt_param fits to 0: with the freed heap kept, AdamW's
+# passes are no longer told apart from the update's weight passes (weight_pass carries both).
 CPU_CALIBRATION = Calibration(
-    gen_flop=5.51, gen_call=0.161, matmul_flop=0.963, fwd_call=0.00948, train_call=0.029, logit=1.06e-8,
-    weight_pass=18.6, opt_param=5.55, sync_byte=73.3, sync_call=0.553, save_byte=3.75e-9,
-    load_byte=3.78e-9, ckpt_call=0.063, reward_sample=2.59e-6, reward_call=2.69e-4, adv_token=2.97e-6,
-    stage_call=0.0661, artifact_token=2.15e-6,
+    gen_flop=5.79, gen_call=0.169, matmul_flop=1.24, fwd_call=0.0137, train_call=0.0502, logit=8.43e-9,
+    weight_pass=15.7, opt_param=0.0, sync_byte=84.5, sync_call=0.605, save_byte=4.05e-9,
+    load_byte=2.35e-9, ckpt_call=0.0762, reward_sample=1.03e-5, reward_call=2.62e-4, adv_token=3.02e-6,
+    stage_call=0.0667, artifact_token=1.05e-5,
 )  # fmt: skip
-CPU_RATE_FLOPS = 174e9  # the rate CPU_CALIBRATION was fitted at (measure_cpu_matmul_rate on that machine)
-CPU_BANDWIDTH = 35.5e9  # bytes/s, measure_cpu_copy_bandwidth on that machine: the default bandwidth
+CPU_RATE_FLOPS = 171e9  # the rate CPU_CALIBRATION was fitted at (measure_cpu_matmul_rate on that machine)
+CPU_BANDWIDTH = 34.7e9  # bytes/s, measure_cpu_copy_bandwidth on that machine: the default bandwidth
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s, matched on the
 # device name.
