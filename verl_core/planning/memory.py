@@ -101,9 +101,9 @@ VLLM_MAX_NUM_SEQS = 256
 # Share of an update's freed activations and logits that stays in a CPU process's resident set into the
 # phases after it under glibc's default settings (SFT; an RL session keeps all of it): glibc keeps freed
 # heap pages (medium tensors come from its heap once its mmap threshold has risen) and returns them
-# only on malloc_trim. Measured: 0.78 on the 135M PPO run before
-# the sync trimmed the heap, as the checkpoint's residual above the serialised moments it then held
-# (benchmarks/plan_vs_peaks.py), 0.4 on a 49M update alone; 0.75 here. Checkpoints stream now, so it
+# only on malloc_trim. Measured: 0.78 on the 135M PPO run before the sync trimmed the heap, as the
+# checkpoint's residual above the serialised moments it then held (benchmarks/plan_vs_peaks.py), 0.4
+# on a 49M update alone; 0.75 here. Checkpoints stream now, so it
 # decides a peak only at an SFT or a scratch-LoRA checkpoint (elsewhere the update is higher); not
 # measured again since.
 CPU_HEAP_RETAINED = 0.75

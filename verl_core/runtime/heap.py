@@ -11,12 +11,12 @@ so each fault first reclaims page cache) that is a large share of the step: one 
 4.8 s with ~0.06 GB once freed memory stayed in the heap.
 
 :func:`retain_freed_heap` keeps it there (no mapping per allocation, no trimming) for the RL
-session's life, :data:`RETAINED_HEAP_ENV` from a process's start (the vLLM engine's processes, whose
-weight reload repacks every layer into new buffers); :func:`trim_heap` returns the freed pages where
+session's life; :func:`trim_heap` returns the freed pages where
 the memory is wanted elsewhere (before the rollout engine wakes, stages.floor.session);
 :func:`restore_heap` puts glibc's defaults back. Threads other than the main one allocate from
 their own arenas, which still map what exceeds one of their 64 MiB heaps: ``M_ARENA_MAX = 1`` makes
-threads started after the call share the main arena.
+threads started after the call share the main arena. Not in vLLM's processes: started with the same
+settings, the 0.5B engine's tree peaked 2.5 GiB higher (its reload's repacked layers stay in its heap).
 
 Elsewhere (not Linux, not glibc) all three do nothing: allocators differ, the session works the same.
 """
@@ -34,9 +34,6 @@ M_ARENA_MAX = -8
 # glibc's defaults (malloc.c: DEFAULT_MMAP_MAX, DEFAULT_TRIM_THRESHOLD)
 DEFAULT_MMAP_MAX = 65536
 DEFAULT_TRIM_THRESHOLD = 128 * 1024
-# The same as retain_freed_heap, for a process started with it (glibc's environment aliases of its
-# malloc tunables); a value already in the environment wins where the caller merges it after this.
-RETAINED_HEAP_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**62), "MALLOC_ARENA_MAX": "1"}
 
 
 @cache

@@ -1,20 +1,17 @@
 """glibc's heap settings of an RL session (verl_core/runtime/heap.py). Retained: a 64 MiB tensor comes
 from the heap, not a mapping of its own, and once freed its pages stay resident for the next one until
-the heap is trimmed. glibc's defaults (restored): the same tensor gets a mapping, unmapped when freed.
-A process started with ``RETAINED_HEAP_ENV`` (the vLLM engine's) retains from its start."""
+the heap is trimmed. glibc's defaults (restored): the same tensor gets a mapping, unmapped when freed."""
 
 from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from verl_core.runtime import heap
-from verl_core.runtime.heap import RETAINED_HEAP_ENV, restore_heap, retain_freed_heap, trim_heap
+from verl_core.runtime.heap import restore_heap, retain_freed_heap, trim_heap
 
 pytestmark = pytest.mark.skipif(heap._libc() is None, reason="glibc's mallopt / malloc_trim only")
 
@@ -64,21 +61,3 @@ def test_with_glibcs_defaults_a_large_tensor_gets_a_mapping_unmapped_when_freed(
     assert mapped_bytes() >= before + BLOCK
     del x
     assert mapped_bytes() == before
-
-
-def test_a_process_started_with_the_retained_heap_env_keeps_a_freed_tensor_in_its_heap() -> None:
-    code = (
-        "import ctypes, torch\n"
-        "class M(ctypes.Structure):\n"
-        f"    _fields_ = [(n, ctypes.c_size_t) for n in {[n for n, _ in MallInfo2._fields_]!r}]\n"
-        "info = ctypes.CDLL('libc.so.6').mallinfo2\n"
-        "info.restype = M\n"
-        f"x = torch.ones({BLOCK // 4})\n"
-        "mapped = info().hblkhd\n"
-        "del x\n"
-        "print(mapped, info().fordblks)\n"
-    )
-    env = {**os.environ, **RETAINED_HEAP_ENV}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    mapped, free = map(int, out.stdout.split())
-    assert mapped < BLOCK and free >= BLOCK  # from the heap, and freed it stays there
