@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stages.floor.logging import stage_logger
+from verl_core.config.run import MODEL_NAME_REFUSED
 from verl_core.errors import VerlFlowError
 
 if TYPE_CHECKING:
@@ -75,9 +76,12 @@ class ModelVersionRef:
 
 
 def registered_name(cfg: VerlFlowConfig) -> str:
-    """The registered model a run's exports are versions of."""
+    """The registered model a run's exports are versions of: ``export.registered_model_name``, else
+    ``{project}-{experiment}`` with each character MLflow refuses in a name as ``_`` (an experiment
+    ``scale-0.5b-cpu``'s model is ``verl-flow-scale-0_5b-cpu``)."""
     t = cfg.trainer
-    return cfg.export.registered_model_name or f"{t.project_name}-{t.experiment_name}"
+    derived = "".join("_" if c in MODEL_NAME_REFUSED else c for c in f"{t.project_name}-{t.experiment_name}")
+    return cfg.export.registered_model_name or derived
 
 
 def _client(tracking_uri: str) -> MlflowClient:

@@ -13,6 +13,7 @@ import pytest
 from stages.floor import registry
 from stages.floor.registry import CHAMPION, PREVIOUS, RegistryError
 from verl_core.config import load_config
+from verl_core.errors import ConfigError
 
 _names = itertools.count()
 
@@ -58,6 +59,15 @@ def test_registered_name_default_and_override() -> None:
     assert registry.registered_name(cfg) == f"{t.project_name}-{t.experiment_name}"
     named = cfg.model_copy(update={"export": cfg.export.model_copy(update={"registered_model_name": "mine"})})
     assert registry.registered_name(named) == "mine"
+    # a derived name with characters MLflow refuses (configs/scale_0.5b_cpu.yaml's experiment): each as "_"
+    scale = load_config("configs/scale_0.5b_cpu.yaml")
+    assert registry.registered_name(scale) == "verl-flow-scale-0_5b-cpu"
+
+
+@pytest.mark.parametrize("name", ["a.b", "team/model", "x:y", " "])
+def test_a_registered_model_name_mlflow_refuses_is_refused_at_load(name: str) -> None:
+    with pytest.raises(ConfigError, match=r"export\.registered_model_name: got .*MLflow accepts"):
+        load_config("configs/quickstart.yaml", [f"export.registered_model_name={name}"])
 
 
 def test_promote_moves_champion_and_previous(uri: str) -> None:

@@ -94,12 +94,25 @@ class TrackingConfig(Section):
     )
 
 
+# characters MLflow refuses in a registered model's name (mlflow.utils.validation, 3.x)
+MODEL_NAME_REFUSED = "/:.%\"'"
+
+
 class ExportConfig(Section):
     enable: bool = _f(True, "Export the final policy as a merged HF model dir after RL (pipeline stage)")
     register_model: bool = _f(True, "Register the exported model in the MLflow model registry")
     registered_model_name: str | None = _f(
-        None, "MLflow registered model name (None: '{trainer.project_name}-{trainer.experiment_name}')"
+        None,
+        "MLflow registered model name (None: '{trainer.project_name}-{trainer.experiment_name}', each "
+        "character MLflow refuses in a name, / : . % \" ', as '_')",
     )
+
+    @field_validator("registered_model_name")
+    @classmethod
+    def _model_name(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or any(c in v for c in MODEL_NAME_REFUSED)):
+            raise ValueError("a name MLflow accepts: not blank, none of / : . % \" '")
+        return v
 
 
 class RetrainConfig(Section):
