@@ -333,7 +333,7 @@ def ask_server(store: Path, port: int) -> dict[str, Any]:
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line)
-        m = re.search(r"serving (\S+) at (\S+)/v1", line)
+        m = re.search(r"serving (\S+) as .* at (\S+)/v1 ", line)  # the CLI's readiness line
         if m:
             model, url = m.group(1), m.group(2)
             break

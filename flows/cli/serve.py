@@ -138,12 +138,13 @@ def _serve(
         try:
             model = resolve_model(target, store, tracking_uri)
             log = records.record_dir(model.name) / records.LOG
-            out.print(f"starting vLLM on {model.model_dir} (log {log}) ...", highlight=False)
+            out.print(f"starting vLLM on {model.model_dir} (log {log}) ...", highlight=False, soft_wrap=True)
             handle = start(model, cfg, replace=replace, detached=detach)
             out.print(
                 f"serving {target} as {', '.join(handle.names)} at {handle.url}/v1 (OpenAI-compatible); "
                 f"weights sha256 {model.digest}",
                 highlight=False,
+                soft_wrap=True,  # one line whatever the width: logs and scripts read the URL from it
             )
             sys.stdout.write(curl_example(handle) + "\n")
             sys.stdout.flush()
@@ -151,6 +152,7 @@ def _serve(
                 out.print(
                     f"detached: pid {handle.pgid} (its process group); `verl-flow serve stop {model.name}`",
                     highlight=False,
+                    soft_wrap=True,
                 )
                 return
             code = handle.wait()
@@ -239,7 +241,7 @@ def stop_cmd(
     for r, state in rows:
         if state == "running":
             records.stop_record(r, timeout_s)
-            out.print(f"stopped {r.name} (pid {r.pid}, {r.url})", highlight=False)
+            out.print(f"stopped {r.name} (pid {r.pid}, {r.url})", highlight=False, soft_wrap=True)
         else:
             out.print(f"{r.name}: {state} (pid {r.pid})", highlight=False)
     if not rows:

@@ -215,6 +215,9 @@ def test_a_signal_to_a_foreground_serve_stops_its_group(
         cli.kill()
         raise AssertionError(f"{sig.name} did not stop the CLI; its signal state: {masks}") from None
     assert cli.returncode == 0 and output.rstrip().endswith("stopped"), output
+    # a pipe is no terminal: the console's 80 columns must not break a path onto two lines (logs and
+    # scripts read the model directory and the URL from these lines)
+    assert f"starting vLLM on {model} (log " in output, output
     assert not group_alive(rec.pid)  # the server and its child: no orphan
     assert records.read_record("tiny") is None and not Path(rec.root).is_symlink()
     assert os.listdir(tempfile.gettempdir()) == []  # no directory left behind
