@@ -17,10 +17,13 @@ process's peak resident set size (``resource.getrusage``), which cannot be reset
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import resource
+import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -127,3 +130,24 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 def peak_memory_label(device: torch.device) -> str:
     return "max_memory_allocated" if device.type == "cuda" else "peak RSS of the process (not resettable)"
+
+
+_HOLD = "import sys, time, torch; x = torch.ones(int(float(sys.argv[1]) * 2**30) // 4); print(flush=True); "
+_HOLD += "time.sleep(3600)"
+
+
+@contextlib.contextmanager
+def held_memory(gib: float) -> Iterator[None]:
+    """Another process fills ``gib`` GiB and holds them until exit (nothing when 0): less memory for
+    what runs meanwhile, as the reference, the moments and the vLLM engine leave at 0.5B."""
+    if not gib:
+        yield
+        return
+    hold = subprocess.Popen([sys.executable, "-c", _HOLD, str(gib)], stdout=subprocess.PIPE)
+    try:
+        assert hold.stdout is not None
+        hold.stdout.readline()  # filled
+        yield
+    finally:
+        hold.kill()
+        hold.wait()

@@ -118,6 +118,11 @@ def parse_args() -> argparse.Namespace:
         "step for the fit",
     )  # fmt: skip
     p.add_argument("--hf", action="store_true", help="also time the HF engine's generation")
+    p.add_argument(
+        "--hold-gib", type=float, default=0.0,
+        help="GiB another process fills and holds during each run (with --tag): less free memory, so "
+        "that the checkpoint's page cache comes from reclaimed pages, as at 0.5B",
+    )  # fmt: skip
     p.add_argument("--lock", default="/tmp/heavy.lock", help="lock held around all the children ('': none)")
     p.add_argument("--out", default="/tmp/scale/scale.json", help="JSON file the records merge into")
     p.add_argument("--workdir", default="/tmp/scale/runs", help="stores of the runs (deleted after)")
@@ -200,6 +205,7 @@ class Recorder:
         self.train: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
         self.sync_parts: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.ckpt_parts: dict[str, float] = defaultdict(float)  # the checkpoint's parts, summed
+        self.ckpt_meminfo: dict[str, dict[str, int]] = {}  # /proc/meminfo before and after the save
 
 
 def _wrap(owner: Any, name: str, after: Callable[[float, Any], None]) -> None:
@@ -244,12 +250,27 @@ def _wrap_flag(task_obj: Any, rec: Recorder) -> None:
 
     def flagged(*a: Any, **k: Any) -> Any:
         rec.in_checkpoint = True
+        rec.ckpt_meminfo["before"] = meminfo()
         try:
             return fn(*a, **k)
         finally:
             rec.in_checkpoint = False
+            rec.ckpt_meminfo["after"] = meminfo()
 
     task_obj.fn = flagged
+
+
+def meminfo() -> dict[str, int]:
+    """``MemFree``, ``Cached`` and ``MemAvailable`` of ``/proc/meminfo``, bytes: a checkpoint's page
+    cache comes from free memory (first touched: slow on a VM whose freed pages go back to the host)
+    or from reclaimed cache (:func:`verl_core.planning.cost.phase_features`, ``fresh_byte``)."""
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":")
+            if key in ("MemFree", "Cached", "MemAvailable"):
+                out[key] = int(value.split()[0]) * 1024
+    return out
 
 
 def _du(path: Path) -> int:
@@ -454,6 +475,8 @@ def run_child(size: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
         "iterations": iterations,
         "checkpoint_save_s": rec.ckpt_save_s,
         "checkpoint_split": dict(rec.ckpt_parts),
+        "checkpoint_meminfo": rec.ckpt_meminfo,
+        "hold_gib": args.hold_gib,
         **load,
         "peak_rss_flow": peak_flow,
         "peak_rss": {
@@ -601,13 +624,16 @@ def run_one(size: str, algo: str, args: argparse.Namespace) -> None:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result = Path(f.name)
     cmd = [sys.executable, __file__, "--child", size, algo, "--out", str(result), "--workdir", args.workdir]
-    keys = ("prompts", "n", "response", "iterations", "threads", "tag", "micro")
+    keys = ("prompts", "n", "response", "iterations", "threads", "tag", "micro", "hold_gib")
     cmd += [f"--{k}={getattr(args, k)}" for k in keys]
     cmd += ["--hf"] if args.hf else []
     load = os.getloadavg()
     print(f"[{size} {algo} {args.tag}] start, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
     t0 = time.perf_counter()
-    code = subprocess.call(cmd)
+    from _hw import held_memory
+
+    with held_memory(args.hold_gib):  # filled before the child starts, held until it ends
+        code = subprocess.call(cmd)
     if code != 0:
         print(f"[{size} {algo}] FAILED (exit {code})", flush=True)
         return

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,8 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-_HOLD = "import sys, time, torch; x = torch.ones(int(float(sys.argv[1]) * 2**30) // 4); print(flush=True); "
-_HOLD += "time.sleep(3600)"
+from _hw import held_memory  # noqa: E402  (benchmarks/ is the script's folder)
 
 
 def parse_args() -> argparse.Namespace:
@@ -111,12 +109,7 @@ def main() -> None:
     from verl_core.planning.cost import measure_cpu_matmul_rate
 
     torch.set_num_threads(args.threads)
-    hold = None
-    if args.hold_gib:
-        hold = subprocess.Popen([sys.executable, "-c", _HOLD, str(args.hold_gib)], stdout=subprocess.PIPE)
-        assert hold.stdout is not None
-        hold.stdout.readline()  # filled
-    try:
+    with held_memory(args.hold_gib):
         rate = measure_cpu_matmul_rate()
         print(f"matmul rate {rate / 1e9:.0f} GFLOP/s, {args.hold_gib:g} GiB held by another process")
         for size in args.sizes:
@@ -137,10 +130,6 @@ def main() -> None:
                 with profile() as prof:
                     timed_step(model, batch)
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
-    finally:
-        if hold is not None:
-            hold.kill()
-            hold.wait()
 
 
 if __name__ == "__main__":
