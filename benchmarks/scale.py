@@ -625,7 +625,7 @@ def run_one(size: str, algo: str, args: argparse.Namespace) -> None:
         result = Path(f.name)
     cmd = [sys.executable, __file__, "--child", size, algo, "--out", str(result), "--workdir", args.workdir]
     keys = ("prompts", "n", "response", "iterations", "threads", "tag", "micro", "hold_gib")
-    cmd += [f"--{k}={getattr(args, k)}" for k in keys]
+    cmd += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in keys]
     cmd += ["--hf"] if args.hf else []
     load = os.getloadavg()
     print(f"[{size} {algo} {args.tag}] start, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
