@@ -76,7 +76,15 @@ def features(
     on = SHAPES and shaped
     shapes = ShapeRates.from_json(r["shape_rates"]) if "shape_rates" in r and on else None
     write = max(r.get("write_bandwidths", []), default=None) if on else None
-    return phase_features(g, w, rate, best_bandwidth(r) if bandwidth is None else bandwidth, shapes, write)
+    bw = best_bandwidth(r) if bandwidth is None else bandwidth
+    return phase_features(g, w, rate, bw, shapes, write, free_at_checkpoint(r))
+
+
+def free_at_checkpoint(r: dict[str, Any]) -> float | None:
+    """The host's free memory (``MemFree``) when the record's checkpoint save began; None for records
+    written before ``benchmarks/scale.py`` read it."""
+    before = r.get("checkpoint_meminfo", {}).get("before")
+    return None if before is None else float(before["MemFree"])
 
 
 def _s(x: float | None) -> str:
@@ -201,8 +209,8 @@ def fit_and_check(records: list[dict[str, Any]], fit_sizes: tuple[str, ...]) -> 
 
 def checkpoint_table(records: list[dict[str, Any]]) -> None:
     print("\nThe checkpoint save split (records that carry it), seconds:\n")
-    head = ["size", "algo", "bytes", "save", "policy (folder + store)", "trainer state serialised",
-            "store: link + fsync (all files)", "store: sha256 reads (all files)",
+    head = ["size", "algo", "bytes", "free at the save", "save", "policy (folder + store)",
+            "trainer state serialised", "store: link + fsync (all files)", "store: sha256 reads (all files)",
             "rest (the trainer state's store put, commit, pruning)"]  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -211,8 +219,10 @@ def checkpoint_table(records: list[dict[str, Any]]) -> None:
         if not sp:
             continue
         parts = sp.get("policy", 0.0) + sp.get("state_serialise", 0.0)
+        free = free_at_checkpoint(r)
         row = [
-            r["size"], _label(r), f"{r['checkpoint_bytes'] / 1e9:.2f} GB", _s(r["checkpoint_save_s"]),
+            r["size"], _label(r), f"{r['checkpoint_bytes'] / 1e9:.2f} GB",
+            "–" if free is None else f"{free / 1e9:.2f} GB", _s(r["checkpoint_save_s"]),
             _s(sp.get("policy")), _s(sp.get("state_serialise")), _s(sp.get("store_put_fsync")),
             _s(sp.get("sha256")), _s(r["checkpoint_save_s"] - parts),
         ]  # fmt: skip

@@ -58,7 +58,7 @@ def plan_cmd(
     except ConfigError as e:
         fail(e, 2)
     _print_memory(plan, _plan(cfg, capacity, floor=True), capacity)
-    _print_seconds(cfg, plan, gpu)
+    _print_seconds(cfg, plan, gpu, capacity)
     warning = unfit_line(cfg, capacity, floor=False)
     refusal = unfit_line(cfg, capacity, floor=True)
     if refusal is not None:
@@ -138,9 +138,10 @@ def _print_memory(plan: MemoryPlan, floor: MemoryPlan, capacity: Capacity) -> No
     print_table(totals)
 
 
-def _print_seconds(cfg: VerlFlowConfig, plan: MemoryPlan, gpu: str | None) -> None:
+def _print_seconds(cfg: VerlFlowConfig, plan: MemoryPlan, gpu: str | None, capacity: Capacity) -> None:
     """Seconds per phase from the cost model (:func:`verl_core.planning.cost.predict_seconds`) at the
-    rate of the device the config names: measured here for the CPU, published for a GPU."""
+    rate of the device the config names: measured here for the CPU, published for a GPU; the
+    checkpoint's page cache taken from the RAM the plan leaves free then (:func:`free_at_checkpoint`)."""
     from verl_core.planning import cost
 
     if cfg.trainer.device == "cuda":
@@ -153,12 +154,24 @@ def _print_seconds(cfg: VerlFlowConfig, plan: MemoryPlan, gpu: str | None) -> No
     else:
         rate, calibration = cost.measure_cpu_matmul_rate(), cost.CPU_CALIBRATION
         device = f"this CPU, {rate / 1e9:,.0f} GFLOP/s measured"
-    seconds = cost.predict_seconds(cfg, plan.geometry, rate, calibration)
+    seconds = cost.predict_seconds(
+        cfg, plan.geometry, rate, calibration, free_bytes=free_at_checkpoint(plan, capacity)
+    )
     title = f"expected seconds per RL iteration ({device})"
     table = Table("phase", "seconds", title=title, title_justify="left")
     for phase, s in seconds.items():
         table.add_row(phase if phase != "iteration" else "iteration (total)", f"{s:,.2f}")
     print_table(table)
+
+
+def free_at_checkpoint(plan: MemoryPlan, capacity: Capacity) -> int | None:
+    """The host RAM left free while a checkpoint is saved: what the machine has (``MemAvailable``,
+    reclaimable cache included) less what the plan's processes hold then; None when unknown."""
+    have = capacity.pools.get("cpu")
+    if have is None:
+        return None
+    held = sum(p.at("checkpoint", pooled=True) * p.count for p in plan.processes if p.pool == "cpu")
+    return max(have - held, 0)
 
 
 def _cuda_name() -> str | None:

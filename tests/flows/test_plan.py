@@ -81,3 +81,17 @@ def test_refuse_unfit_false_turns_the_check_off(monkeypatch: pytest.MonkeyPatch)
     assert check_fits(load_config(QUICKSTART, [*Q05, "trainer.refuse_unfit=false"])) is None
     # the quickstart itself fits the same small machine
     assert check_fits(load_config(QUICKSTART)) is None
+
+
+def test_the_checkpoint_page_cache_comes_from_what_the_plan_leaves_free() -> None:
+    from flows.cli.plan import free_at_checkpoint
+    from verl_core.config import load_config
+    from verl_core.planning.memory import plan_memory
+
+    plan = plan_memory(load_config(QUICKSTART))
+    held = sum(p.at("checkpoint", pooled=True) * p.count for p in plan.processes if p.pool == "cpu")
+    assert held > 0  # the trainer's weights, moments and the checkpoint's files at least
+    gib8 = 8 << 30
+    assert free_at_checkpoint(plan, capacity.Capacity({"cpu": gib8}, {})) == gib8 - held
+    assert free_at_checkpoint(plan, capacity.Capacity({"cpu": held // 2}, {})) == 0  # not below 0
+    assert free_at_checkpoint(plan, capacity.Capacity({}, {})) is None  # RAM unknown: all fresh

@@ -31,7 +31,14 @@ over ``B``, so its coefficient counts passes over that memory at the plain copy'
   --micro`` records several micro-batches per step, which tell them apart;
 * ``sync_byte``: the staged bytes (every state-dict tensor, a tied head twice) over ``B``.
 
-Checkpoint bytes are priced per byte (``save_byte``, ``load_byte``: the disk, not memory).
+Checkpoint bytes are priced per byte (``save_byte``, ``load_byte``), each phase with its own fixed
+cost (``save_call``; ``load_call``: a load builds the models), and the save's page cache by where it
+comes from: ``fresh_byte`` per byte taken from free memory, ``min(C, free)`` of the checkpoint's
+``C`` bytes. A file's pages are memory before they are disk; on a VM that hands freed pages back to
+its host (virtio-balloon free page reporting, as on this project's CPU machines) the first touch of
+free memory costs the host's fault: 2 GiB written into fresh pages took 4.8 s, into pages just freed
+0.4 s. With free memory short (0.5B: trainer and engine hold most of it) the kernel reclaims cached
+pages instead, already backed; unknown free memory (None): every byte fresh, an upper bound.
 
 Workloads of one shape cannot tell per-parameter from per-FLOP costs apart (both grow with the size
 alone), so the fit takes records of more than one shape (``benchmarks/scale.py --tag``: the same sizes
@@ -113,7 +120,9 @@ class Calibration:
     sync_call: float
     save_byte: float  # checkpoint, per byte written
     load_byte: float  # per byte read back
-    ckpt_call: float  # per checkpoint save or load
+    save_call: float  # per checkpoint save
+    fresh_byte: float  # per byte of the save's page cache taken from free memory (first touched)
+    load_call: float  # per checkpoint load (building the models)
     reward_sample: float
     reward_call: float
     adv_token: float  # advantages and token rewards, per response token
@@ -121,27 +130,26 @@ class Calibration:
     artifact_token: float  # per token stored in the iteration's Parquet tables
 
 
-# Fitted (fit_calibration) on this project's CPU machine (2 cores of an Intel Xeon VM, fp32, 2 torch
-# threads, nothing else running; the VM's matmul rate 117-171 GFLOP/s between measurements that day),
-# 29 Nov 2026 09:00-09:40, by benchmarks/scale.py on the quickstart's, 34M, 135M and a wide, shallow 112M
-# geometry (1024 wide, 4 layers: across qs/34M/135M alone, 512 and 576 wide, a per-FLOP and a
-# per-activation or per-layer cost grow together), GRPO and PPO, GRPO with twice the prompts (p8) and
-# with two micro-batches per optimizer step (mb2): 14 records, at the fitted records' best measured
-# rate (171 GFLOP/s fp32) and copy bandwidth (34.7 GB/s), never on 0.5B; the RL session kept glibc's
-# freed heap (verl_core.runtime.heap) and the load read the store's own files. The defaults of a CPU
+# Fitted (fit_calibration) on this project's CPU machine (2 cores of an AMD EPYC VM, fp32, 2 torch
+# threads, nothing else running), 29 Nov 2026 12:02-12:54 UTC, by benchmarks/scale.py on the quickstart's,
+# 34M, 135M and a wide, shallow 112M geometry (1024 wide, 4 layers: across qs/34M/135M alone, 512 and
+# 576 wide, a per-FLOP and a per-activation or per-layer cost grow together), GRPO and PPO, GRPO with
+# twice the prompts (p8) and with two micro-batches per optimizer step (mb2), and 135M/w1k GRPO and PPO
+# with 10 GiB held by another process (hold: free memory short at the checkpoint, so that its page cache
+# comes from reclaimed pages and save_byte separates from fresh_byte): 18 records, at their best
+# measured rate (196 GFLOP/s fp32) and copy bandwidth (50.0 GB/s), never on 0.5B. The defaults of a CPU
 # plan. Checked on a 0.5B GRPO run (benchmarks/RESULTS.md): generation, old and reference log-probs,
-# actor update, weight sync, orchestration and the iteration within ±25% (0.77-1.16); the checkpoint
-# save and load over-predicted 1.5x and 1.4x (0.5B writes and reads a byte faster than the small sizes
-# with their per-tensor and per-module costs). opt_param fits to 0: with the freed heap kept, AdamW's
-# passes are no longer told apart from the update's weight passes (weight_pass carries both).
+# actor update, weight sync, checkpoint save and load and the iteration within ±25% (0.80-1.19);
+# orchestration under-predicted (0.13 against 0.23 s: 0.8% of the iteration, growing with the model
+# size in the records in a way no feature follows).
 CPU_CALIBRATION = Calibration(
-    gen_flop=5.79, gen_call=0.169, matmul_flop=1.24, fwd_call=0.0137, train_call=0.0502, logit=8.43e-9,
-    weight_pass=15.7, opt_param=0.0, sync_byte=84.5, sync_call=0.605, save_byte=4.05e-9,
-    load_byte=2.35e-9, ckpt_call=0.0762, reward_sample=1.03e-5, reward_call=2.62e-4, adv_token=3.02e-6,
-    stage_call=0.0667, artifact_token=1.05e-5,
+    gen_flop=4.03, gen_call=0.0913, matmul_flop=1.23, fwd_call=0.00978, train_call=0.0269, logit=3.11e-9,
+    weight_pass=16.5, opt_param=0.0445, sync_byte=83.1, sync_call=0.538, save_byte=9.68e-10,
+    load_byte=8.86e-10, save_call=0.0419, fresh_byte=1.75e-9, load_call=1.17, reward_sample=3.86e-6,
+    reward_call=1.9e-4, adv_token=2.13e-6, stage_call=0.0359, artifact_token=4.7e-5,
 )  # fmt: skip
-CPU_RATE_FLOPS = 171e9  # the rate CPU_CALIBRATION was fitted at (measure_cpu_matmul_rate on that machine)
-CPU_BANDWIDTH = 34.7e9  # bytes/s, measure_cpu_copy_bandwidth on that machine: the default bandwidth
+CPU_RATE_FLOPS = 196e9  # the rate CPU_CALIBRATION was fitted at (measure_cpu_matmul_rate on that machine)
+CPU_BANDWIDTH = 50.0e9  # bytes/s, measure_cpu_copy_bandwidth on that machine: the default bandwidth
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s, matched on the
 # device name.
@@ -149,12 +157,13 @@ GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12
 
 # An ASSUMPTION, not measured: 40% of the dense peak for forwards and training (bf16, large batches),
 # 10% for generation (decode at small batch is memory-bound), fixed costs of a few milliseconds, and
-# store / sync bandwidths of a fast local disk (2 GB/s) and PCIe (10 GB/s).
+# store / sync bandwidths of a fast local disk (2 GB/s) and PCIe (10 GB/s); no cost for fresh pages (a
+# GPU host's memory assumed backed, not handed back to a hypervisor).
 GPU_CALIBRATION = Calibration(
     gen_flop=10.0, gen_call=0.05, matmul_flop=2.5, fwd_call=0.01, train_call=0.02,
     logit=1e-11, weight_pass=0.0, opt_param=0.1, sync_byte=0.1, sync_call=0.1, save_byte=5e-10,
-    load_byte=5e-10, ckpt_call=1.0, reward_sample=1e-4, reward_call=0.01, adv_token=1e-7,
-    stage_call=0.1, artifact_token=1e-6,
+    load_byte=5e-10, save_call=1.0, fresh_byte=0.0, load_call=1.0, reward_sample=1e-4, reward_call=0.01,
+    adv_token=1e-7, stage_call=0.1, artifact_token=1e-6,
 )  # fmt: skip
 
 
@@ -306,12 +315,15 @@ def phase_features(
     bandwidth: float = CPU_BANDWIDTH,
     shapes: ShapeRates | None = None,
     write_bandwidth: float | None = None,
+    free_bytes: float | None = None,
 ) -> dict[str, dict[str, float]]:
     """``{phase: {coefficient name: feature}}`` of one iteration (checkpoint phases: one checkpoint);
     FLOP features in seconds at ``rate_flops``, or, with ``shapes``, the forwards' and updates' at the
     model's own matmul rates (:mod:`verl_core.planning.rates`; generation stays at ``rate_flops``);
     memory ones at ``bandwidth`` (bytes/s); with ``write_bandwidth`` (bytes/s written and synced, a
-    measured disk) the checkpoint save in seconds of its disk bytes at it, else per byte."""
+    measured disk) the checkpoint save in seconds of its disk bytes at it, else per byte.
+    ``free_bytes``: the host's free memory when the checkpoint is saved (None: unknown, every byte of
+    its page cache fresh)."""
     ell = w.prompt_tokens + w.response_tokens
     tokens = w.samples * ell  # stored in the iteration's tables
     heads = w.samples * w.response_tokens  # the LM head runs on the response positions only
@@ -365,9 +377,10 @@ def phase_features(
         "orchestration": {"stage_call": 3.0, "artifact_token": tokens},
         "checkpoint_save": {
             "save_byte": ckpt if write_bandwidth is None else checkpoint_disk_bytes(g, w) / write_bandwidth,
-            "ckpt_call": 1.0,
+            "fresh_byte": ckpt if free_bytes is None else min(ckpt, max(free_bytes, 0.0)),
+            "save_call": 1.0,
         },
-        "checkpoint_load": {"load_byte": ckpt, "ckpt_call": 1.0},
+        "checkpoint_load": {"load_byte": ckpt, "load_call": 1.0},
     }
     if not w.has_ref:
         out.pop("ref")
@@ -392,14 +405,16 @@ def predict_seconds(
     bandwidth: float = CPU_BANDWIDTH,
     shapes: ShapeRates | None = None,
     write_bandwidth: float | None = None,
+    free_bytes: float | None = None,
 ) -> dict[str, float]:
     """Seconds per phase of one iteration of ``cfg`` (the checkpoint phases: per checkpoint), plus
     ``iteration``: the per-iteration phases summed and one save per ``trainer.save_freq`` iterations.
     ``workload`` None: :func:`workload_of` ``cfg`` at its maximum lengths. ``shapes`` /
     ``write_bandwidth``: measured (:mod:`verl_core.planning.rates`), with a calibration fitted on
-    features priced the same way (``benchmarks/scale_report.py``)."""
+    features priced the same way (``benchmarks/scale_report.py``); ``free_bytes``: the host's free
+    memory at the checkpoint (:func:`phase_features`)."""
     w = workload or workload_of(cfg)
-    features = phase_features(geometry, w, rate_flops, bandwidth, shapes, write_bandwidth)
+    features = phase_features(geometry, w, rate_flops, bandwidth, shapes, write_bandwidth, free_bytes)
     out = predict(features, calibration)
     per_iteration = sum(s for p, s in out.items() if not p.startswith("checkpoint"))
     every = cfg.trainer.save_freq or cfg.trainer.total_iterations

@@ -13,6 +13,7 @@ from verl_core.planning.cost import (
     GPU_CALIBRATION,
     Calibration,
     Workload,
+    checkpoint_bytes,
     fit_calibration,
     forward_flops,
     gpu_peak_flops,
@@ -90,6 +91,43 @@ def test_phase_flops_count_each_model_and_pass() -> None:
     # no reference, no critic: no such phases
     bare = phase_features(TINY, replace(w, has_ref=False, critic_steps=0), 1.0)
     assert {"ref", "values", "update_critic"}.isdisjoint(bare)
+
+
+def test_checkpoint_features_split_fresh_pages_and_fixed_costs() -> None:
+    w = _workload()  # PPO: a critic beside the policy, fp32
+    # policy 1,480·4 + its moments 8·1,480 = 17,760; critic (1,480 + 9)·(4 + 8) = 17,868 → 35,628 B
+    assert checkpoint_bytes(TINY, w) == 35_628
+    f = phase_features(TINY, w, 1.0)
+    save, load = f["checkpoint_save"], f["checkpoint_load"]
+    assert save == {"save_byte": 35_628, "fresh_byte": 35_628, "save_call": 1.0}  # free memory unknown
+    assert load == {"load_byte": 35_628, "load_call": 1.0}  # its own fixed cost: it builds the models
+    # 10,000 B free: the rest of the page cache comes from reclaimed pages, none fresh below 0
+    assert phase_features(TINY, w, 1.0, free_bytes=10_000)["checkpoint_save"]["fresh_byte"] == 10_000
+    assert phase_features(TINY, w, 1.0, free_bytes=1e9)["checkpoint_save"]["fresh_byte"] == 35_628
+    assert phase_features(TINY, w, 1.0, free_bytes=-5.0)["checkpoint_save"]["fresh_byte"] == 0.0
+
+
+def test_fit_tells_fresh_pages_from_bytes_with_free_memory_short_in_some_rows() -> None:
+    # 2 s/GB written, 3 s/GB more for each fresh byte, 0.5 s a save: with every byte fresh the two
+    # per-byte prices are one feature; rows with free memory short tell them apart
+    truth = replace(
+        Calibration(**{f.name: 0.0 for f in fields(Calibration)}),
+        save_byte=2e-9,
+        fresh_byte=3e-9,
+        save_call=0.5,
+    )
+    rows = []
+    for g in (
+        TINY,
+        Geometry("qwen2", 64, 4, 4, 2, 16, 128, 1000),
+        Geometry("qwen2", 128, 8, 4, 2, 32, 256, 5000),
+    ):
+        for free in (None, 1_000.0):
+            f = phase_features(g, _workload(), 1.0, free_bytes=free)["checkpoint_save"]
+            rows.append((f, predict({"s": f}, truth)["s"]))
+    fitted = asdict(fit_calibration(rows))
+    for name in ("save_byte", "fresh_byte", "save_call"):
+        assert fitted[name] == pytest.approx(asdict(truth)[name], rel=1e-6), name
 
 
 def test_train_factor_counts_recompute_and_lora() -> None:
