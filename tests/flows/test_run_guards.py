@@ -163,5 +163,7 @@ def test_a_stalled_update_is_failed_naming_stage_iteration_and_last_progress(
     message = str(err.value)
     assert message.startswith("ppo_update (iteration 1): no progress for 10 s (execution.stall_timeout_s)")
     assert "last progress: optimizer_step=" in message and "micro_batch=1/1 at " in message
-    assert 10 <= stalled_for < 10 + 2.5, stalled_for  # timeout + a poll (1 s) + unwinding (~0.7 s: Prefect)
+    # the watchdog ended it, not the 120-s sleep: timeout + a poll (1 s) + Prefect's unwinding (~0.7 s
+    # alone, 3.1 s in all on a CI run beside the other xdist worker)
+    assert 10 <= stalled_for < 10 + 10, stalled_for
     assert list_checkpoints(ctx.store(), "stalled") == [1]
