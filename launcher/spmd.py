@@ -264,18 +264,19 @@ def _worker(job_arg: str) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    if "deepspeed" in sys.modules:
-        _exit_past_deepspeed_groups()
+    _exit_past_held_groups()
 
 
-def _exit_past_deepspeed_groups() -> None:
-    """End a rank that used DeepSpeed without interpreter finalization. DeepSpeed keeps the process
-    group referenced past ``destroy_process_group`` (its module-level world group, ZeRO-3 parameters'
-    ``ds_process_group``) and gloo's shutdown does not stop its threads, so they end in the group's
-    destructor during finalization: a gloo thread taking the GIL then is ended by ``pthread_exit``
-    through a noexcept destructor, "terminate called without an active exception" (SIGABRT), and
-    torchrun fails a job whose result is already written. The exit handlers (logging, trackers) run
-    first, while every thread is alive; then the process exits 0."""
+def _exit_past_held_groups() -> None:
+    """End a rank that finished its job without interpreter finalization. Its process group can be
+    referenced past ``destroy_process_group``: DeepSpeed's module-level world group and ZeRO-3
+    parameters' ``ds_process_group``; an FSDP2 model's state, in a reference cycle with its module,
+    holds the mesh until a collection. gloo's shutdown does not stop its threads, so they end in the
+    group's destructor, during finalization when nothing freed it earlier: a gloo thread taking the
+    GIL then is ended by ``pthread_exit`` through a noexcept destructor, "terminate called without
+    an active exception" (SIGABRT), and torchrun fails a job whose result is already written (seen
+    with FSDP2 and gloo, 1 run in 60). The exit handlers (logging, trackers) run first, while every
+    thread is alive; then the process exits 0."""
     import atexit
 
     atexit._run_exitfuncs()

@@ -164,14 +164,14 @@ class _Exited(Exception):
     """Stands in for os._exit in the tests below."""
 
 
-def test_a_deepspeed_rank_runs_its_exit_handlers_then_exits_past_finalization(
+def test_a_finished_rank_runs_its_exit_handlers_then_exits_past_finalization(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # DeepSpeed keeps the gloo group alive past destroy_process_group; finalization could then end a
-    # gloo thread through a noexcept destructor (SIGABRT after the result is written): a rank that
-    # imported deepspeed runs the exit handlers (logging, trackers) first, then os._exit(0)
+    # DeepSpeed (its world group) and FSDP2 (a model state in a reference cycle) keep the gloo group
+    # alive past destroy_process_group; finalization could then end a gloo thread through a noexcept
+    # destructor (SIGABRT after the result is written): a rank that finished its job runs the exit
+    # handlers (logging, trackers) first, then os._exit(0); a rank whose job failed raises as usual
     import atexit
-    import sys
     import types
 
     import torch.distributed as dist
@@ -196,13 +196,18 @@ def test_a_deepspeed_rank_runs_its_exit_handlers_then_exits_past_finalization(
         raise _Exited
 
     monkeypatch.setattr(launcher.spmd.os, "_exit", fake_exit)
-    monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed"))
     with pytest.raises(_Exited):
         launcher.spmd._worker("job.json")
     assert order == ["run", "barrier", "destroy", "exit handlers", "os._exit(0)"]
 
-    # without DeepSpeed the worker returns: the interpreter ends as usual
+    # a failed job: the group destroyed, the error raised (torchrun's record writes it), no os._exit
     order.clear()
-    monkeypatch.delitem(sys.modules, "deepspeed")
-    launcher.spmd._worker("job.json")
-    assert order == ["run", "barrier", "destroy"]
+
+    def fail(_job: object) -> None:
+        order.append("run")
+        raise ValueError("bad batch")
+
+    monkeypatch.setattr(launcher.spmd, "run_rank", fail)
+    with pytest.raises(ValueError, match="bad batch"):
+        launcher.spmd._worker("job.json")
+    assert order == ["run", "destroy"]

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from stages.floor.rollouts import sharded_rollouts
 from tests.verl_core.rollout.conftest import arithmetic_texts, tiny_model
+from tests.verl_core.training.teardown import end_worker
 from verl_core.config import MultiTurnConfig
 from verl_core.data.tokenizer import train_tokenizer
 from verl_core.rollout import HFEngine, RolloutEngine, SamplingParams
@@ -56,7 +57,7 @@ def main(path: str) -> None:
     result = {"per_rank": rollouts(), "group": rollouts(group=True)}
     with open(f"{path}.{dist.get_rank()}", "w") as f:
         json.dump(result, f)
-    dist.destroy_process_group()
+    end_worker()
 
 
 if __name__ == "__main__":

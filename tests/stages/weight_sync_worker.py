@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
+from tests.verl_core.training.teardown import end_worker
 from verl_core.data.tokenizer import train_tokenizer
 from verl_core.models.loading import ScratchSpec, init_causal_lm, scratch_config
 from verl_core.rollout import HFEngine, SamplingParams
@@ -45,8 +46,7 @@ def main(out: Path) -> None:
     weights = policy_weights(policy, keep=rank == 0)
     if rank == 1:
         (out / "rank1.json").write_text(json.dumps({"kept": len(weights)}))
-        dist.destroy_process_group()
-        return
+        end_worker()  # waits for rank 0; fully_shard's state keeps the group past its destruction
     expected = reference.state_dict()
     max_diff = max((weights[k].float() - v.float()).abs().max().item() for k, v in expected.items())
     engine.load_weights(weights.items(), 1)
@@ -61,7 +61,7 @@ def main(out: Path) -> None:
         "devices": sorted({str(w.device) for w in weights.values()}),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    end_worker()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import sys
 
 import torch.distributed as dist
 
+from tests.verl_core.training.teardown import end_worker
 from verl_core.runtime import ranks
 
 
@@ -27,7 +28,7 @@ def main(out: str) -> None:
         result["failed"] = f"ZeroDivisionError: {err}"
     with open(f"{out}.{r}", "w") as f:
         json.dump(result, f)
-    dist.destroy_process_group()
+    end_worker()
 
 
 if __name__ == "__main__":
