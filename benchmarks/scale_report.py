@@ -4,6 +4,7 @@ the cost model (:mod:`verl_core.planning.cost`) fitted on the smaller sizes and 
 from __future__ import annotations
 
 from dataclasses import asdict
+from statistics import median
 from typing import Any
 
 from verl_core.planning.cost import (
@@ -161,17 +162,23 @@ def flops_table(records: list[dict[str, Any]]) -> None:
 
 
 def orchestration_table(records: list[dict[str, Any]]) -> None:
-    print("\nOrchestration (issue 37 item 6): seconds of the last iteration outside the kernels:\n")
+    print(
+        "\nOrchestration (issue 37 item 6): seconds of the last iteration outside the kernels; the last "
+        "column: outside, over every iteration after the first (min / median / max, a record of more "
+        "than 2 iterations):\n"
+    )
     head = ["size", "algo", "iteration", "kernels", "outside", "share", "Prefect tasks", "artifacts+tracking",
-            "of which Parquet"]  # fmt: skip
+            "of which Parquet", "outside, iterations 1+"]  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in sorted(records, key=_key):
         it = r["iterations"][-1]
+        spread = sorted(i["orchestration_s"] for i in r["iterations"][1:])
         row = [
             r["size"], _label(r), _s(it["wall_s"]), _s(it["kernel_s"]), _s(it["orchestration_s"]),
             f"{100 * it['orchestration_s'] / it['wall_s']:.1f}%", _s(it["prefect_s"]), _s(it["artifacts_s"]),
             _s(it["parquet_s"]),
+            " / ".join(_s(x) for x in (spread[0], median(spread), spread[-1])) if len(spread) > 1 else "",
         ]  # fmt: skip
         print("| " + " | ".join(row) + " |")
 

@@ -274,9 +274,9 @@ def _exit_past_held_groups() -> None:
     holds the mesh until a collection. gloo's shutdown does not stop its threads, so they end in the
     group's destructor, during finalization when nothing freed it earlier: a gloo thread taking the
     GIL then is ended by ``pthread_exit`` through a noexcept destructor, "terminate called without
-    an active exception" (SIGABRT), and torchrun fails a job whose result is already written (seen
-    with FSDP2 and gloo, 1 run in 60). The exit handlers (logging, trackers) run first, while every
-    thread is alive; then the process exits 0."""
+    an active exception" (SIGABRT), and torchrun fails a job whose result is already written (a
+    two-rank test worker with an FSDP2 policy on gloo: 1 run in 60). The exit handlers (logging,
+    trackers) run first, while every thread is alive; then the process exits 0."""
     import atexit
 
     atexit._run_exitfuncs()

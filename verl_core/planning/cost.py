@@ -140,8 +140,9 @@ class Calibration:
 # measured rate (196 GFLOP/s fp32) and copy bandwidth (50.0 GB/s), never on 0.5B. The defaults of a CPU
 # plan. Checked on a 0.5B GRPO run (benchmarks/RESULTS.md): generation, old and reference log-probs,
 # actor update, weight sync, checkpoint save and load and the iteration within ±25% (0.80-1.19);
-# orchestration under-predicted (0.13 against 0.23 s: 0.8% of the iteration, growing with the model
-# size in the records in a way no feature follows).
+# orchestration 0.132 s against 0.129-0.41 s over twelve 0.5B iterations, 0.77 of their median 0.171
+# (one iteration, 0.23 s, in the table): the same work as at the small sizes, slowed in some iterations
+# by contention for the 2 CPUs (the vLLM engine's idle loop, the trainer's other threads).
 CPU_CALIBRATION = Calibration(
     gen_flop=4.03, gen_call=0.0913, matmul_flop=1.23, fwd_call=0.00978, train_call=0.0269, logit=3.11e-9,
     weight_pass=16.5, opt_param=0.0445, sync_byte=83.1, sync_call=0.538, save_byte=9.68e-10,
