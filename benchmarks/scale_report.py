@@ -78,10 +78,10 @@ def features(
     shapes = ShapeRates.from_json(r["shape_rates"]) if "shape_rates" in r and on else None
     write = max(r.get("write_bandwidths", []), default=None) if on else None
     bw = best_bandwidth(r) if bandwidth is None else bandwidth
-    return phase_features(g, w, rate, bw, shapes, write, free_at_checkpoint(r))
+    return phase_features(g, w, rate, bw, shapes, write, measured_free_at_save(r))
 
 
-def free_at_checkpoint(r: dict[str, Any]) -> float | None:
+def measured_free_at_save(r: dict[str, Any]) -> float | None:
     """The host's free memory (``MemFree``) when the record's checkpoint save began; None for records
     written before ``benchmarks/scale.py`` read it."""
     before = r.get("checkpoint_meminfo", {}).get("before")
@@ -226,7 +226,7 @@ def checkpoint_table(records: list[dict[str, Any]]) -> None:
         if not sp:
             continue
         parts = sp.get("policy", 0.0) + sp.get("state_serialise", 0.0)
-        free = free_at_checkpoint(r)
+        free = measured_free_at_save(r)
         row = [
             r["size"], _label(r), f"{r['checkpoint_bytes'] / 1e9:.2f} GB",
             "–" if free is None else f"{free / 1e9:.2f} GB", _s(r["checkpoint_save_s"]),

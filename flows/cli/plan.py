@@ -170,8 +170,7 @@ def free_at_checkpoint(plan: MemoryPlan, capacity: Capacity) -> int | None:
     have = capacity.pools.get("cpu")
     if have is None:
         return None
-    held = sum(p.at("checkpoint", pooled=True) * p.count for p in plan.processes if p.pool == "cpu")
-    return max(have - held, 0)
+    return max(have - plan.pool_at("cpu", "checkpoint"), 0)
 
 
 def _cuda_name() -> str | None:

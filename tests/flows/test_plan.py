@@ -89,7 +89,7 @@ def test_the_checkpoint_page_cache_comes_from_what_the_plan_leaves_free() -> Non
     from verl_core.planning.memory import plan_memory
 
     plan = plan_memory(load_config(QUICKSTART))
-    held = sum(p.at("checkpoint", pooled=True) * p.count for p in plan.processes if p.pool == "cpu")
+    held = plan.pool_at("cpu", "checkpoint")  # tests/verl_core/planning/test_memory.py checks the sum
     assert held > 0  # the trainer's weights, moments and the checkpoint's files at least
     gib8 = 8 << 30
     assert free_at_checkpoint(plan, capacity.Capacity({"cpu": gib8}, {})) == gib8 - held

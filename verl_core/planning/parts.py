@@ -60,12 +60,16 @@ class MemoryPlan:
     processes: tuple[ProcessMemory, ...]
     geometry: Geometry
 
+    def pool_at(self, pool: str, phase: str) -> int:
+        """Bytes the processes on ``pool`` hold together at ``phase`` (each times its ``count``,
+        ``shared`` components left out)."""
+        return sum(p.at(phase, pooled=True) * p.count for p in self.processes if p.pool == pool)
+
     def pool_need(self, pool: str) -> tuple[int, str]:
         """``(bytes, phase)``: the most the processes on ``pool`` hold at once, over the phases."""
         names = {p for proc in self.processes for p in proc.phases} | {"idle"}
-        on = [p for p in self.processes if p.pool == pool]
-        best = max(names, key=lambda ph: sum(p.at(ph, pooled=True) * p.count for p in on))
-        return sum(p.at(best, pooled=True) * p.count for p in on), best
+        best = max(names, key=lambda ph: self.pool_at(pool, ph))
+        return self.pool_at(pool, best), best
 
     @property
     def pools(self) -> list[str]:

@@ -274,3 +274,24 @@ def test_a_tied_embedding_gets_a_second_gradient_at_the_end_of_backward() -> Non
     assert not any(
         "tied" in n for n in _added(_trainer("rollout.name=vllm", "model.lora_rank=4"), "actor update")
     )
+
+
+def test_a_pool_sums_its_processes_at_a_phase_counting_copies_and_leaving_shared_pages_out() -> None:
+    from verl_core.planning.parts import Component, MemoryPlan, ProcessMemory
+
+    geometry = Geometry("qwen2", 16, 1, 2, 1, 8, 32, 100)
+    trainer = ProcessMemory(
+        "trainer", "trainer", "cpu", idle=(Component("weights", 100, "w"),),
+        phases={"checkpoint": (Component("weights", 100, "w"), Component("file", 40, "f"))},
+    )  # fmt: skip
+    engine = ProcessMemory(
+        "vllm", "vllm", "cpu", idle=(Component("kv", 30, "kv"), Component("staged", 500, "s", shared=True)),
+        count=2,
+    )  # fmt: skip
+    gpu = ProcessMemory("gpu", "trainer", "cuda", idle=(Component("weights", 7, "w"),))
+    plan = MemoryPlan((trainer, engine, gpu), geometry)
+    # checkpoint: trainer 100 + 40, two engines at idle 2·30 (their 500 staged: shared) → 200
+    assert plan.pool_at("cpu", "checkpoint") == 200
+    assert plan.pool_at("cpu", "idle") == 100 + 2 * 30  # 160
+    assert plan.pool_at("cuda", "checkpoint") == 7
+    assert plan.pool_need("cpu") == (200, "checkpoint")
