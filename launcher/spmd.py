@@ -144,22 +144,24 @@ def _run_streaming(argv: list[str], env: dict[str, str]) -> tuple[int, list[str]
 
 _FIELD = re.compile(r"^\s*(rank|exitcode|traceback)\s*:\s*(.*)$")
 _RULE = re.compile(r"^\s*[=-]{10,}\s*$")
+_ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
 
 
-def failure_summary(stderr_tail: list[str], code: int) -> str:
-    """One line from torchrun's failure report ("Root Cause" section): the first failed rank, its
-    exit code (negative: the signal that killed it) and its error (the traceback's last line);
-    torchrun's exit code and last line when there is no report."""
-    start = next((i for i, s in enumerate(stderr_tail) if "Root Cause" in s), None)
-    if start is None:
-        last = next((s.strip() for s in reversed(stderr_tail) if s.strip()), "")
-        return f"torchrun exited with code {code}" + (f" ({last})" if last else "")
-    fields: dict[str, str] = {}
-    error = ""
+def _report_entries(lines: list[str]) -> list[tuple[dict[str, str], str]]:
+    """The failures of one section of torchrun's report (``lines`` after its heading, up to a rule):
+    ``(fields, error)`` per ``[i]:`` entry, ``error`` the traceback's last line."""
+    entries: list[tuple[dict[str, str], str]] = []
     in_traceback = False
-    for line in stderr_tail[start + 1 :]:
+    for line in lines:
         if _RULE.match(line):
             break
+        if _ENTRY.match(line):
+            entries.append(({}, ""))
+            in_traceback = False
+            continue
+        if not entries:
+            continue
+        fields, error = entries[-1]
         m = _FIELD.match(line)
         if m and not in_traceback:
             fields[m.group(1)] = m.group(2).strip()
@@ -167,8 +169,40 @@ def failure_summary(stderr_tail: list[str], code: int) -> str:
             error = fields.get("traceback", "")
         elif in_traceback and line.strip():
             error = line.strip()  # the exception line comes last
+        entries[-1] = (fields, error)
+    return entries
+
+
+def _exit_code(fields: dict[str, str], default: str) -> str:
+    return fields.get("exitcode", default).split(" (")[0].strip()
+
+
+def failure_summary(stderr_tail: list[str], code: int) -> str:
+    """One line from torchrun's failure report: the failed rank, its exit code (negative: the signal
+    that killed it) and its error (the traceback's last line); torchrun's exit code and last line when
+    there is no report.
+
+    The rank is torchrun's "Root Cause" (the earliest error file or exit it saw), except where that
+    rank was stopped by torchrun itself (SIGTERM) and another was killed by a signal: a rank killed
+    from outside (kill -9, the OOM killer) writes no error file, so a peer whose collective failed a
+    moment later ("Connection closed by peer") can be timed first, then SIGTERMed."""
+    start = next((i for i, s in enumerate(stderr_tail) if "Root Cause" in s), None)
+    if start is None:
+        last = next((s.strip() for s in reversed(stderr_tail) if s.strip()), "")
+        return f"torchrun exited with code {code}" + (f" ({last})" if last else "")
+    roots = _report_entries(stderr_tail[start + 1 :])
+    fields, error = roots[0] if roots else ({}, "")
+    failures = next((i for i, s in enumerate(stderr_tail[:start]) if s.strip() == "Failures:"), None)
+    if _exit_code(fields, str(code)) == "-15" and failures is not None:
+        killed = [
+            (f, e)
+            for f, e in _report_entries(stderr_tail[failures + 1 : start])
+            if _exit_code(f, "0").startswith("-") and _exit_code(f, "0") != "-15"
+        ]
+        if killed:
+            fields, error = killed[0]
     where = fields.get("rank", "?").split(" (")[0]
-    exitcode = fields.get("exitcode", str(code)).split(" (")[0]
+    exitcode = _exit_code(fields, str(code))
     if error.startswith("To enable traceback"):  # torchrun's hint, not the error
         error = ""
     return f"rank {where} failed with exit code {exitcode}" + (f": {error}" if error else "")

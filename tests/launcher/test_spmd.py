@@ -62,6 +62,49 @@ Root Cause (first observed failure):
 """.splitlines()
 
 
+# the same kill where rank 0's collective failed first (an error file, timed before torchrun saw rank
+# 1's exit), then torchrun stopped rank 0: its root cause is rank 0 (a CI run, 29 Nov)
+KILLED_PEER_FIRST = """
+============================================================
+launcher.spmd FAILED
+------------------------------------------------------------
+Failures:
+[0]:
+  time      : 2026-11-29_16:43:34
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 27632)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 27632
+------------------------------------------------------------
+Root Cause (first observed failure):
+[1]:
+  time      : 2026-11-29_16:43:33
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 27631)  (SIGTERM)
+  error_file: /tmp/torchelastic_vp3dr2u5/attempt_0/0/error.json
+  traceback : Traceback (most recent call last):
+    File "launcher/spmd.py", line 260, in _worker
+      result = run_rank(job)
+  RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:28876.
+============================================================
+""".splitlines()
+
+
+def test_a_killed_rank_is_named_over_the_peer_torchrun_stopped_after_it() -> None:
+    assert failure_summary(KILLED_PEER_FIRST, 1) == (
+        "rank 1 failed with exit code -9: Signal 9 (SIGKILL) received by PID 27632"
+    )
+    # a root cause torchrun did not stop itself stays the root cause, other failures whatever they are
+    raised = [*KILLED_PEER_FIRST]
+    raised[raised.index("  exitcode  : -15 (pid: 27631)  (SIGTERM)")] = "  exitcode  : 1 (pid: 27631)"
+    assert failure_summary(raised, 1) == (
+        "rank 0 failed with exit code 1: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection "
+        "closed by peer [127.0.0.1]:28876."
+    )
+
+
 def test_a_killed_rank_is_named_with_its_signal() -> None:
     assert failure_summary(KILLED, 1) == (
         "rank 1 failed with exit code -9: Signal 9 (SIGKILL) received by PID 12450"
